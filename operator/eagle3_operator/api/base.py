@@ -1,0 +1,26 @@
+"""The base of every API model: camelCase on the wire, snake_case in Python, no unknown fields."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+GROUP = "eagle3.dev"
+VERSION = "v1alpha1"
+KIND = "Eagle3Run"
+PLURAL = "eagle3runs"
+SINGULAR = "eagle3run"
+SHORT_NAMES = ("e3r",)
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class ApiModel(BaseModel):
+    """Frozen, camelCase, rejects unknown fields (a typo in a manifest is an error, not a silent default)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=False,
+    )

@@ -1,0 +1,93 @@
+"""Cross-field rules of the spec, written once: as CEL for the API server and as Python for everyone else.
+
+The CRD carries each rule as an `x-kubernetes-validations` entry on `spec`; the pydantic model runs the Python
+twin, so a local run file, the API mock and a server without CEL (Kubernetes < 1.25) reject the same specs.
+Tests evaluate the CEL with a CEL library against the same generated specs and require the two to agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eagle3_operator.api.spec import Eagle3RunSpec
+
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A rule over the whole spec. `holds` is the Python twin of the CEL expression `rule`."""
+
+    field_path: str
+    rule: str
+    message: str
+    holds: Callable[[Eagle3RunSpec], bool]
+
+    def to_crd(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "message": self.message,
+            "fieldPath": self.field_path,
+            "reason": "FieldValueInvalid",
+        }
+
+
+def _unique(values: list[int] | None) -> bool:
+    return values is None or len(set(values)) == len(values)
+
+
+RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        ".training.gpus",
+        "self.training.gpus <= self.nodePool.gpusPerNode",
+        "training.gpus must be at most nodePool.gpusPerNode: training runs on one node",
+        lambda s: s.training.gpus <= s.node_pool.gpus_per_node,
+    ),
+    CrossFieldRule(
+        ".verifier.tensorParallelSize",
+        "self.verifier.tensorParallelSize <= self.nodePool.gpusPerNode",
+        "verifier.tensorParallelSize must be at most nodePool.gpusPerNode: the verifier runs on one node",
+        lambda s: s.verifier.tensor_parallel_size <= s.node_pool.gpus_per_node,
+    ),
+    CrossFieldRule(
+        ".extraction.layers",
+        "!has(self.extraction.layers)"
+        " || self.extraction.layers.all(x, self.extraction.layers.exists_one(y, y == x))",
+        "extraction.layers must not repeat a layer id",
+        lambda s: _unique(s.extraction.layers),
+    ),
+    CrossFieldRule(
+        ".training.sequenceLength",
+        "self.training.sequenceLength >= self.dataset.maxSequenceLength",
+        "training.sequenceLength must be at least dataset.maxSequenceLength, or samples would be cut",
+        lambda s: s.training.sequence_length >= s.dataset.max_sequence_length,
+    ),
+    CrossFieldRule(
+        ".extraction.tokenBudget",
+        "self.extraction.tokenBudget >= self.dataset.maxSequenceLength",
+        "extraction.tokenBudget must be at least dataset.maxSequenceLength: one sample must fit a batch",
+        lambda s: s.extraction.token_budget >= s.dataset.max_sequence_length,
+    ),
+    CrossFieldRule(
+        ".verifier.maxModelLen",
+        "!has(self.verifier.maxModelLen) || self.verifier.maxModelLen >= self.dataset.maxSequenceLength",
+        "verifier.maxModelLen must be at least dataset.maxSequenceLength",
+        lambda s: (
+            s.verifier.max_model_len is None or s.verifier.max_model_len >= s.dataset.max_sequence_length
+        ),
+    ),
+    CrossFieldRule(
+        ".serving.pinnedCheckpoint",
+        "!has(self.serving.pinnedCheckpoint) || self.serving.enabled",
+        "serving.pinnedCheckpoint needs serving.enabled: a pinned draft skips training and only serves",
+        lambda s: s.serving.pinned_checkpoint is None or s.serving.enabled,
+    ),
+)
+
+
+def check_cross_field_rules(spec: Eagle3RunSpec) -> None:
+    """Raise ValueError naming every broken rule's field (`spec.<path>: <message>`)."""
+    broken = [f"spec{rule.field_path}: {rule.message}" for rule in RULES if not rule.holds(spec)]
+    if broken:
+        raise ValueError("; ".join(broken))

@@ -1,0 +1,329 @@
+"""Eagle3Run spec: THE schema. The CRD, the operator and the stage programs all read these models."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator, model_validator
+from pydantic.config import JsonDict
+from pydantic_core import PydanticCustomError
+
+from eagle3_operator.api.base import ApiModel
+from eagle3_operator.api.rules import check_cross_field_rules
+
+PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+
+
+def _one_quantity_error(value: Any, handler: ValidatorFunctionWrapHandler) -> int | str:
+    """Report a bad quantity once, at its field (a union reports per member: `<field>.int`, `.str`)."""
+    try:
+        result: int | str = handler(value)
+    except ValidationError:
+        raise PydanticCustomError(
+            "quantity_type", "Input should be an integer or a quantity string such as '500Gi'"
+        ) from None
+    return result
+
+
+Quantity = Annotated[
+    int | str,
+    WrapValidator(_one_quantity_error),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class DatasetFormat(StrEnum):
+    SHAREGPT = "sharegpt"
+    MESSAGES = "messages"
+
+
+class ReasoningMode(StrEnum):
+    KEEP = "keep"
+    DROP = "drop"
+
+
+class ExtractionBackend(StrEnum):
+    VLLM = "vllm"
+    TRANSFORMERS = "transformers"
+
+
+class StorageDtype(StrEnum):
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FP8 = "fp8"
+
+
+class Scheduler(StrEnum):
+    LINEAR = "linear"
+    COSINE = "cosine"
+    CONSTANT = "constant"
+
+
+class Verifier(ApiModel):
+    """The verifier (target) LLM whose hidden states train the draft and which serves with it."""
+
+    model: str = Field(min_length=1, description="Hugging Face model id or a path on the model cache volume.")
+    revision: str | None = Field(
+        None, description="Model revision (branch, tag or commit); pin a commit for reproducible runs."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Allow the model's own code (needed by Kimi- and DeepSeek-style verifiers)."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs the verifier is sharded over in vLLM (generate, extract, serve)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=128, description="vLLM --max-model-len; default: the model's own context length."
+    )
+    vllm_args: list[str] = Field(
+        default_factory=list, max_length=64, description="Extra vLLM engine arguments, appended verbatim."
+    )
+
+
+class Dataset(ApiModel):
+    """The chat dataset the draft learns from."""
+
+    source: str = Field(
+        min_length=1, description="Hugging Face dataset id, or a JSON/JSONL file or directory path."
+    )
+    format: DatasetFormat = Field(
+        DatasetFormat.MESSAGES,
+        description="Row layout: 'messages' (OpenAI role/content) or 'sharegpt' (from/value).",
+    )
+    split: str = Field("train", min_length=1, description="Dataset split to read.")
+    max_samples: int | None = Field(None, ge=1, description="Use at most this many rows; default all.")
+    max_sequence_length: int = Field(
+        2048, ge=16, le=1_048_576, description="Tokens per sample after templating; longer rows are skipped."
+    )
+    validation_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="Fraction of samples held out for validation and evaluation."
+    )
+    seed: int = Field(0, ge=0, description="Seed for shuffling and the train/validation split.")
+
+
+class Regeneration(ApiModel):
+    """Optional regeneration of assistant turns by the verifier itself, so the draft learns its style."""
+
+    enabled: bool = Field(False, description="Regenerate assistant turns with the verifier in vLLM.")
+    max_tokens: int = Field(4096, ge=1, description="Maximum new tokens per regenerated turn.")
+    temperature: float = Field(0.6, ge=0.0, le=2.0, description="Sampling temperature for regeneration.")
+    reasoning: ReasoningMode = Field(
+        ReasoningMode.KEEP, description="Keep or drop the verifier's reasoning in the training targets."
+    )
+    concurrency: int = Field(64, ge=1, le=4096, description="Concurrent requests against the vLLM server.")
+    token_budget: int = Field(
+        16384, ge=16, description="vLLM max batched tokens; halved automatically after an out-of-memory."
+    )
+
+
+class Extraction(ApiModel):
+    """Hidden-state extraction from the verifier."""
+
+    layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="Verifier layer ids to capture; default [2, n/2, n-3] plus the last layer n.",
+    )
+    token_budget: int = Field(
+        8192, ge=16, description="Tokens per extraction batch; halved automatically after an out-of-memory."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may use during extraction."
+    )
+    backend: ExtractionBackend = Field(
+        ExtractionBackend.VLLM, description="vllm (GPUs) or transformers (small verifiers, CPU)."
+    )
+    dtype: StorageDtype = Field(StorageDtype.BFLOAT16, description="Storage dtype of the hidden states.")
+
+
+class Draft(ApiModel):
+    """The EAGLE-3 draft model's shape."""
+
+    vocab_size: int = Field(32000, ge=16, description="Draft vocabulary size (most frequent target tokens).")
+    layers: int = Field(1, ge=1, le=8, description="Decoder layers in the draft.")
+
+
+class Training(ApiModel):
+    """Training of the draft with speculators."""
+
+    epochs: int = Field(10, ge=1, le=1000, description="Training epochs.")
+    learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
+    scheduler: Scheduler = Field(Scheduler.LINEAR, description="Learning-rate schedule after warmup.")
+    warmup_ratio: float = Field(0.01, ge=0.0, lt=1.0, description="Fraction of steps spent warming up.")
+    ttt_steps: int = Field(3, ge=1, le=16, description="Training-time-test steps (draft positions trained).")
+    gpus: int = Field(1, ge=1, le=64, description="GPUs for data-parallel training (at most one node).")
+    sequence_length: int = Field(
+        8192, ge=16, le=1_048_576, description="Tokens per packed training row; at least the sample length."
+    )
+
+
+class Evaluation(ApiModel):
+    """Acceptance measured by vLLM with the verifier and the new draft on held-out prompts."""
+
+    prompts: int = Field(64, ge=1, le=100_000, description="Held-out prompts to generate from.")
+    num_speculative_tokens: int = Field(
+        3, ge=1, le=16, description="Draft tokens proposed per verifier step."
+    )
+    min_acceptance_length: float | None = Field(
+        None,
+        ge=1.0,
+        description="Gate: the draft serves only if mean acceptance length reaches this; default no gate.",
+    )
+
+
+class PinnedCheckpoint(ApiModel):
+    """An existing exported draft to serve instead of training one (GitOps promotion)."""
+
+    path: str = Field(min_length=1, description="Directory of the exported draft on the artifacts volume.")
+    sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="Expected sha256 of the draft's model.safetensors."
+    )
+
+
+class Serving(ApiModel):
+    """The vLLM speculative-decoding Deployment rolled out with the draft."""
+
+    enabled: bool = Field(True, description="Roll out a vLLM Deployment and Service with the draft.")
+    replicas: int = Field(1, ge=0, le=1000, description="vLLM replicas.")
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens proposed per step.")
+    image: str | None = Field(None, description="vLLM image; default images.vllm.")
+    extra_args: list[str] = Field(
+        default_factory=list, max_length=64, description="Extra `vllm serve` arguments, appended verbatim."
+    )
+    pinned_checkpoint: PinnedCheckpoint | None = Field(
+        None, description="Serve this exported draft and skip every training stage."
+    )
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(None, description="Taint key to tolerate; empty with Exists tolerates all.")
+    operator: str | None = Field(None, pattern=r"^(Exists|Equal)$", description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value for operator Equal.")
+    effect: str | None = Field(
+        None, pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$", description="Taint effect to tolerate."
+    )
+    toleration_seconds: int | None = Field(None, description="How long a NoExecute taint is tolerated.")
+
+
+class NodePool(ApiModel):
+    """Where GPU stages and serving run."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels pods must match.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for GPU taints.")
+    affinity: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra=PRESERVE, description="A core/v1 Affinity, passed through."
+    )
+    gpu_resource_name: str = Field("nvidia.com/gpu", min_length=1, description="Extended resource of a GPU.")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs on one node of the pool.")
+
+
+class ArtifactsVolume(ApiModel):
+    """The volume the stages exchange files on; ReadWriteMany when serving runs on other nodes."""
+
+    claim_name: str | None = Field(
+        None, pattern=DNS_LABEL, description="Existing PVC to use; default: create '<run>-artifacts'."
+    )
+    size: Quantity = Field("500Gi", description="Size of the PVC the operator creates.")
+    storage_class_name: str | None = Field(None, description="Storage class of the PVC the operator creates.")
+    access_modes: list[str] = Field(
+        default_factory=lambda: ["ReadWriteMany"],
+        min_length=1,
+        description="Access modes of the created PVC.",
+    )
+    delete_with_run: bool = Field(
+        False, description="Delete the operator-created PVC with the run; default keep the artifacts."
+    )
+
+
+class ModelCache(ApiModel):
+    """Where verifier weights are cached (HF_HOME)."""
+
+    claim_name: str | None = Field(
+        None, pattern=DNS_LABEL, description="PVC holding the Hugging Face cache; default an emptyDir."
+    )
+
+
+class Storage(ApiModel):
+    """Volumes of the run."""
+
+    artifacts: ArtifactsVolume = Field(default_factory=ArtifactsVolume, description="Artifacts volume.")
+    model_cache: ModelCache = Field(default_factory=ModelCache, description="Model cache volume.")
+
+
+class Images(ApiModel):
+    """Container images."""
+
+    pipeline: str = Field(
+        "eagle3-operator/pipeline:0.1.0", min_length=1, description="Image running `eagle3 stage`."
+    )
+    vllm: str = Field("vllm/vllm-openai:v0.11.0", min_length=1, description="Image running `vllm serve`.")
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the run's namespace."""
+
+    name: str = Field(pattern=DNS_LABEL, description="Secret name.")
+    key: str = Field("token", min_length=1, description="Key in the Secret.")
+
+
+class Resources(ApiModel):
+    """Container resource requests and limits (GPU limits are set by the operator)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="Resource requests.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits.")
+
+
+class StageOverride(ApiModel):
+    """Per-stage Job settings."""
+
+    resources: Resources | None = Field(None, description="Container resources of the stage.")
+    backoff_limit: int | None = Field(None, ge=0, le=20, description="Pod retries before the stage fails.")
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Wall-clock limit of the stage's Job."
+    )
+
+
+class StageOverrides(ApiModel):
+    """Overrides keyed by stage."""
+
+    prepare: StageOverride | None = Field(None, description="Overrides of the prepare stage.")
+    generate: StageOverride | None = Field(None, description="Overrides of the generate stage.")
+    extract: StageOverride | None = Field(None, description="Overrides of the extract stage.")
+    vocab: StageOverride | None = Field(None, description="Overrides of the vocab stage.")
+    train: StageOverride | None = Field(None, description="Overrides of the train stage.")
+    evaluate: StageOverride | None = Field(None, description="Overrides of the evaluate stage.")
+    export: StageOverride | None = Field(None, description="Overrides of the export stage.")
+
+
+class Eagle3RunSpec(ApiModel):
+    """Desired state of an Eagle3Run: a verifier and dataset in, a serving speculative-decoding draft out."""
+
+    verifier: Verifier = Field(description="The verifier LLM.")
+    dataset: Dataset = Field(description="The chat dataset.")
+    regeneration: Regeneration = Field(default_factory=Regeneration, description="Answer regeneration.")
+    extraction: Extraction = Field(default_factory=Extraction, description="Hidden-state extraction.")
+    draft: Draft = Field(default_factory=Draft, description="Draft model shape.")
+    training: Training = Field(default_factory=Training, description="Draft training.")
+    evaluation: Evaluation = Field(default_factory=Evaluation, description="Acceptance evaluation and gate.")
+    serving: Serving = Field(default_factory=Serving, description="vLLM rollout with the draft.")
+    node_pool: NodePool = Field(default_factory=NodePool, description="GPU node pool placement.")
+    storage: Storage = Field(default_factory=Storage, description="Artifacts and model cache volumes.")
+    images: Images = Field(default_factory=Images, description="Container images.")
+    hf_token_secret: SecretKeyRef | None = Field(
+        None, description="Secret key holding a Hugging Face token (HF_TOKEN) for gated models."
+    )
+    suspend: bool = Field(False, description="Create no new stage Jobs while true.")
+    queue_name: str | None = Field(
+        None, pattern=DNS_LABEL, max_length=63, description="Kueue LocalQueue for the stage Jobs."
+    )
+    stages: StageOverrides = Field(default_factory=StageOverrides, description="Per-stage Job overrides.")
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Eagle3RunSpec:
+        check_cross_field_rules(self)
+        return self

@@ -1,0 +1,95 @@
+"""The batch/v1 Job of one attempt of one pipeline stage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_operator.builders import names
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, stage_override, volume_mounts
+from eagle3_operator.stages import ARTIFACTS_MOUNT, OOM_EXIT_CODE, SPEC_MOUNT, StagePlan, stage_argv
+
+DEFAULT_BACKOFF_LIMIT = 2
+
+
+def pod_labels(run: RunRef, plan: StagePlan, attempt: int) -> dict[str, str]:
+    """Labels of a stage Job and its pods: selectable by run, stage, hash and attempt."""
+    return names.labels(run.name, plan.stage.value) | {
+        names.LABEL_HASH: plan.hash,
+        names.LABEL_ATTEMPT: str(attempt),
+    }
+
+
+def pod_failure_policy(container: str) -> dict[str, Any]:
+    """Disruptions do not count against the backoff limit; an out-of-memory exit fails the Job at once."""
+    return {
+        "rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": container, "operator": "In", "values": [OOM_EXIT_CODE]},
+            },
+        ]
+    }
+
+
+def stage_container(
+    run: RunRef, spec: Eagle3RunSpec, plan: StagePlan, token_budget: int | None, shape: PodShape
+) -> dict[str, Any]:
+    """The one container of a stage pod, running `eagle3 stage <stage> ...` in the pipeline image."""
+    return {
+        "name": plan.stage.value,
+        "image": spec.images.pipeline,
+        "command": stage_argv(plan, SPEC_MOUNT, ARTIFACTS_MOUNT, token_budget),
+        "env": env(run, spec, plan.stage.value),
+        "resources": resources(spec, stage_override(spec, plan.stage), plan.gpus),
+        "volumeMounts": volume_mounts(shape),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def job_spec(
+    run: RunRef,
+    spec: Eagle3RunSpec,
+    plan: StagePlan,
+    token_budget: int | None,
+    labels: dict[str, str],
+    spec_configmap: str,
+) -> dict[str, Any]:
+    """Retries, deadline, failure policy and the pod template of a stage Job."""
+    shape = PodShape(plan.stage.value, plan.gpus, plan.uses_vllm, spec_configmap=spec_configmap)
+    container = stage_container(run, spec, plan, token_budget, shape)
+    override = stage_override(spec, plan.stage)
+    backoff = override.backoff_limit if override is not None else None
+    out: dict[str, Any] = {"backoffLimit": DEFAULT_BACKOFF_LIMIT if backoff is None else backoff}
+    if override is not None and override.active_deadline_seconds is not None:
+        out["activeDeadlineSeconds"] = override.active_deadline_seconds
+    if plan.retries_oom:
+        out["podFailurePolicy"] = pod_failure_policy(container["name"])
+    pod = {"restartPolicy": "Never", **pod_spec(run, spec, shape, container)}
+    out["template"] = {"metadata": {"labels": dict(labels)}, "spec": pod}
+    return out
+
+
+def build_job(
+    run: RunRef,
+    spec: Eagle3RunSpec,
+    plan: StagePlan,
+    attempt: int,
+    token_budget: int | None,
+    spec_configmap: str,
+) -> dict[str, Any]:
+    """The Job of `attempt` of `plan`'s stage; `token_budget` overrides the plan's after an out-of-memory."""
+    labels = pod_labels(run, plan, attempt)
+    job_labels = dict(labels)
+    if spec.queue_name:
+        job_labels[names.LABEL_KUEUE_QUEUE] = spec.queue_name
+    annotations = {} if token_budget is None else {names.ANNOTATION_TOKEN_BUDGET: str(token_budget)}
+    name = names.job_name(run.name, plan.stage.value, plan.hash, attempt)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": names.metadata(run, name, plan.stage.value, labels=job_labels, annotations=annotations),
+        "spec": job_spec(run, spec, plan, token_budget, labels, spec_configmap),
+    }

@@ -1,0 +1,103 @@
+"""Deterministic names, labels, annotations and owner references of a run's children."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3_operator.api.base import API_VERSION, KIND
+
+MANAGED_BY = "eagle3-operator"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_RUN = "eagle3.dev/run"
+LABEL_STAGE = "eagle3.dev/stage"
+LABEL_HASH = "eagle3.dev/hash"
+LABEL_ATTEMPT = "eagle3.dev/attempt"
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+ANNOTATION_TOKEN_BUDGET = "eagle3.dev/token-budget"
+ANNOTATION_SPEC_HASH = "eagle3.dev/spec-hash"
+ANNOTATION_DRAFT = "eagle3.dev/draft"
+SERVE_STAGE = "serve"
+MAX_NAME = 63
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """The identity of the owning Eagle3Run."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def child_name(run: str, *parts: str) -> str:
+    """`<run>-<parts...>`: a DNS-1035 label of at most 63 characters, valid for every kind (Services too).
+
+    Dots become dashes and a leading digit gets an `r` in front; a long run name is cut and salted with a
+    hash of the full name, so distinct runs keep distinct children.
+    """
+    base = run.replace(".", "-")
+    if base[:1].isdigit():
+        base = "r" + base
+    name = "-".join((base, *parts))
+    if len(name) <= MAX_NAME:
+        return name
+    salt = hashlib.sha256(run.encode()).hexdigest()[:6]
+    keep = MAX_NAME - sum(len(p) + 1 for p in parts) - len(salt) - 1
+    return "-".join((base[:keep].rstrip("-"), salt, *parts))
+
+
+def job_name(run: str, stage: str, digest: str, attempt: int) -> str:
+    parts = [stage, digest] + ([f"r{attempt}"] if attempt else [])
+    return child_name(run, *parts)
+
+
+def spec_configmap_name(run: str, spec_hash: str) -> str:
+    return child_name(run, "spec", spec_hash)
+
+
+def artifacts_claim_name(run: str) -> str:
+    return child_name(run, "artifacts")
+
+
+def serving_name(run: str) -> str:
+    return child_name(run, "vllm")
+
+
+def labels(run: str, stage: str) -> dict[str, str]:
+    """The labels every child carries; `eagle3.dev/run` and `eagle3.dev/stage` select them."""
+    return {
+        LABEL_NAME: "eagle3",
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_RUN: child_name(run),
+        LABEL_STAGE: stage,
+    }
+
+
+def metadata(
+    run: RunRef, name: str, stage: str, owned: bool = True, **extra: dict[str, str]
+) -> dict[str, Any]:
+    """Object metadata with labels (plus `extra['labels']`), annotations and, if `owned`, the owner ref."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": run.namespace,
+        "labels": labels(run.name, stage) | extra.get("labels", {}),
+    }
+    if extra.get("annotations"):
+        meta["annotations"] = dict(extra["annotations"])
+    if owned:
+        meta["ownerReferences"] = [run.owner_reference()]
+    return meta

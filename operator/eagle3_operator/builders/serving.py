@@ -1,0 +1,147 @@
+"""The vLLM speculative-decoding Deployment, its Service and its PodMonitor."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_operator.builders import names
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, volume_mounts
+from eagle3_operator.stages import ARTIFACTS_MOUNT, content_hash
+
+PORT = 8000
+PORT_NAME = "http"
+CONTAINER = "vllm"
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+STARTUP_PERIOD_SECONDS = 10
+# Big verifiers take long to download and load: up to an hour before the first /health.
+STARTUP_FAILURE_THRESHOLD = 360
+# A rollout waits out the startup probe before the Deployment reports ProgressDeadlineExceeded.
+PROGRESS_DEADLINE_SECONDS = STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD + 600
+
+
+def draft_path(draft_dir: str) -> str:
+    """The draft's directory in the container: absolute as given, else relative to the artifacts mount."""
+    return draft_dir if draft_dir.startswith("/") else f"{ARTIFACTS_MOUNT}/{draft_dir}"
+
+
+def serving_selector(run: RunRef) -> dict[str, str]:
+    """The labels selecting a run's vLLM pods (Deployment, Service and PodMonitor agree on them)."""
+    return {
+        names.LABEL_RUN: names.labels(run.name, names.SERVE_STAGE)[names.LABEL_RUN],
+        names.LABEL_STAGE: names.SERVE_STAGE,
+    }
+
+
+def vllm_args(spec: Eagle3RunSpec, draft_dir: str) -> list[str]:
+    """`vllm serve` arguments: the verifier, its engine options and the EAGLE-3 draft."""
+    v = spec.verifier
+    args = [
+        v.model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(PORT),
+        "--tensor-parallel-size",
+        str(v.tensor_parallel_size),
+    ]
+    if v.revision:
+        args += ["--revision", v.revision]
+    if v.trust_remote_code:
+        args += ["--trust-remote-code"]
+    if v.max_model_len is not None:
+        args += ["--max-model-len", str(v.max_model_len)]
+    speculative = {
+        "method": "eagle3",
+        "model": draft_path(draft_dir),
+        "num_speculative_tokens": spec.serving.num_speculative_tokens,
+    }
+    args += ["--speculative-config", json.dumps(speculative, sort_keys=True)]
+    return args + list(v.vllm_args) + list(spec.serving.extra_args)
+
+
+def _probe(period: int, failures: int | None = None) -> dict[str, Any]:
+    probe: dict[str, Any] = {"httpGet": {"path": HEALTH_PATH, "port": PORT_NAME}, "periodSeconds": period}
+    if failures is not None:
+        probe["failureThreshold"] = failures
+    return probe
+
+
+def vllm_container(run: RunRef, spec: Eagle3RunSpec, draft_dir: str, shape: PodShape) -> dict[str, Any]:
+    return {
+        "name": CONTAINER,
+        "image": spec.serving.image or spec.images.vllm,
+        "command": ["vllm", "serve"],
+        "args": vllm_args(spec, draft_dir),
+        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
+        "readinessProbe": _probe(10),
+        "livenessProbe": _probe(30, 5),
+        "env": env(run, spec, names.SERVE_STAGE),
+        "resources": resources(spec, None, shape.gpus),
+        "volumeMounts": volume_mounts(shape),
+    }
+
+
+def deployment_spec(run: RunRef, spec: Eagle3RunSpec, draft_dir: str) -> dict[str, Any]:
+    shape = PodShape(names.SERVE_STAGE, spec.verifier.tensor_parallel_size, uses_vllm=True, serving=True)
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(PORT),
+        "prometheus.io/path": METRICS_PATH,
+        names.ANNOTATION_DRAFT: draft_dir,
+    }
+    template = {
+        "metadata": {"labels": names.labels(run.name, names.SERVE_STAGE), "annotations": annotations},
+        "spec": pod_spec(run, spec, shape, vllm_container(run, spec, draft_dir, shape)),
+    }
+    return {
+        "replicas": spec.serving.replicas,
+        "selector": {"matchLabels": serving_selector(run)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
+        "template": template,
+    }
+
+
+def build_deployment(run: RunRef, spec: Eagle3RunSpec, draft_dir: str) -> dict[str, Any]:
+    """vLLM serving the verifier with the draft; `eagle3.dev/spec-hash` hashes the Deployment's spec."""
+    body = deployment_spec(run, spec, draft_dir)
+    annotations = {names.ANNOTATION_SPEC_HASH: content_hash(body)}
+    name = names.serving_name(run.name)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": names.metadata(run, name, names.SERVE_STAGE, annotations=annotations),
+        "spec": body,
+    }
+
+
+def build_service(run: RunRef) -> dict[str, Any]:
+    """A ClusterIP Service in front of the run's vLLM pods."""
+    port = {"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": names.metadata(run, names.serving_name(run.name), names.SERVE_STAGE),
+        "spec": {"type": "ClusterIP", "selector": serving_selector(run), "ports": [port]},
+    }
+
+
+def build_pod_monitor(run: RunRef) -> dict[str, Any]:
+    """A Prometheus Operator PodMonitor scraping vLLM's /metrics."""
+    endpoint = {"port": PORT_NAME, "path": METRICS_PATH, "interval": "15s"}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": names.metadata(run, names.serving_name(run.name), names.SERVE_STAGE),
+        "spec": {"selector": {"matchLabels": serving_selector(run)}, "podMetricsEndpoints": [endpoint]},
+    }
+
+
+def serving_url(run: RunRef) -> str:
+    """The in-cluster URL of the run's OpenAI-compatible endpoint."""
+    return f"http://{names.serving_name(run.name)}.{run.namespace}.svc:{PORT}"

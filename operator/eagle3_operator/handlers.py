@@ -1,0 +1,209 @@
+"""kopf handlers, a few lines each: indexes observe children; `reconcile` plans, applies, writes status."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from eagle3_operator.api.base import GROUP, PLURAL, VERSION
+from eagle3_operator.builders import names
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.k8s import ApiError, Kube
+from eagle3_operator.metrics import OperatorMetrics
+from eagle3_operator.reconcile.observe import (
+    Observed,
+    observe_deployment,
+    observe_job,
+    slim_deployment,
+    slim_job,
+    slim_pod,
+)
+from eagle3_operator.reconcile.planner import plan_run
+from eagle3_operator.reconcile.status_patch import merge_patch
+
+RUN = (GROUP, VERSION, PLURAL)
+MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+RESYNC_SECONDS = 60.0
+Key = tuple[str, str]
+
+
+def _key(namespace: str | None, run_label: str | None) -> Key:
+    return (namespace or "", run_label or "")
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Everything kopf keeps lives in status: GitOps tools see no operator-written metadata on the run.
+    settings.persistence.progress_storage = kopf.StatusProgressStorage()
+    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage()
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    if memo.get("kube") is None:
+        memo.kube = await Kube.connect()
+        memo.owns_kube = True
+    if memo.get("metrics") is None:
+        memo.metrics = OperatorMetrics()
+    memo.locks = {}
+    memo.statuses = {}
+    memo.pod_monitors = await memo.kube.serves("monitoring.coreos.com", "v1", "podmonitors")
+
+
+@kopf.on.login()
+def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    """A connection handed over in memo (tests, benchmarks), else the service account or the kubeconfig."""
+    connection: kopf.ConnectionInfo | None = memo.get("connection")
+    if connection is not None:
+        return connection
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("owns_kube"):
+        await memo.kube.close()
+
+
+@kopf.index(*RUN)
+def eagle3_runs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    return {_key(namespace, names.child_name(name)): dict(body)}
+
+
+@kopf.index("batch", "v1", "jobs", labels=MANAGED)
+def stage_jobs(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[Key, dict[str, Any]]:
+    return {_key(namespace, labels.get(names.LABEL_RUN)): slim_job(body)}
+
+
+@kopf.index("v1", "pods", labels=MANAGED)
+def stage_pods(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[Key, dict[str, Any]]:
+    return {_key(namespace, labels.get(names.LABEL_RUN)): slim_pod(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels=MANAGED)
+def serving_deployments(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[Key, Any]:
+    return {_key(namespace, labels.get(names.LABEL_RUN)): slim_deployment(body)}
+
+
+def _owned(kind: str, namespace: str | None, labels: kopf.Labels, name: str) -> dict[Key, tuple[str, str]]:
+    return {_key(namespace, labels.get(names.LABEL_RUN)): (kind, name)}
+
+
+@kopf.index("v1", "services", labels=MANAGED)
+def owned_services(
+    namespace: str | None, labels: kopf.Labels, name: str, **_: Any
+) -> dict[Key, tuple[str, str]]:
+    return _owned("Service", namespace, labels, name)
+
+
+@kopf.index("v1", "configmaps", labels=MANAGED | {names.LABEL_STAGE: "spec"})
+def owned_configmaps(
+    namespace: str | None, labels: kopf.Labels, name: str, **_: Any
+) -> dict[Key, tuple[str, str]]:
+    return _owned("ConfigMap", namespace, labels, name)
+
+
+@kopf.index("v1", "persistentvolumeclaims", labels=MANAGED)
+def owned_claims(
+    namespace: str | None, labels: kopf.Labels, name: str, **_: Any
+) -> dict[Key, tuple[str, str]]:
+    return _owned("PersistentVolumeClaim", namespace, labels, name)
+
+
+OWNED_INDEXES = ("owned_services", "owned_configmaps", "owned_claims")
+
+
+def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
+    pods = list(indices["stage_pods"].get(key, []))
+    deployments = list(indices["serving_deployments"].get(key, []))
+    return Observed(
+        jobs=tuple(observe_job(job, pods) for job in indices["stage_jobs"].get(key, [])),
+        deployment=observe_deployment(deployments[0]) if deployments else None,
+        objects=frozenset(obj for index in OWNED_INDEXES for obj in indices[index].get(key, [])),
+        pod_monitors_served=bool(memo.pod_monitors),
+    )
+
+
+async def reconcile(
+    body: Mapping[str, Any], memo: kopf.Memo, logger: Any, indices: Mapping[str, Any]
+) -> None:
+    """Plan one run from its observed children, carry out the plan, write status once if it changed."""
+    meta = body["metadata"]
+    ref = RunRef(meta["name"], meta["namespace"], meta.get("uid", ""))
+    key = _key(ref.namespace, names.child_name(ref.name))
+    async with memo.locks.setdefault(key, asyncio.Lock()):
+        started = time.perf_counter()
+        known = memo.statuses.get(key) or body.get("status")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        plan = plan_run(
+            ref, meta.get("generation"), body.get("spec"), known, observe(key, memo, indices), now
+        )
+        try:
+            for action in plan.actions:
+                if await memo.kube.apply(action):
+                    logger.info("%s %s %s", action.verb, action.body["kind"], action.body["metadata"]["name"])
+            patch = merge_patch(body.get("status") or {}, plan.status, ignore=("kopf",))
+            if patch:
+                await memo.kube.patch_run_status(ref.namespace, ref.name, patch)
+            memo.statuses[key] = plan.status
+        except ApiError as err:
+            memo.metrics.reconciles.labels("error").inc()
+            if err.transient:
+                raise kopf.TemporaryError(str(err), delay=5) from err
+            raise kopf.PermanentError(str(err)) from err
+        memo.metrics.reconciles.labels("ok").inc()
+        memo.metrics.latency.observe(time.perf_counter() - started)
+        memo.metrics.observe_run(
+            ref.namespace, ref.name, plan.phase, plan.status.get("acceptanceLength"), plan.finished
+        )
+    if plan.problems:
+        raise kopf.PermanentError("invalid spec: " + "; ".join(plan.problems))
+
+
+def _indices(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: kwargs[k] for k in ("stage_jobs", "stage_pods", "serving_deployments", *OWNED_INDEXES)}
+
+
+@kopf.on.create(*RUN, id="reconcile-create")
+@kopf.on.update(*RUN, id="reconcile-update")
+@kopf.on.resume(*RUN, id="reconcile-resume")
+@kopf.timer(*RUN, id="resync", interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
+async def run_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
+    await reconcile(body, memo, logger, _indices(kwargs))
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+@kopf.on.event("v1", "pods", labels=MANAGED)
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+async def child_changed(
+    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, logger: Any, **kwargs: Any
+) -> None:
+    """A child changed: reconcile its run now instead of waiting for the resync timer."""
+    runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
+    for run in list(runs.get(_key(namespace, labels.get(names.LABEL_RUN)), [])):
+        if (run.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        try:
+            await reconcile(run, memo, logger, _indices(kwargs))
+        except (kopf.TemporaryError, kopf.PermanentError) as err:
+            logger.warning("reconcile after a child's change failed (the resync retries): %s", err)
+
+
+@kopf.on.event(*RUN)
+async def run_event(
+    event: Mapping[str, Any], namespace: str | None, name: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """A deleted run: forget its metrics, lock and cached status (owner references delete its children)."""
+    if event.get("type") == "DELETED":
+        key = _key(namespace, names.child_name(name))
+        memo.statuses.pop(key, None)
+        memo.locks.pop(key, None)
+        memo.metrics.forget_run(namespace, name)

@@ -1,0 +1,199 @@
+"""Observations: the few facts the planner needs, read from raw Job, Pod and Deployment dicts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eagle3_operator.api.status import StagePhase
+from eagle3_operator.builders import names
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How a stage container ended: its reason (OOMKilled, Error, Completed), exit code and last message."""
+
+    reason: str | None
+    exit_code: int | None
+    message: str | None
+    finished_at: str | None = None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One stage attempt."""
+
+    name: str
+    stage: str
+    hash: str
+    attempt: int
+    phase: StagePhase
+    token_budget: int | None = None
+    spec_configmap: str | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    failure_reason: str | None = None
+    failure_message: str | None = None
+    termination: Termination | None = None
+    pods_seen: int = 0
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    """The serving Deployment."""
+
+    name: str
+    spec_hash: str | None
+    draft: str | None
+    replicas: int
+    ready_replicas: int
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the planner knows about a run's children. `objects` holds (kind, name) of the others."""
+
+    jobs: tuple[JobView, ...] = ()
+    deployment: DeploymentView | None = None
+    objects: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+    pod_monitors_served: bool = False
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _terminations(pods: Iterable[Mapping[str, Any]], container: str) -> list[Termination]:
+    found = []
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("name") != container:
+                continue
+            term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            if term:
+                found.append(
+                    Termination(
+                        reason=term.get("reason"),
+                        exit_code=_int(term.get("exitCode")),
+                        message=(term.get("message") or "").strip() or None,
+                        finished_at=term.get("finishedAt"),
+                    )
+                )
+    return sorted(found, key=lambda t: t.finished_at or "")
+
+
+def _job_phase(status: Mapping[str, Any]) -> StagePhase:
+    if _condition(status, "Complete") or _condition(status, "SuccessCriteriaMet"):
+        return StagePhase.SUCCEEDED
+    if _condition(status, "Failed") or _condition(status, "FailureTarget"):
+        return StagePhase.FAILED
+    if status.get("active") or status.get("startTime"):
+        return StagePhase.RUNNING
+    return StagePhase.PENDING
+
+
+def _spec_configmap(job: Mapping[str, Any]) -> str | None:
+    pod_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    for volume in pod_spec.get("volumes") or []:
+        if volume.get("name") == "spec" and volume.get("configMap"):
+            return str(volume["configMap"].get("name"))
+    return None
+
+
+def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()) -> JobView:
+    """Summarise a stage Job and the pods it ran (matched by the Job's stage/hash/attempt labels)."""
+    meta = job.get("metadata") or {}
+    job_labels = meta.get("labels") or {}
+    status = job.get("status") or {}
+    stage = job_labels.get(names.LABEL_STAGE, "")
+    mine = [
+        p
+        for p in pods
+        if all(
+            ((p.get("metadata") or {}).get("labels") or {}).get(key) == job_labels.get(key)
+            for key in (names.LABEL_STAGE, names.LABEL_HASH, names.LABEL_ATTEMPT)
+        )
+    ]
+    terms = _terminations(mine, stage)
+    failed = _condition(status, "Failed") or _condition(status, "FailureTarget")
+    return JobView(
+        name=meta.get("name", ""),
+        stage=stage,
+        hash=job_labels.get(names.LABEL_HASH, ""),
+        attempt=_int(job_labels.get(names.LABEL_ATTEMPT)) or 0,
+        phase=_job_phase(status),
+        token_budget=_int((meta.get("annotations") or {}).get(names.ANNOTATION_TOKEN_BUDGET)),
+        spec_configmap=_spec_configmap(job),
+        start_time=status.get("startTime"),
+        completion_time=status.get("completionTime") or (failed or {}).get("lastTransitionTime"),
+        failure_reason=(failed or {}).get("reason"),
+        failure_message=(failed or {}).get("message"),
+        termination=terms[-1] if terms else None,
+        pods_seen=len(mine),
+    )
+
+
+def observe_deployment(deployment: Mapping[str, Any]) -> DeploymentView:
+    meta = deployment.get("metadata") or {}
+    spec = deployment.get("spec") or {}
+    template_meta = (spec.get("template") or {}).get("metadata") or {}
+    status = deployment.get("status") or {}
+    return DeploymentView(
+        name=meta.get("name", ""),
+        spec_hash=(meta.get("annotations") or {}).get(names.ANNOTATION_SPEC_HASH),
+        draft=(template_meta.get("annotations") or {}).get(names.ANNOTATION_DRAFT),
+        replicas=_int(spec.get("replicas")) or 0,
+        ready_replicas=_int(status.get("readyReplicas")) or 0,
+    )
+
+
+def _pick(body: Mapping[str, Any], *paths: str) -> dict[str, Any]:
+    """A copy of `body` with only the given dotted paths (what the planner reads), to keep indexes small."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        *parents, leaf = path.split(".")
+        src: Any = body
+        dst = out
+        for part in parents:
+            src = src.get(part) if isinstance(src, Mapping) else None
+            dst = dst.setdefault(part, {})
+        if isinstance(src, Mapping) and leaf in src:
+            dst[leaf] = src[leaf]
+    return out
+
+
+def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
+    return _pick(
+        body,
+        "metadata.name",
+        "metadata.labels",
+        "metadata.annotations",
+        "spec.template.spec.volumes",
+        "status",
+    )
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    return _pick(body, "metadata.name", "metadata.labels", "status.containerStatuses")
+
+
+def slim_deployment(body: Mapping[str, Any]) -> dict[str, Any]:
+    return _pick(
+        body,
+        "metadata.name",
+        "metadata.annotations",
+        "spec.replicas",
+        "spec.template.metadata.annotations",
+        "status.readyReplicas",
+    )

@@ -1,0 +1,213 @@
+"""The planner: (run, observed children) -> actions + new status. Pure: no I/O, no clock, no randomness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_operator.api.status import (
+    Checkpoint,
+    Condition,
+    ConditionType,
+    Eagle3RunStatus,
+    RunPhase,
+    ServingStatus,
+    StagePhase,
+)
+from eagle3_operator.api.validation import InvalidSpecError, parse_spec, spec_document
+from eagle3_operator.builders import names
+from eagle3_operator.builders.claim import build_artifacts_claim
+from eagle3_operator.builders.configmap import build_spec_configmap
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.reconcile.conditions import set_condition
+from eagle3_operator.reconcile.observe import Observed
+from eagle3_operator.reconcile.progress import Action, Progress, walk_stages
+from eagle3_operator.reconcile.serving import plan_serving
+from eagle3_operator.stages import Stage, content_hash, plan_stages
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to write: `actions` in order, then `status` (a camelCase document) if it changed."""
+
+    actions: tuple[Action, ...]
+    status: dict[str, Any]
+    phase: RunPhase
+    finished: tuple[tuple[str, float | None], ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+def previous_status(document: dict[str, Any] | None) -> Eagle3RunStatus:
+    """The status as last written; a document this operator cannot read counts as empty."""
+    try:
+        return Eagle3RunStatus.model_validate(document or {})
+    except ValidationError:
+        return Eagle3RunStatus()
+
+
+def _dump(status: Eagle3RunStatus) -> dict[str, Any]:
+    out: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return out
+
+
+def plan_invalid(
+    generation: int | None, error: InvalidSpecError, previous: Eagle3RunStatus, now: str
+) -> Plan:
+    """An invalid spec creates nothing; the SpecValid condition says what is wrong and where."""
+    message = "; ".join(error.problems) + ". Fix the spec and apply it again."
+    cond = set_condition(
+        previous.conditions, ConditionType.SPEC_VALID, False, "InvalidSpec", message, now, generation
+    )
+    others = [c for c in previous.conditions if c.type != cond.type]
+    status = previous.model_copy(
+        update={"phase": RunPhase.INVALID, "observed_generation": generation, "conditions": [cond, *others]}
+    )
+    return Plan(actions=(), status=_dump(status), phase=RunPhase.INVALID, problems=tuple(error.problems))
+
+
+def _storage_actions(
+    ref: RunRef, spec: Eagle3RunSpec, observed: Observed, spec_hash: str, creates: set[str]
+) -> list[Action]:
+    """The artifacts claim before any Job or Deployment mounts it; the spec ConfigMap before any Job."""
+    actions = []
+    if spec.storage.artifacts.claim_name is None and creates & {"Job", "Deployment"}:
+        claim = build_artifacts_claim(ref, spec)
+        if ("PersistentVolumeClaim", claim["metadata"]["name"]) not in observed.objects:
+            actions.append(Action("create", claim))
+    configmap = build_spec_configmap(ref, spec, spec_hash)
+    if "Job" in creates and ("ConfigMap", configmap["metadata"]["name"]) not in observed.objects:
+        actions.append(Action("create", configmap))
+    return actions
+
+
+def _stale_configmaps(ref: RunRef, observed: Observed, current: str) -> list[Action]:
+    """Spec ConfigMaps of older generations that no remaining Job mounts."""
+    in_use = {current} | {j.spec_configmap for j in observed.jobs if j.spec_configmap}
+    return [
+        Action(
+            "delete",
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": n, "namespace": ref.namespace}},
+        )
+        for kind, n in sorted(observed.objects)
+        if kind == "ConfigMap" and n not in in_use
+    ]
+
+
+def _checkpoint(spec: Eagle3RunSpec, progress: Progress, previous: Eagle3RunStatus) -> Checkpoint | None:
+    pinned = spec.serving.pinned_checkpoint
+    if pinned is not None:
+        return Checkpoint(path=pinned.path, sha256=pinned.sha256)
+    export = progress.stages.get(Stage.EXPORT.value)
+    if (
+        progress.complete
+        and export is not None
+        and export.phase == StagePhase.SUCCEEDED
+        and export.output_dir
+    ):
+        result = export.result or {}
+        size = result.get("bytes")
+        digest = result.get("sha256")
+        return Checkpoint(
+            path=export.output_dir,
+            sha256=digest if isinstance(digest, str) else None,
+            bytes=size if isinstance(size, int) else None,
+        )
+    return previous.checkpoint
+
+
+def _phase(spec: Eagle3RunSpec, progress: Progress, serving: ServingStatus | None) -> RunPhase:
+    if progress.failed:
+        return RunPhase.FAILED
+    if progress.suspended:
+        return RunPhase.SUSPENDED
+    if not progress.complete:
+        started = any(s.job_name for s in progress.stages.values())
+        return RunPhase.RUNNING if started else RunPhase.PENDING
+    if not spec.serving.enabled:
+        return RunPhase.SUCCEEDED
+    return RunPhase.SERVING if serving is not None and serving.ready_replicas > 0 else RunPhase.RUNNING
+
+
+def _conditions(
+    spec: Eagle3RunSpec,
+    progress: Progress,
+    serving: ServingStatus | None,
+    previous: list[Condition],
+    now: str,
+    generation: int | None,
+) -> list[Condition]:
+    def cond(kind: ConditionType, ok: bool, reason: str, message: str = "") -> Condition:
+        return set_condition(previous, kind, ok, reason, message, now, generation)
+
+    out = [cond(ConditionType.SPEC_VALID, True, "Valid")]
+    if progress.failed:
+        out.append(cond(ConditionType.PROGRESSING, False, "Failed", progress.failed[1]))
+    elif progress.suspended:
+        out.append(cond(ConditionType.PROGRESSING, False, "Suspended", "spec.suspend is true"))
+    elif progress.blocked_at:
+        out.append(cond(ConditionType.PROGRESSING, True, "StageRunning", f"stage {progress.blocked_at}"))
+    else:
+        out.append(cond(ConditionType.PROGRESSING, False, "StagesComplete", "every stage has finished"))
+    gate = spec.evaluation.min_acceptance_length
+    evaluated = progress.stages.get(Stage.EVALUATE.value)
+    if gate is not None and evaluated is not None and evaluated.phase == StagePhase.SUCCEEDED:
+        if progress.gate_failed and progress.failed:
+            out.append(cond(ConditionType.GATE_PASSED, False, progress.failed[0], progress.failed[1]))
+        else:
+            out.append(cond(ConditionType.GATE_PASSED, True, "AcceptanceAboveGate", f"minimum {gate}"))
+    if serving is not None and serving.ready_replicas > 0:
+        ready = cond(
+            ConditionType.READY, True, "DeploymentReady", f"{serving.ready_replicas} replica(s) serve"
+        )
+    else:
+        why = "the draft is not ready yet" if spec.serving.enabled else "serving.enabled is false"
+        ready = cond(ConditionType.READY, False, "NotServing", why)
+    out.append(ready)
+    if progress.failed:
+        out.append(cond(ConditionType.FAILED, True, *progress.failed))
+    else:
+        out.append(cond(ConditionType.FAILED, False, "NoFailure"))
+    return out
+
+
+def plan_run(
+    ref: RunRef,
+    generation: int | None,
+    spec_doc: Any,
+    status_doc: dict[str, Any] | None,
+    observed: Observed,
+    now: str,
+) -> Plan:
+    """Decide the next writes and the new status of one run from its spec and its observed children."""
+    previous = previous_status(status_doc)
+    try:
+        spec = parse_spec(spec_doc)
+    except InvalidSpecError as error:
+        return plan_invalid(generation, error, previous, now)
+    spec_hash = content_hash(spec_document(spec))
+    configmap = names.spec_configmap_name(ref.name, spec_hash)
+    progress = walk_stages(ref, spec, plan_stages(spec), previous.stages, observed.jobs, configmap)
+    checkpoint = _checkpoint(spec, progress, previous)
+    draft = checkpoint.path if checkpoint is not None and progress.complete else None
+    serving_actions, serving = plan_serving(ref, spec, observed, draft)
+    changes = progress.actions + serving_actions
+    creates = {a.body["kind"] for a in changes if a.verb == "create"}
+    actions = _storage_actions(ref, spec, observed, spec_hash, creates) + changes
+    actions += _stale_configmaps(ref, observed, configmap)
+    evaluate = progress.stages.get(Stage.EVALUATE.value)
+    accepted = (evaluate.result or {}).get("acceptanceLength") if evaluate else None
+    phase = _phase(spec, progress, serving)
+    status = Eagle3RunStatus(
+        phase=phase,
+        current_stage=progress.blocked_at or (names.SERVE_STAGE if spec.serving.enabled else None),
+        observed_generation=generation,
+        acceptance_length=float(accepted) if isinstance(accepted, int | float) else None,
+        conditions=_conditions(spec, progress, serving, previous.conditions, now, generation),
+        stages=progress.stages,
+        checkpoint=checkpoint,
+        serving=serving,
+    )
+    return Plan(actions=tuple(actions), status=_dump(status), phase=phase, finished=tuple(progress.finished))

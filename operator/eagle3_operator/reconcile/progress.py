@@ -1,0 +1,244 @@
+"""Stage progression: walk the stages in order and decide, for each, what exists and what to start next."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_operator.api.status import StagePhase, StageStatus
+from eagle3_operator.builders.job import build_job
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.reconcile.observe import JobView
+from eagle3_operator.stages import OOM_EXIT_CODE, Stage, StagePlan
+
+
+@dataclass(frozen=True)
+class Action:
+    """One API write: `create` tolerates AlreadyExists, `delete` NotFound; `patch` is a merge patch."""
+
+    verb: Literal["create", "patch", "delete"]
+    body: dict[str, Any]
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.verb, self.body.get("kind", ""), self.body.get("metadata", {}).get("name", "")
+
+
+@dataclass
+class Progress:
+    """The outcome of a walk: per-stage status, actions, and where (and why) the walk stopped."""
+
+    stages: dict[str, StageStatus] = field(default_factory=dict)
+    actions: list[Action] = field(default_factory=list)
+    finished: list[tuple[str, float | None]] = field(default_factory=list)
+    blocked_at: str | None = None
+    failed: tuple[str, str] | None = None  # (reason, message)
+    suspended: bool = False
+    gate_failed: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.blocked_at is None
+
+
+def is_oom(job: JobView) -> bool:
+    term = job.termination
+    return term is not None and (term.reason == "OOMKilled" or term.exit_code == OOM_EXIT_CODE)
+
+
+def parse_result(message: str | None) -> dict[str, Any] | None:
+    """A stage's termination message: a JSON object on success; anything else is kept as text."""
+    if not message:
+        return None
+    try:
+        value = json.loads(message)
+    except ValueError:
+        return {"message": message[-2000:]}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def _seconds(start: str | None, end: str | None) -> float | None:
+    if not start or not end:
+        return None
+    try:
+        t0 = datetime.fromisoformat(start.replace("Z", "+00:00"))
+        t1 = datetime.fromisoformat(end.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max((t1 - t0).total_seconds(), 0.0)
+
+
+def _failure_message(job: JobView) -> str:
+    last = job.termination.message if job.termination and job.termination.message else None
+    cause = job.failure_message or job.failure_reason or "the Job failed"
+    tail = f"; last message: {last[-1500:]}" if last else ""
+    return f"Job {job.name} failed ({cause}){tail}"
+
+
+@dataclass
+class Walk:
+    """Walks the stages of one run; `run` is the step for one stage."""
+
+    ref: RunRef
+    spec: Eagle3RunSpec
+    previous: dict[str, StageStatus]
+    jobs: tuple[JobView, ...]
+    spec_configmap: str
+    progress: Progress = field(default_factory=Progress)
+
+    def run(self, plan: StagePlan) -> bool:
+        """Record the stage's status; True when the walk may go on to the next stage."""
+        stage = plan.stage.value
+        if plan.skipped:
+            self.progress.stages[stage] = StageStatus(phase=StagePhase.SKIPPED, message=plan.skipped)
+            return True
+        self._delete_stale(plan)
+        mine = sorted(
+            (j for j in self.jobs if j.stage == stage and j.hash == plan.hash), key=lambda j: j.attempt
+        )
+        prev = self.previous.get(stage)
+        remembered = prev if prev is not None and prev.hash == plan.hash else None
+        latest = mine[-1] if mine else None
+        if latest is None and remembered is not None and remembered.phase == StagePhase.SUCCEEDED:
+            self.progress.stages[stage] = remembered  # its Job is gone (deleted or TTL); the result stays
+            return self._gate(remembered.result) if plan.stage == Stage.EVALUATE else True
+        if latest is None:
+            attempt = remembered.attempts if remembered and remembered.phase == StagePhase.FAILED else 0
+            budget = remembered.token_budget if remembered and remembered.token_budget else plan.token_budget
+            return self._start(plan, attempt, budget, remembered)
+        base = StageStatus(
+            phase=latest.phase,
+            hash=plan.hash,
+            job_name=latest.name,
+            output_dir=plan.output_dir,
+            attempts=latest.attempt + 1,
+            token_budget=latest.token_budget,
+            start_time=latest.start_time,
+            completion_time=latest.completion_time,
+            message=remembered.message if remembered and remembered.job_name == latest.name else None,
+        )
+        if latest.phase == StagePhase.SUCCEEDED and latest.termination is None and latest.pods_seen:
+            base = base.model_copy(
+                update={"phase": StagePhase.RUNNING, "message": "waiting for the stage's result"}
+            )
+        if base.phase == StagePhase.SUCCEEDED:
+            result = parse_result(latest.termination.message if latest.termination else None)
+            self.progress.stages[stage] = base.model_copy(update={"result": result, "message": None})
+            if remembered is None or remembered.phase != StagePhase.SUCCEEDED:
+                self.progress.finished.append((stage, _seconds(latest.start_time, latest.completion_time)))
+            return self._gate(result) if plan.stage == Stage.EVALUATE else True
+        if base.phase == StagePhase.FAILED:
+            return self._failed(plan, latest, base)
+        self.progress.stages[stage] = base
+        self.progress.blocked_at = stage
+        return False
+
+    def _start(self, plan: StagePlan, attempt: int, budget: int | None, prev: StageStatus | None) -> bool:
+        stage = plan.stage.value
+        self.progress.blocked_at = stage
+        if self.spec.suspend:
+            self.progress.suspended = True
+            self.progress.stages[stage] = StageStatus(
+                phase=StagePhase.PENDING, hash=plan.hash, output_dir=plan.output_dir, attempts=attempt,
+                token_budget=budget, message="spec.suspend is true: no new Jobs are created",
+            )  # fmt: skip
+            return False
+        job = build_job(self.ref, self.spec, plan, attempt, budget, self.spec_configmap)
+        self.progress.actions.append(Action("create", job))
+        self.progress.stages[stage] = StageStatus(
+            phase=StagePhase.PENDING, hash=plan.hash, job_name=job["metadata"]["name"],
+            output_dir=plan.output_dir, attempts=attempt + 1, token_budget=budget,
+            message=prev.message if prev is not None and prev.phase == StagePhase.FAILED else None,
+        )  # fmt: skip
+        return False
+
+    def _failed(self, plan: StagePlan, job: JobView, base: StageStatus) -> bool:
+        stage = plan.stage.value
+        budget = job.token_budget or plan.token_budget
+        floor = min(plan.token_budget or 0, self.spec.dataset.max_sequence_length)
+        if plan.retries_oom and is_oom(job) and budget is not None and budget // 2 >= floor:
+            note = (
+                f"attempt {job.attempt + 1} ran out of memory at a token budget of {budget}; "
+                f"retrying with {budget // 2}"
+            )
+            return self._start(plan, job.attempt + 1, budget // 2, base.model_copy(update={"message": note}))
+        if plan.retries_oom and is_oom(job):
+            reason = "OutOfMemory"
+            message = (
+                f"{stage} ran out of memory even at a token budget of {budget} (the floor is "
+                f"dataset.maxSequenceLength={self.spec.dataset.max_sequence_length}); lower "
+                f"dataset.maxSequenceLength, use more GPUs (verifier.tensorParallelSize) or a smaller model"
+            )
+        else:
+            reason = "OutOfMemory" if is_oom(job) else (job.failure_reason or "JobFailed")
+            message = _failure_message(job)
+        self.progress.stages[stage] = base.model_copy(update={"message": message})
+        self.progress.blocked_at = stage
+        self.progress.failed = (reason, f"stage {stage}: {message}")
+        return False
+
+    def _gate(self, result: dict[str, Any] | None) -> bool:
+        """After evaluate: the draft goes on to export and serving only if it reaches the gate."""
+        gate = self.spec.evaluation.min_acceptance_length
+        if gate is None:
+            return True
+        value = (result or {}).get("acceptanceLength")
+        if not isinstance(value, int | float):
+            message = (
+                "evaluate reported no acceptanceLength, so evaluation.minAcceptanceLength cannot be checked"
+            )
+            self.progress.failed = ("EvaluationIncomplete", message)
+        elif value < gate:
+            message = (
+                f"mean acceptance length {value:.3f} is below evaluation.minAcceptanceLength {gate}; "
+                "the previous draft (if any) keeps serving"
+            )
+            self.progress.failed = ("AcceptanceBelowGate", message)
+        else:
+            return True
+        self.progress.blocked_at = Stage.EVALUATE.value
+        self.progress.gate_failed = True
+        return False
+
+    def _delete_stale(self, plan: StagePlan) -> None:
+        """Unfinished Jobs of this stage for an older spec would waste GPUs: delete them."""
+        for job in self.jobs:
+            stale = job.stage == plan.stage.value and job.hash != plan.hash
+            if stale and job.phase in (StagePhase.PENDING, StagePhase.RUNNING):
+                self.progress.actions.append(
+                    Action("delete", object_ref("batch/v1", "Job", job.name, self.ref))
+                )
+
+
+def object_ref(api_version: str, kind: str, name: str, run: RunRef) -> dict[str, Any]:
+    """The minimal body that names an object (for deletes)."""
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": run.namespace}}
+
+
+def walk_stages(
+    ref: RunRef,
+    spec: Eagle3RunSpec,
+    plans: list[StagePlan],
+    previous: dict[str, StageStatus],
+    jobs: tuple[JobView, ...],
+    spec_configmap: str,
+) -> Progress:
+    """Walk the stages in order, stopping at the first one that is not done."""
+    walk = Walk(ref, spec, previous, jobs, spec_configmap)
+    for plan in plans:
+        if not walk.run(plan):
+            break
+    for plan in plans:  # stages after the stop: show what will run
+        if plan.stage.value not in walk.progress.stages:
+            phase = StagePhase.SKIPPED if plan.skipped else StagePhase.PENDING
+            walk.progress.stages[plan.stage.value] = StageStatus(
+                phase=phase, hash=None if plan.skipped else plan.hash, message=plan.skipped,
+                output_dir=None if plan.skipped else plan.output_dir,
+            )  # fmt: skip
+    return walk.progress
+
+
+__all__ = ["Action", "Progress", "Stage", "is_oom", "object_ref", "parse_result", "walk_stages"]

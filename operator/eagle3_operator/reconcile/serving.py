@@ -1,0 +1,59 @@
+"""Serving: roll the vLLM Deployment to the current draft, or keep the previous one serving."""
+
+from __future__ import annotations
+
+from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_operator.api.status import ServingStatus
+from eagle3_operator.builders import names
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.serving import build_deployment, build_pod_monitor, build_service, serving_url
+from eagle3_operator.reconcile.observe import Observed
+from eagle3_operator.reconcile.progress import Action, object_ref
+
+POD_MONITOR_API = "monitoring.coreos.com/v1"
+
+
+def _teardown(ref: RunRef, observed: Observed) -> list[Action]:
+    name = names.serving_name(ref.name)
+    actions = []
+    if observed.deployment is not None:
+        actions.append(Action("delete", object_ref("apps/v1", "Deployment", name, ref)))
+    if ("Service", name) in observed.objects:
+        actions.append(Action("delete", object_ref("v1", "Service", name, ref)))
+    return actions
+
+
+def plan_serving(
+    ref: RunRef, spec: Eagle3RunSpec, observed: Observed, draft: str | None
+) -> tuple[list[Action], ServingStatus | None]:
+    """Actions for the Deployment, Service and PodMonitor, and the serving status.
+
+    `draft` is the directory of a draft that may serve now (exported and past the gate, or pinned); None keeps
+    whatever Deployment exists untouched, so a draft that fails its gate never replaces the one serving.
+    """
+    if not spec.serving.enabled:
+        return _teardown(ref, observed), None
+    name = names.serving_name(ref.name)
+    current = observed.deployment
+    actions: list[Action] = []
+    if draft is not None:
+        desired = build_deployment(ref, spec, draft)
+        wanted = desired["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH]
+        if current is None:
+            actions.append(Action("create", desired))
+        elif current.spec_hash != wanted:
+            actions.append(Action("patch", desired))
+        if ("Service", name) not in observed.objects:
+            actions.append(Action("create", build_service(ref)))
+        if observed.pod_monitors_served and ("PodMonitor", name) not in observed.objects:
+            actions.append(Action("create", build_pod_monitor(ref)))
+    if current is None and draft is None:
+        return actions, None
+    return actions, ServingStatus(
+        deployment=name,
+        service=name,
+        replicas=spec.serving.replicas,
+        ready_replicas=current.ready_replicas if current is not None else 0,
+        url=serving_url(ref),
+        draft=draft if draft is not None else (current.draft if current is not None else None),
+    )

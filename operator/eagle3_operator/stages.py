@@ -1,0 +1,216 @@
+"""The stages of an Eagle3Run, defined once: what each needs, what it reads, and how it is invoked.
+
+The Job builder puts `stage_argv(...)` into a container; the local executor runs the same argv as a
+subprocess. Each stage's identity is a content hash of the parameters that change its output and of its
+inputs' hashes, so a spec edit re-runs exactly the stages whose output it changes (the GitOps contract), and
+an output directory on the artifacts volume is reused by any run that asks for the same thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from eagle3_operator.api.spec import Eagle3RunSpec
+
+# Bump when a stage program's output format changes: every hash changes and stages re-run.
+STAGE_FORMAT_VERSION = 1
+HASH_LENGTH = 12
+SPEC_MOUNT = "/etc/eagle3/run.json"
+ARTIFACTS_MOUNT = "/artifacts"
+# Exit code a stage program uses when it ran out of (GPU) memory; the operator retries with half the budget.
+OOM_EXIT_CODE = 86
+
+
+class Stage(StrEnum):
+    PREPARE = "prepare"
+    GENERATE = "generate"
+    EXTRACT = "extract"
+    VOCAB = "vocab"
+    TRAIN = "train"
+    EVALUATE = "evaluate"
+    EXPORT = "export"
+
+
+ORDER: tuple[Stage, ...] = tuple(Stage)
+
+
+def _verifier(spec: Eagle3RunSpec) -> dict[str, Any]:
+    v = spec.verifier
+    return {"model": v.model, "revision": v.revision, "trustRemoteCode": v.trust_remote_code}
+
+
+def _vllm_verifier(spec: Eagle3RunSpec) -> dict[str, Any]:
+    v = spec.verifier
+    return _verifier(spec) | {"maxModelLen": v.max_model_len, "vllmArgs": v.vllm_args}
+
+
+def _dump(model: Any, *exclude: str) -> dict[str, Any]:
+    out: dict[str, Any] = model.model_dump(mode="json", by_alias=True, exclude=set(exclude))
+    return out
+
+
+def _data_stage(spec: Eagle3RunSpec) -> Stage:
+    return Stage.GENERATE if spec.regeneration.enabled else Stage.PREPARE
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """A stage: GPUs it needs, whether it runs vLLM, its upstream stages and its content parameters."""
+
+    stage: Stage
+    gpus: Callable[[Eagle3RunSpec], int]
+    uses_vllm: Callable[[Eagle3RunSpec], bool]
+    upstream: Callable[[Eagle3RunSpec], tuple[Stage, ...]]
+    params: Callable[[Eagle3RunSpec], dict[str, Any]]
+    token_budget: Callable[[Eagle3RunSpec], int] | None = None
+    enabled: Callable[[Eagle3RunSpec], bool] = lambda spec: True
+
+
+def _none(spec: Eagle3RunSpec) -> int:
+    return 0
+
+
+def _tp(spec: Eagle3RunSpec) -> int:
+    return spec.verifier.tensor_parallel_size
+
+
+DEFINITIONS: dict[Stage, StageDef] = {
+    Stage.PREPARE: StageDef(
+        Stage.PREPARE,
+        gpus=_none,
+        uses_vllm=lambda s: False,
+        upstream=lambda s: (),
+        params=lambda s: {"verifier": _verifier(s), "dataset": _dump(s.dataset)},
+    ),
+    Stage.GENERATE: StageDef(
+        Stage.GENERATE,
+        gpus=_tp,
+        uses_vllm=lambda s: True,
+        upstream=lambda s: (Stage.PREPARE,),
+        params=lambda s: {
+            "verifier": _vllm_verifier(s),
+            "regeneration": _dump(s.regeneration, "concurrency", "token_budget", "enabled"),
+            "seed": s.dataset.seed,
+        },
+        token_budget=lambda s: s.regeneration.token_budget,
+        enabled=lambda s: s.regeneration.enabled,
+    ),
+    Stage.EXTRACT: StageDef(
+        Stage.EXTRACT,
+        gpus=_tp,
+        uses_vllm=lambda s: s.extraction.backend == "vllm",
+        upstream=lambda s: (_data_stage(s),),
+        params=lambda s: {
+            "verifier": _verifier(s),
+            "layers": s.extraction.layers,
+            "dtype": s.extraction.dtype,
+        },
+        token_budget=lambda s: s.extraction.token_budget,
+    ),
+    Stage.VOCAB: StageDef(
+        Stage.VOCAB,
+        gpus=_none,
+        uses_vllm=lambda s: False,
+        upstream=lambda s: (_data_stage(s),),
+        params=lambda s: {"vocabSize": s.draft.vocab_size},
+    ),
+    Stage.TRAIN: StageDef(
+        Stage.TRAIN,
+        gpus=lambda s: s.training.gpus,
+        uses_vllm=lambda s: False,
+        upstream=lambda s: (Stage.EXTRACT, Stage.VOCAB),
+        params=lambda s: {"verifier": _verifier(s), "draft": _dump(s.draft), "training": _dump(s.training)},
+    ),
+    Stage.EVALUATE: StageDef(
+        Stage.EVALUATE,
+        gpus=_tp,
+        uses_vllm=lambda s: True,
+        upstream=lambda s: (_data_stage(s), Stage.TRAIN),
+        params=lambda s: {
+            "verifier": _vllm_verifier(s),
+            "evaluation": _dump(s.evaluation, "min_acceptance_length"),
+        },
+    ),
+    Stage.EXPORT: StageDef(
+        Stage.EXPORT,
+        gpus=_none,
+        uses_vllm=lambda s: False,
+        upstream=lambda s: (Stage.TRAIN, Stage.VOCAB),
+        params=lambda s: {},
+    ),
+}
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage resolved against a spec. `output_dir` and `inputs` are relative to the artifacts root."""
+
+    stage: Stage
+    hash: str
+    output_dir: str
+    inputs: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    uses_vllm: bool = False
+    token_budget: int | None = None
+    skipped: str | None = None
+
+    @property
+    def retries_oom(self) -> bool:
+        return self.token_budget is not None
+
+
+def content_hash(payload: dict[str, Any]) -> str:
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
+
+
+def plan_stages(spec: Eagle3RunSpec) -> list[StagePlan]:
+    """Every stage in order, with its hash, directories and needs; disabled stages carry `skipped`."""
+    plans: dict[Stage, StagePlan] = {}
+    pinned = spec.serving.pinned_checkpoint is not None
+    for stage in ORDER:
+        d = DEFINITIONS[stage]
+        upstream = {up: plans[up] for up in d.upstream(spec)}
+        digest = content_hash(
+            {
+                "stage": stage.value,
+                "format": STAGE_FORMAT_VERSION,
+                "params": d.params(spec),
+                "inputs": {up.value: p.hash for up, p in upstream.items()},
+            }
+        )
+        skipped = None
+        if pinned:
+            skipped = "serving.pinnedCheckpoint is set: the pinned draft is served, nothing trains"
+        elif not d.enabled(spec):
+            skipped = "regeneration.enabled is false: training uses the dataset's own answers"
+        plans[stage] = StagePlan(
+            stage=stage,
+            hash=digest,
+            output_dir=f"{stage.value}/{digest}",
+            inputs={up.value: p.output_dir for up, p in upstream.items()},
+            gpus=d.gpus(spec),
+            uses_vllm=d.uses_vllm(spec),
+            token_budget=d.token_budget(spec) if d.token_budget else None,
+            skipped=skipped,
+        )
+    return list(plans.values())
+
+
+def stage_argv(
+    plan: StagePlan, spec_path: str, artifacts_root: str, token_budget: int | None = None
+) -> list[str]:
+    """The command line of a stage program: the same locally and in a Job's container."""
+    argv = ["eagle3", "stage", plan.stage.value, "--spec", spec_path, "--artifacts", artifacts_root]
+    argv += ["--output", plan.output_dir]
+    for name, path in sorted(plan.inputs.items()):
+        argv += ["--input", f"{name}={path}"]
+    budget = token_budget if token_budget is not None else plan.token_budget
+    if budget is not None:
+        argv += ["--token-budget", str(budget)]
+    return argv

@@ -1,0 +1,249 @@
+"""The operator test harness: a REST cluster client, a Job-controller player, the operator runner.
+
+The client speaks the Kubernetes REST API (JSON over HTTP), not kmock's Python API, so the same
+lifecycle tests can drive a real API server: only the connection (URL, token, TLS) and the player differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import kmock
+import kopf
+from kubernetes_asyncio import client as k8s
+
+import eagle3_operator.handlers  # noqa: F401  (registers the handlers in kopf's default registry)
+from eagle3_operator.builders import names
+from eagle3_operator.k8s import Kube
+from eagle3_operator.metrics import OperatorMetrics
+
+GROUP, VERSION, PLURAL = "eagle3.dev", "v1alpha1", "eagle3runs"
+MERGE = "application/merge-patch+json"
+NS = "e3"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock plus what a real server assigns: uid, creationTimestamp, generation and a fresh resourceVersion.
+
+    kopf's consistency tracking needs resourceVersion to change on every write; owner references need uids.
+    The recorded request stays pristine; only the stored copy gets the server-side fields.
+    """
+
+    _rv = itertools.count(1)
+
+    async def _handle(self, request: Any) -> Any:
+        if isinstance(request.data, dict) and request.action in {kmock.action.CREATE, kmock.action.UPDATE}:
+            meta = dict(request.data.get("metadata") or {})
+            meta["resourceVersion"] = str(next(self._rv))
+            if request.action == kmock.action.CREATE:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", now())
+                meta.setdefault("generation", 1)
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            original = request.data
+            object.__setattr__(request, "data", {**original, "metadata": meta})
+            try:
+                return await super()._handle(request)
+            finally:
+                object.__setattr__(request, "data", original)
+        return await super()._handle(request)
+
+
+def declare_resources(mock: Any, pod_monitors: bool = False) -> None:
+    mock.resources.load_bundled()
+    mock.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
+        kind="Eagle3Run",
+        singular="eagle3run",
+        namespaced=True,
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+        subresources={"status"},
+    )
+    if pod_monitors:
+        mock.resources["monitoring.coreos.com/v1/podmonitors"] = kmock.ResourceInfo(
+            kind="PodMonitor", singular="podmonitor", namespaced=True,
+            verbs={"get", "list", "watch", "create", "patch", "delete"},
+        )  # fmt: skip
+
+
+class Cluster:
+    """A namespace driven over REST. Label selectors apply client-side (kmock ignores them)."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, namespace: str = NS) -> None:
+        self.session = session
+        self.url = url.rstrip("/")
+        self.ns = namespace
+
+    def path(self, api: str, plural: str, name: str = "", sub: str = "") -> str:
+        prefix = f"/api/{api}" if "/" not in api else f"/apis/{api}"
+        tail = "/".join(p for p in (name, sub) if p)
+        return f"{self.url}{prefix}/namespaces/{self.ns}/{plural}" + (f"/{tail}" if tail else "")
+
+    async def _call(self, method: str, url: str, body: Any = None, ctype: str = "application/json") -> Any:
+        async with self.session.request(method, url, json=body, headers={"Content-Type": ctype}) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status >= 300:
+                raise AssertionError(f"{method} {url}: HTTP {resp.status}: {data}")
+            return data
+
+    async def create(self, api: str, plural: str, body: dict[str, Any]) -> Any:
+        body = {**body, "metadata": {**body.get("metadata", {}), "namespace": self.ns}}
+        return await self._call("POST", self.path(api, plural), body)
+
+    async def get(self, api: str, plural: str, name: str) -> Any:
+        return await self._call("GET", self.path(api, plural, name))
+
+    async def patch(self, api: str, plural: str, name: str, body: Any, sub: str = "") -> Any:
+        return await self._call("PATCH", self.path(api, plural, name, sub), body, MERGE)
+
+    async def delete(self, api: str, plural: str, name: str) -> Any:
+        return await self._call("DELETE", self.path(api, plural, name))
+
+    async def list_objects(self, api: str, plural: str, **labels: str) -> list[dict[str, Any]]:
+        items = (await self._call("GET", self.path(api, plural)))["items"]
+        return [
+            i for i in items
+            if i and all((i["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())
+        ]  # fmt: skip
+
+    # The Eagle3Run and its children.
+    async def apply_run(self, name: str, spec: dict[str, Any]) -> Any:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Eagle3Run",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        return await self.create(f"{GROUP}/{VERSION}", PLURAL, body)
+
+    async def run(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.get(f"{GROUP}/{VERSION}", PLURAL, name)
+        return result
+
+    async def edit_run(self, name: str, spec_patch: dict[str, Any]) -> Any:
+        run = await self.run(name)
+        generation = int(run["metadata"].get("generation", 1)) + 1
+        return await self.patch(
+            f"{GROUP}/{VERSION}", PLURAL, name, {"metadata": {"generation": generation}, "spec": spec_patch}
+        )
+
+    async def jobs(self, run: str, stage: str | None = None) -> list[dict[str, Any]]:
+        labels = {names.LABEL_RUN: run} | ({names.LABEL_STAGE: stage} if stage else {})
+        found = await self.list_objects("batch/v1", "jobs", **labels)
+        return sorted(found, key=lambda j: j["metadata"]["name"])
+
+    async def deployment(self, run: str) -> dict[str, Any] | None:
+        found = await self.list_objects("apps/v1", "deployments", **{names.LABEL_RUN: run})
+        return found[0] if found else None
+
+
+class JobPlayer:
+    """Plays the Job controller and kubelet: a pod for the Job, terminated as told, then Job status."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def _pod(self, job: dict[str, Any], reason: str, exit_code: int, message: str, n: int) -> None:
+        labels = job["spec"]["template"]["metadata"]["labels"] | {"job-name": job["metadata"]["name"]}
+        container = job["spec"]["template"]["spec"]["containers"][0]["name"]
+        terminated = {"reason": reason, "exitCode": exit_code, "message": message, "finishedAt": now()}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{job['metadata']['name']}-{n}", "labels": labels},
+            "status": {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "containerStatuses": [{"name": container, "state": {"terminated": terminated}}],
+            },
+        }
+        await self.cluster.create("v1", "pods", pod)
+
+    async def start(self, job: dict[str, Any]) -> None:
+        await self.cluster.patch(
+            "batch/v1",
+            "jobs",
+            job["metadata"]["name"],
+            {"status": {"active": 1, "startTime": now()}},
+            "status",
+        )
+
+    async def succeed(self, job: dict[str, Any], result: dict[str, Any] | None = None) -> None:
+        import json
+
+        await self._pod(job, "Completed", 0, json.dumps(result or {}), 0)
+        status = {
+            "succeeded": 1, "active": 0, "startTime": now(), "completionTime": now(),
+            "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": now()}],
+        }  # fmt: skip
+        await self.cluster.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
+
+    async def fail_pod(self, job: dict[str, Any], message: str, n: int, exit_code: int = 1) -> None:
+        """One pod fails; the Job still has retries left and starts another."""
+        await self._pod(job, "Error", exit_code, message, n)
+        status = {"failed": n + 1, "active": 1, "startTime": now()}
+        await self.cluster.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
+
+    async def fail(
+        self, job: dict[str, Any], message: str, reason: str = "Error", exit_code: int = 1,
+        job_reason: str = "BackoffLimitExceeded",
+    ) -> None:  # fmt: skip
+        await self._pod(job, reason, exit_code, message, 9)
+        cond = {
+            "type": "Failed", "status": "True", "reason": job_reason, "lastTransitionTime": now(),
+            "message": "Job has reached the specified backoff limit",
+        }  # fmt: skip
+        status = {"failed": 1, "active": 0, "startTime": now(), "conditions": [cond]}
+        await self.cluster.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "") -> Any:
+    """Poll `check` until it returns a truthy value (AssertionError/KeyError count as not yet)."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = await check()
+            if value:
+                return value
+        except (AssertionError, KeyError, IndexError, TypeError) as err:
+            last = err
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not reached within {timeout}s: {what or check}; last error: {last!r}")
+
+
+@asynccontextmanager
+async def running_operator(url: str, metrics: OperatorMetrics | None = None) -> AsyncIterator[kopf.Memo]:
+    """The real kopf operator with this project's handlers, in this event loop, against `url`."""
+    stop, ready = asyncio.Event(), asyncio.Event()
+    api = k8s.ApiClient(k8s.Configuration(host=url))
+    memo = kopf.Memo(
+        connection=kopf.ConnectionInfo(server=url, insecure=True),
+        kube=Kube(api),
+        metrics=metrics or OperatorMetrics(),
+    )
+    task = asyncio.create_task(
+        kopf.operator(standalone=True, clusterwide=True, stop_flag=stop, ready_flag=ready, memo=memo)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        yield memo
+    finally:
+        # Cancel rather than set `stop`: a graceful stop waits 5 s for the mock server's never-ending
+        # watch-stream handlers, which kopf counts as its own "hung" tasks. Cancelling stops them at once.
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 15)
+        await api.close()

@@ -1,0 +1,97 @@
+"""Shared steps of the lifecycle scenarios: a tiny spec, stage results, and driving a run stage by stage."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kmock
+
+from eagle3_operator.testing.cluster import MERGE, Cluster, JobPlayer, eventually
+
+TINY: dict[str, Any] = {
+    "verifier": {"model": "/models/tiny"},
+    "dataset": {"source": "/data/chat.jsonl", "maxSequenceLength": 256},
+    "extraction": {"layers": [1, 2], "backend": "transformers", "tokenBudget": 1024},
+    "training": {"sequenceLength": 256, "epochs": 2},
+    "evaluation": {"minAcceptanceLength": 1.2},
+    "serving": {"replicas": 1},
+}
+ORDER = ("prepare", "extract", "vocab", "train", "evaluate", "export")
+RESULTS: dict[str, dict[str, Any]] = {
+    "prepare": {"samples": 240, "skipped": {"too_long": 3}},
+    "extract": {"tokens": 51200, "bytes": 1048576},
+    "vocab": {"coverage": 0.97},
+    "train": {"valLoss": 2.1, "epochs": 2},
+    "evaluate": {"acceptanceLength": 1.6, "acceptanceRate": 0.2},
+    "export": {"sha256": "ab" * 32, "bytes": 123456},
+}
+
+
+def tiny(**overrides: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(TINY)
+    for section, values in overrides.items():
+        spec[section] = {**spec.get(section, {}), **values} if isinstance(values, dict) else values
+    return spec
+
+
+async def status(cluster: Cluster, run: str) -> dict[str, Any]:
+    body = await cluster.run(run)
+    result: dict[str, Any] = body.get("status") or {}
+    return result
+
+
+async def wait_phase(cluster: Cluster, run: str, phase: str, timeout: float = 10.0) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        st = await status(cluster, run)
+        return st if st.get("phase") == phase else None
+
+    result: dict[str, Any] = await eventually(check, timeout, f"{run} phase {phase}")
+    return result
+
+
+async def wait_job(cluster: Cluster, run: str, stage: str) -> dict[str, Any]:
+    """The Job of `stage` that has not finished yet, once the operator created it."""
+
+    async def check() -> dict[str, Any] | None:
+        jobs = await cluster.jobs(run, stage)
+        unfinished = [j for j in jobs if not (j.get("status") or {}).get("conditions")]
+        return unfinished[0] if unfinished else None
+
+    job: dict[str, Any] = await eventually(check, what=f"an unfinished {stage} job of {run}")
+    return job
+
+
+async def complete(
+    cluster: Cluster, player: JobPlayer, run: str, stages: tuple[str, ...], **results: Any
+) -> None:
+    """Succeed each stage's Job in order, waiting for the operator to create it."""
+    for stage in stages:
+        job = await wait_job(cluster, run, stage)
+        await player.succeed(job, results.get(stage, RESULTS[stage]))
+
+
+async def drive_to_serving(cluster: Cluster, player: JobPlayer, run: str) -> dict[str, Any]:
+    await complete(cluster, player, run, ORDER)
+    deployment = await eventually(lambda: cluster.deployment(run), what="vLLM deployment")
+    await cluster.patch(
+        "apps/v1", "deployments", deployment["metadata"]["name"], {"status": {"readyReplicas": 1}}, "status"
+    )
+    return await wait_phase(cluster, run, "Serving")
+
+
+def assert_content_types(mock: Any) -> None:
+    """A real server rejects a merge-patch body sent as JSON patch (and vice versa); kmock does not check.
+
+    Every PATCH must declare the type its body has: a list of operations is a JSON patch, an object a merge
+    patch. The operator's own writes (kubernetes_asyncio) must all be merge patches.
+    """
+    for request in mock:
+        ctype = request.headers.get("Content-Type", "")
+        if request.method == kmock.method.PATCH:
+            wanted = "application/json-patch+json" if isinstance(request.data, list) else MERGE
+            assert ctype.startswith(wanted), f"PATCH {request.url.path} sent as {ctype!r}"
+            if "OpenAPI-Generator" in request.headers.get("User-Agent", ""):
+                assert ctype.startswith(MERGE), f"the operator's PATCH {request.url.path} sent as {ctype!r}"
+        if request.method == kmock.method.POST:
+            assert ctype.startswith("application/json"), f"POST {request.url.path} sent as {ctype!r}"

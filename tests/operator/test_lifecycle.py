@@ -1,0 +1,173 @@
+"""Whole lifecycles of an Eagle3Run through the real kopf operator against the API mock."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3_operator.metrics import OperatorMetrics
+from eagle3_operator.testing.cluster import eventually, running_operator
+from eagle3_operator.testing.scenario import (
+    ORDER,
+    assert_content_types,
+    complete,
+    drive_to_serving,
+    status,
+    tiny,
+    wait_job,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.operator
+MANAGED = "app.kubernetes.io/managed-by"
+
+
+async def test_run_goes_from_prepare_to_serving(api, player):
+    mock, cluster = api
+    metrics = OperatorMetrics()
+    async with running_operator(str(mock.url), metrics):
+        await cluster.apply_run("tiny", tiny())
+        first = await wait_job(cluster, "tiny", "prepare")
+        st = await wait_phase(cluster, "tiny", "Running")
+        assert st["currentStage"] == "prepare"
+        assert st["stages"]["generate"]["phase"] == "Skipped"
+        final = await drive_to_serving(cluster, player, "tiny")
+
+    jobs = await cluster.jobs("tiny")
+    assert sorted(j["metadata"]["labels"]["eagle3.dev/stage"] for j in jobs) == sorted(ORDER)
+    for job in jobs:
+        labels = job["metadata"]["labels"]
+        assert labels[MANAGED] == "eagle3-operator" and labels["eagle3.dev/run"] == "tiny"
+        assert job["metadata"]["ownerReferences"][0]["kind"] == "Eagle3Run"
+        assert job["metadata"]["ownerReferences"][0]["uid"]
+    assert first["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["eagle3", "stage", "prepare"]
+    assert final["phase"] == "Serving"
+    assert final["acceptanceLength"] == 1.6
+    assert final["stages"]["prepare"]["result"] == {"samples": 240, "skipped": {"too_long": 3}}
+    assert final["checkpoint"] == {
+        "path": final["stages"]["export"]["outputDir"],
+        "sha256": "ab" * 32,
+        "bytes": 123456,
+    }
+    assert final["serving"]["readyReplicas"] == 1
+    assert final["serving"]["url"] == "http://tiny-vllm.e3.svc:8000"
+    conditions = {c["type"]: c for c in final["conditions"]}
+    assert conditions["Ready"]["status"] == "True" and conditions["GatePassed"]["status"] == "True"
+    assert all(c["observedGeneration"] == 1 for c in final["conditions"])
+    deployment = await cluster.deployment("tiny")
+    assert (
+        deployment["spec"]["template"]["metadata"]["annotations"]["eagle3.dev/draft"]
+        == final["checkpoint"]["path"]
+    )
+    assert await cluster.get("v1", "services", "tiny-vllm")
+    claim = await cluster.get("v1", "persistentvolumeclaims", "tiny-artifacts")
+    assert "ownerReferences" not in claim["metadata"], "the artifacts volume outlives the run by default"
+    assert_content_types(mock)
+    assert metrics.acceptance.labels("e3", "tiny")._value.get() == 1.6
+    assert metrics.stage_seconds.labels("prepare")._sum.get() >= 0
+
+
+async def test_spec_edit_reruns_only_affected_stages_and_rolls_the_deployment(api, player):
+    mock, cluster = api
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("tiny", tiny())
+        before = await drive_to_serving(cluster, player, "tiny")
+        old = await cluster.deployment("tiny")
+        await cluster.edit_run("tiny", {"training": {"learningRate": 0.002}})
+        await complete(cluster, player, "tiny", ("train", "evaluate", "export"))
+
+        async def rolled():
+            dep = await cluster.deployment("tiny")
+            draft = dep["spec"]["template"]["metadata"]["annotations"]["eagle3.dev/draft"]
+            return dep if draft != before["checkpoint"]["path"] else None
+
+        new = await eventually(rolled, what="deployment rolled to the new draft")
+        after = await status(cluster, "tiny")
+    per_stage = {s: len(await cluster.jobs("tiny", s)) for s in ORDER}
+    assert per_stage == {"prepare": 1, "extract": 1, "vocab": 1, "train": 2, "evaluate": 2, "export": 2}
+    for stage in ("prepare", "extract", "vocab"):
+        assert after["stages"][stage]["hash"] == before["stages"][stage]["hash"]
+    for stage in ("train", "evaluate", "export"):
+        assert after["stages"][stage]["hash"] != before["stages"][stage]["hash"]
+    assert (
+        new["metadata"]["annotations"]["eagle3.dev/spec-hash"]
+        != old["metadata"]["annotations"]["eagle3.dev/spec-hash"]
+    )
+    assert after["observedGeneration"] == 2
+    assert_content_types(mock)
+
+
+async def test_pinned_checkpoint_serves_without_training(api):
+    mock, cluster = api
+    pinned = {"pinnedCheckpoint": {"path": "export/0123456789ab", "sha256": "cd" * 32}}
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("pinned", tiny(serving=pinned))
+        deployment = await eventually(lambda: cluster.deployment("pinned"), what="deployment")
+        st = await status(cluster, "pinned")
+    assert await cluster.jobs("pinned") == []
+    assert all(s["phase"] == "Skipped" for s in st["stages"].values())
+    assert st["checkpoint"] == {"path": "export/0123456789ab", "sha256": "cd" * 32}
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert any("/artifacts/export/0123456789ab" in a for a in args)
+
+
+async def test_gate_failure_keeps_the_previous_draft_serving(api, player):
+    mock, cluster = api
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("tiny", tiny())
+        before = await drive_to_serving(cluster, player, "tiny")
+        await cluster.edit_run("tiny", {"training": {"epochs": 1}})
+        await complete(cluster, player, "tiny", ("train",))
+        await complete(cluster, player, "tiny", ("evaluate",), evaluate={"acceptanceLength": 1.05})
+        st = await wait_phase(cluster, "tiny", "Failed")
+        deployment = await cluster.deployment("tiny")
+    conditions = {c["type"]: c for c in st["conditions"]}
+    assert conditions["GatePassed"]["status"] == "False"
+    assert conditions["GatePassed"]["reason"] == "AcceptanceBelowGate"
+    assert "1.050 is below evaluation.minAcceptanceLength 1.2" in conditions["Failed"]["message"]
+    assert len(await cluster.jobs("tiny", "export")) == 1, "a draft below the gate is not exported"
+    draft = deployment["spec"]["template"]["metadata"]["annotations"]["eagle3.dev/draft"]
+    assert draft == before["checkpoint"]["path"], "the old draft keeps serving"
+    assert st["serving"]["draft"] == before["checkpoint"]["path"]
+
+
+async def test_deleting_a_run_stops_everything_and_keeps_the_artifacts(api, player):
+    mock, cluster = api
+    metrics = OperatorMetrics()
+    async with running_operator(str(mock.url), metrics):
+        await cluster.apply_run("tiny", tiny())
+        job = await wait_job(cluster, "tiny", "prepare")
+        await wait_phase(cluster, "tiny", "Running")
+        await cluster.delete("eagle3.dev/v1alpha1", "eagle3runs", "tiny")
+        await eventually(lambda: _forgotten(metrics), what="metrics forget the run")
+        await player.succeed(job, {"samples": 1})  # a late child event must not recreate anything
+        await _settle()
+    assert [j["metadata"]["name"] for j in await cluster.jobs("tiny")] == [job["metadata"]["name"]]
+    assert job["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True  # the server's GC deletes it
+    claim = await cluster.get("v1", "persistentvolumeclaims", "tiny-artifacts")
+    assert "ownerReferences" not in claim["metadata"]
+
+
+async def test_operator_restart_mid_run_creates_no_duplicates(api, player):
+    mock, cluster = api
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("tiny", tiny())
+        await complete(cluster, player, "tiny", ("prepare",))
+        await wait_job(cluster, "tiny", "extract")
+    async with running_operator(str(mock.url)):
+        await _settle()
+        await complete(cluster, player, "tiny", ("extract",))
+        await wait_job(cluster, "tiny", "vocab")
+        await _settle()
+    assert {s: len(await cluster.jobs("tiny", s)) for s in ("prepare", "extract", "vocab")} == {
+        "prepare": 1, "extract": 1, "vocab": 1,
+    }  # fmt: skip
+
+
+async def _forgotten(metrics: OperatorMetrics) -> bool:
+    return ("e3", "tiny") not in metrics.phases
+
+
+async def _settle() -> None:
+    import asyncio
+
+    await asyncio.sleep(0.5)

@@ -1,0 +1,306 @@
+"""parse_spec: valid specs parse; a spec broken in one place fails with InvalidSpecError naming that place.
+
+Mutations are derived from the CRD's structural schema (itself generated from the models), so every field is
+covered: a value out of range, of the wrong type or outside its enum/pattern, an unknown key, or a broken
+cross-field rule. Whatever the input, nothing but InvalidSpecError escapes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from api_support import (
+    INT_OR_STRING,
+    PRESERVE,
+    Path,
+    cel_holds,
+    crd_validator,
+    defaulted,
+    from_schema,
+    get_path,
+    minimal,
+    problem_path,
+    set_path,
+    spec_schema,
+    valid_specs,
+    walk_values,
+)
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from eagle3_operator.api import InvalidSpecError, parse_spec, spec_document
+from eagle3_operator.api.rules import RULES, CrossFieldRule
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Values of another JSON type that neither pydantic (even in lax mode) nor the API server accepts.
+WRONG_TYPES: dict[str, list[Any]] = {
+    "integer": ["many", [1], {"a": 1}, 1.5],
+    "number": ["much", [1.0], {"a": 1}],
+    "string": [5, True, ["a"], {"a": "b"}],
+    "boolean": ["maybe", 2, [True], {"a": True}],
+    "array": ["a", 3, {"a": 1}],
+    "object": ["a", 3, [1]],
+    INT_OR_STRING: [[1], {"a": "1"}, 1.5],
+}
+NOT_MATCHING = ["Not Valid!", "-", "x" * 70, "UPPER"]
+UNKNOWN_KEYS = ["unknownField", "Verifier", "gpusPerNodes", "x", "enabled"]
+
+
+def wrong_types(schema: dict[str, Any]) -> list[Any]:
+    return WRONG_TYPES[INT_OR_STRING if schema.get(INT_OR_STRING) else schema["type"]]
+
+
+def out_of_range(schema: dict[str, Any]) -> list[Any]:
+    """Values of the right type that break one of the node's own constraints."""
+    bad: list[Any] = []
+    step = 1 if schema.get("type") == "integer" else 0.5
+    if "enum" in schema:
+        bad.append(f"not-{schema['enum'][0]}")
+    if "minimum" in schema:
+        bad.append(schema["minimum"] if schema.get("exclusiveMinimum") else schema["minimum"] - step)
+    if "maximum" in schema:
+        bad.append(schema["maximum"] if schema.get("exclusiveMaximum") else schema["maximum"] + step)
+    if schema.get("minLength", 0) > 0:
+        bad.append("")
+    if "maxLength" in schema:
+        bad.append("a" * (schema["maxLength"] + 1))
+    if "pattern" in schema:
+        bad += [s for s in NOT_MATCHING if not re.search(schema["pattern"], s)][:1]
+    if schema.get("minItems", 0) > 0:
+        bad.append([])
+    return bad
+
+
+@st.composite
+def field_mutations(draw: st.DrawFn) -> tuple[dict[str, Any], str, str]:
+    """(spec, the problem path it must be reported at, what was done)."""
+    doc = defaulted(draw(valid_specs()))
+    path, schema = draw(st.sampled_from(list(walk_values(spec_schema(), doc))))
+    choices: dict[str, list[tuple[Path, Any]]] = {
+        "wrong type": [(path, v) for v in wrong_types(schema)],
+        "out of range": [(path, v) for v in out_of_range(schema)],
+    }
+    if "maxItems" in schema:
+        too_many = draw(st.lists(from_schema(schema["items"]), min_size=schema["maxItems"] + 1))
+        choices["too many items"] = [(path, too_many)]
+    if "properties" in schema:
+        # camelCase only: populate_by_name makes pydantic accept snake_case field names too
+        key = draw(st.sampled_from(UNKNOWN_KEYS).filter(lambda k: k not in schema["properties"]))
+        choices["unknown key"] = [((*path, key), 1)]
+    what = draw(st.sampled_from(sorted(k for k, v in choices.items() if v)))
+    target, value = draw(st.sampled_from(choices[what]))
+    set_path(doc, target, value)
+    return doc, problem_path(target), f"{what}: {value!r}"
+
+
+@st.composite
+def root_unknown_keys(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
+    doc = draw(valid_specs())
+    key = draw(
+        st.from_regex(r"[a-zA-Z]{1,12}", fullmatch=True).filter(
+            lambda k: k not in spec_schema()["properties"]
+        )
+    )
+    return {**doc, key: draw(st.integers() | st.text(max_size=3) | st.just({}))}, f"spec.{key}"
+
+
+def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
+    """Break `rule` (only) by changing the field the rule is reported at."""
+    eff = defaulted(doc)
+    per_node, max_len = eff["nodePool"]["gpusPerNode"], eff["dataset"]["maxSequenceLength"]
+    if rule.field_path in (".training.gpus", ".verifier.tensorParallelSize"):
+        assume(per_node < 64)
+        value: Any = draw(st.integers(per_node + 1, 64))
+    elif rule.field_path == ".extraction.layers":
+        layers = eff["extraction"].get("layers", [draw(st.integers(0, 80))])
+        value = [*layers[:15], layers[0]]
+    elif rule.field_path == ".verifier.maxModelLen":
+        assume(max_len > 128)
+        value = draw(st.integers(128, max_len - 1))
+    elif rule.field_path == ".serving.pinnedCheckpoint":
+        doc.setdefault("serving", {})["enabled"] = False
+        value = {"path": "/artifacts/run/draft"}
+    else:  # training.sequenceLength, extraction.tokenBudget: at least dataset.maxSequenceLength
+        assume(max_len > 16)
+        value = draw(st.integers(16, max_len - 1))
+    parts = tuple(rule.field_path.strip(".").split("."))
+    doc.setdefault(parts[0], {})[parts[1]] = value
+
+
+@st.composite
+def rule_breaks(draw: st.DrawFn) -> tuple[dict[str, Any], CrossFieldRule]:
+    doc, rule = draw(valid_specs()), draw(st.sampled_from(RULES))
+    _break(rule, doc, draw)
+    return doc, rule
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+def problems_of(doc: Any) -> list[str]:
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(doc)
+    assert caught.value.problems, "InvalidSpecError without problems"
+    return caught.value.problems
+
+
+# --- property-based ------------------------------------------------------------------------------------
+
+
+@FAST
+@given(valid_specs())
+def test_valid_specs_parse_and_round_trip(doc: dict[str, Any]) -> None:
+    spec = parse_spec(doc)
+    assert parse_spec(spec_document(spec)) == spec
+
+
+@FAST
+@given(field_mutations())
+def test_a_broken_field_is_reported_at_its_path_only(case: tuple[dict[str, Any], str, str]) -> None:
+    doc, reported, what = case
+    problems = problems_of(doc)
+    assert all(p.startswith(f"{reported}: ") for p in problems), f"{what} at {reported}: {problems}"
+
+
+@FAST
+@given(field_mutations())
+def test_the_crd_rejects_what_parse_spec_rejects(case: tuple[dict[str, Any], str, str]) -> None:
+    """Range and type mutations fail the CRD schema too (unknown keys: the API server prunes them)."""
+    doc, reported, what = case
+    assume(not what.startswith("unknown key"))
+    errors = list(crd_validator(spec_schema()).iter_errors(doc))
+    assert errors, f"CRD schema accepts {what} at {reported}"
+
+
+@FAST
+@given(root_unknown_keys())
+def test_unknown_top_level_keys_are_reported(case: tuple[dict[str, Any], str]) -> None:
+    doc, reported = case
+    assert problems_of(doc) == [f"{reported}: Extra inputs are not permitted"]
+
+
+@FAST
+@given(rule_breaks())
+def test_a_broken_rule_is_reported_at_its_field_with_its_message(
+    case: tuple[dict[str, Any], CrossFieldRule],
+) -> None:
+    doc, rule = case
+    assert problems_of(doc) == [f"spec{rule.field_path}: {rule.message}"]
+    assert not cel_holds(rule.rule, defaulted(doc))
+
+
+@FAST
+@given(JSON)
+def test_arbitrary_json_raises_only_invalid_spec_error(value: Any) -> None:
+    try:
+        parse_spec(value)
+    except InvalidSpecError as exc:
+        assert exc.problems and all(p.startswith("spec") for p in exc.problems)
+
+
+@FAST
+@given(
+    valid_specs().flatmap(
+        lambda doc: st.tuples(st.just(doc), st.sampled_from(list(walk_values(spec_schema(), doc))), JSON)
+    )
+)
+def test_arbitrary_subtrees_raise_only_invalid_spec_error(case: tuple[dict[str, Any], Any, Any]) -> None:
+    doc, (path, _), value = case
+    set_path(doc, path, value)
+    try:
+        parse_spec(doc)
+    except InvalidSpecError as exc:
+        assert all(p.startswith("spec") for p in exc.problems)
+
+
+# --- explicit messages ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [None, [], "verifier: x", 3])
+def test_not_an_object(value: Any) -> None:
+    assert problems_of(value) == [f"spec: expected an object, got {type(value).__name__}"]
+
+
+def test_missing_required_fields() -> None:
+    assert problems_of({}) == ["spec.verifier: Field required", "spec.dataset: Field required"]
+    assert problems_of({"verifier": {}, "dataset": {"source": "d"}}) == [
+        "spec.verifier.model: Field required"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("patch", "problem"),
+    [
+        ({"training": {"gpus": 65}}, "spec.training.gpus: Input should be less than or equal to 64"),
+        (
+            {"training": {"gpus": "two"}},
+            "spec.training.gpus: Input should be a valid integer",
+        ),
+        ({"trainig": {}}, "spec.trainig: Extra inputs are not permitted"),
+        (
+            {"verifier": {"model": "m", "vllmArgs": ["--x"] * 65}},
+            "spec.verifier.vllmArgs: List should have at most 64 items",
+        ),
+        ({"training": {"gpu": 2}}, "spec.training.gpu: Extra inputs are not permitted"),
+        (
+            {"extraction": {"layers": [3, -1]}},
+            "spec.extraction.layers[1]: Input should be greater than or equal to 0",
+        ),
+        (
+            {"dataset": {"source": "d", "format": "csv"}},
+            "spec.dataset.format: Input should be 'sharegpt' or 'messages'",
+        ),
+        ({"queueName": "Team A"}, "spec.queueName: String should match pattern"),
+        (
+            {"storage": {"artifacts": {"size": [500]}}},
+            "spec.storage.artifacts.size: Input should be an integer or a quantity string such as '500Gi'",
+        ),
+        (
+            {"nodePool": {"tolerations": [{"operator": "Maybe"}]}},
+            "spec.nodePool.tolerations[0].operator: String should match pattern",
+        ),
+        (
+            {"stages": {"train": {"resources": {"limits": {"memory": 1.5}}}}},
+            "spec.stages.train.resources.limits.memory: Input should be an integer or a quantity string",
+        ),
+    ],
+)
+def test_field_messages(patch: dict[str, Any], problem: str) -> None:
+    doc = minimal() | patch
+    doc["dataset"] = {**minimal()["dataset"], **patch.get("dataset", {})}
+    [reported] = problems_of(doc)
+    assert reported.startswith(problem)
+
+
+def test_cross_field_messages_name_every_broken_rule() -> None:
+    doc = minimal() | {"training": {"gpus": 9}, "verifier": {"model": "m", "tensorParallelSize": 16}}
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(doc)
+    assert caught.value.problems == [
+        "spec.training.gpus: training.gpus must be at most nodePool.gpusPerNode: training runs on one node",
+        "spec.verifier.tensorParallelSize: verifier.tensorParallelSize must be at most nodePool.gpusPerNode: "
+        "the verifier runs on one node",
+    ]
+    assert str(caught.value).startswith("invalid Eagle3Run spec: spec.training.gpus: ")
+    assert isinstance(caught.value, ValueError)
+
+
+def test_field_errors_come_before_rules() -> None:
+    """A spec with a broken field is not also checked against the rules (they need valid fields)."""
+    doc = minimal() | {"training": {"gpus": 9, "epochs": 0}}
+    assert problems_of(doc) == ["spec.training.epochs: Input should be greater than or equal to 1"]
+
+
+def test_preserved_objects_take_anything() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    spec = parse_spec(minimal() | {"nodePool": {"affinity": affinity}})
+    assert spec.node_pool.affinity == affinity
+    assert get_path(spec_document(spec), ("nodePool", "affinity")) == affinity
+    assert spec_schema()["properties"]["nodePool"]["properties"]["affinity"][PRESERVE] is True

@@ -1,0 +1,50 @@
+"""The built objects against the Kubernetes OpenAPI schemas (offline, strict: unknown fields are errors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from builder_cases import KIMI_RUN, TINY_RUN, all_objects, kimi_spec, specs, tiny_spec
+from hypothesis import given, settings
+
+from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_operator.builders.names import RunRef
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+KUBERNETES_VERSION = "1.31"
+# CRDs have no schema in kubernetes-validate.
+NOT_IN_SCHEMAS = {"PodMonitor"}
+
+
+@pytest.mark.parametrize(
+    ("run", "make_spec"), [(TINY_RUN, tiny_spec), (KIMI_RUN, kimi_spec)], ids=["tiny", "kimi"]
+)
+def test_objects_match_kubernetes_schemas(run: RunRef, make_spec: Any) -> None:
+    checked = set()
+    for obj in all_objects(run, make_spec()):
+        if obj["kind"] in NOT_IN_SCHEMAS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = "/".join(str(p) for p in exc.path)
+            pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {path}: {exc.message}")
+        checked.add(obj["kind"])
+    assert checked == {"ConfigMap", "PersistentVolumeClaim", "Job", "Deployment", "Service"}
+
+
+@settings(max_examples=8, deadline=None)
+@given(specs())
+def test_generated_specs_build_valid_objects(spec: Eagle3RunSpec) -> None:
+    for obj in all_objects(TINY_RUN, spec):
+        if obj["kind"] not in NOT_IN_SCHEMAS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_strict_validation_catches_a_typo() -> None:
+    [job, *_] = [o for o in all_objects(TINY_RUN, tiny_spec()) if o["kind"] == "Job"]
+    job["spec"]["template"]["spec"]["containers"][0]["comand"] = ["true"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)

@@ -1,0 +1,137 @@
+"""The vLLM Deployment, Service and PodMonitor."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from builder_cases import KIMI_RUN, KIMI_SPEC, TINY_RUN, draft_dir, kimi_spec, tiny_spec
+
+from eagle3_operator.api.validation import parse_spec
+from eagle3_operator.builders import build_deployment, build_pod_monitor, build_service, names
+from eagle3_operator.builders.serving import draft_path, serving_url
+from eagle3_operator.stages import content_hash
+
+
+def spec_hash_of(deployment: dict[str, Any]) -> str:
+    value: str = deployment["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH]
+    return value
+
+
+def vllm(deployment: dict[str, Any]) -> dict[str, Any]:
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    out: dict[str, Any] = container
+    return out
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("export/abc", "/artifacts/export/abc"), ("/drafts/kimi", "/drafts/kimi"), ("d", "/artifacts/d")],
+)
+def test_draft_path(given: str, expected: str) -> None:
+    assert draft_path(given) == expected
+
+
+def test_spec_hash_annotation_is_the_hash_of_the_spec() -> None:
+    deployment = build_deployment(KIMI_RUN, kimi_spec(), "export/a")
+    assert spec_hash_of(deployment) == content_hash(deployment["spec"])
+
+
+def test_new_draft_changes_the_spec_hash_and_a_rebuild_does_not() -> None:
+    spec = kimi_spec()
+    first = build_deployment(KIMI_RUN, spec, "export/a")
+    assert spec_hash_of(build_deployment(KIMI_RUN, kimi_spec(), "export/a")) == spec_hash_of(first)
+    second = build_deployment(KIMI_RUN, spec, "export/b")
+    assert spec_hash_of(second) != spec_hash_of(first)
+    assert second["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT] == "export/b"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"serving": {"replicas": 3}},
+        {"serving": {"image": "vllm/vllm-openai:v0.12.0"}},
+        {"serving": {"numSpeculativeTokens": 5}},
+        {"verifier": {"maxModelLen": 65536}},
+    ],
+)
+def test_serving_edits_change_the_spec_hash(edit: dict[str, Any]) -> None:
+    doc = copy.deepcopy(KIMI_SPEC)
+    for section, values in edit.items():
+        doc[section] = doc.get(section, {}) | values
+    before = build_deployment(KIMI_RUN, kimi_spec(), "export/a")
+    after = build_deployment(KIMI_RUN, parse_spec(doc), "export/a")
+    assert spec_hash_of(after) != spec_hash_of(before)
+
+
+def test_vllm_command_and_args() -> None:
+    container = vllm(build_deployment(KIMI_RUN, kimi_spec(), "export/abc"))
+    assert container["command"] == ["vllm", "serve"]
+    args = container["args"]
+    assert args[:7] == [
+        "moonshotai/Kimi-K2.5",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "8",
+    ]
+    assert args[args.index("--revision") + 1] == KIMI_SPEC["verifier"]["revision"]
+    assert "--trust-remote-code" in args
+    assert args[args.index("--max-model-len") + 1] == "32768"
+    speculative = json.loads(args[args.index("--speculative-config") + 1])
+    assert speculative == {"method": "eagle3", "model": "/artifacts/export/abc", "num_speculative_tokens": 4}
+    assert args[-3:] == ["--enable-expert-parallel", "--gpu-memory-utilization", "0.92"]
+    tiny = vllm(build_deployment(TINY_RUN, tiny_spec(), "/drafts/x"))["args"]
+    assert not {"--revision", "--trust-remote-code", "--max-model-len"} & set(tiny)
+    assert tiny[-2:] == [
+        "--speculative-config",
+        json.dumps({"method": "eagle3", "model": "/drafts/x", "num_speculative_tokens": 3}, sort_keys=True),
+    ]
+
+
+def test_image_defaults_to_images_vllm() -> None:
+    assert vllm(build_deployment(TINY_RUN, tiny_spec(), "d"))["image"] == tiny_spec().images.vllm
+    doc = copy.deepcopy(KIMI_SPEC)
+    doc["serving"]["image"] = "registry.local/vllm:nightly"
+    assert vllm(build_deployment(KIMI_RUN, parse_spec(doc), "d"))["image"] == "registry.local/vllm:nightly"
+
+
+def test_probes_and_port() -> None:
+    container = vllm(build_deployment(KIMI_RUN, kimi_spec(), "d"))
+    assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] == 3600
+
+
+def test_artifacts_are_read_only_in_serving() -> None:
+    deployment = build_deployment(KIMI_RUN, kimi_spec(), "d")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["artifacts"]["persistentVolumeClaim"]["readOnly"] is True
+    assert "spec" not in volumes
+    mounts = {m["name"]: m for m in vllm(deployment)["volumeMounts"]}
+    assert mounts["artifacts"]["readOnly"] is True
+
+
+def test_selectors_agree() -> None:
+    deployment = build_deployment(KIMI_RUN, kimi_spec(), draft_dir(kimi_spec()))
+    service = build_service(KIMI_RUN)
+    monitor = build_pod_monitor(KIMI_RUN)
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector == {names.LABEL_RUN: "kimi-k2-5", names.LABEL_STAGE: names.SERVE_STAGE}
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["selector"] == selector
+    assert monitor["spec"]["selector"]["matchLabels"] == selector
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    assert {o["metadata"]["name"] for o in (deployment, service, monitor)} == {"kimi-k2-5-vllm"}
+
+
+def test_serving_url() -> None:
+    assert serving_url(KIMI_RUN) == "http://kimi-k2-5-vllm.llm.svc:8000"
