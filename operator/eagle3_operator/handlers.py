@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -37,7 +38,7 @@ def _key(namespace: str | None, run_label: str | None) -> Key:
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     # Everything kopf keeps lives in status: GitOps tools see no operator-written metadata on the run.
     settings.persistence.progress_storage = kopf.StatusProgressStorage()
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage()
@@ -50,6 +51,25 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.locks = {}
     memo.statuses = {}
     memo.pod_monitors = await memo.kube.serves("monitoring.coreos.com", "v1", "podmonitors")
+    memo.resync = asyncio.create_task(resync(memo, kwargs))
+
+
+async def resync(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
+    """Reconcile every run periodically, so a missed child event only delays, never stalls, a run.
+
+    A task of its own rather than a kopf timer: timers put a finalizer on every run, and a finalizer blocks
+    `kubectl delete` for as long as the operator is down.
+    """
+    logger = logging.getLogger(__name__)
+    while True:
+        await asyncio.sleep(memo.get("resync_seconds") or RESYNC_SECONDS)
+        runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
+        for key in list(runs):
+            for body in list(runs.get(key, [])):
+                try:
+                    await reconcile(body, memo, logger, _indices(kwargs))
+                except (kopf.TemporaryError, kopf.PermanentError) as err:
+                    logger.warning("resync of %s/%s failed: %s", key[0], key[1], err)
 
 
 @kopf.on.login()
@@ -63,6 +83,8 @@ def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("resync") is not None:
+        memo.resync.cancel()
     if memo.get("owns_kube"):
         await memo.kube.close()
 
@@ -175,7 +197,6 @@ def _indices(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 @kopf.on.create(*RUN, id="reconcile-create")
 @kopf.on.update(*RUN, id="reconcile-update")
 @kopf.on.resume(*RUN, id="reconcile-resume")
-@kopf.timer(*RUN, id="resync", interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
 async def run_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
     await reconcile(body, memo, logger, _indices(kwargs))
 
