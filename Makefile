@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 
 ## demo: the operator at work against the API mock: the tiny run from creation to a serving Deployment
 demo: $(STAMP)
-	$(PY) -m eagle3_operator.demo examples/tiny-cpu.yaml
+	$(PY) -m eagle3_operator.testing.demo examples/tiny-cpu.yaml
 
 ## test: lint, types, unit tests, the operator against the API mock
 test: $(STAMP) lint typecheck

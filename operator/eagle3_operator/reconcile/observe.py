@@ -90,7 +90,8 @@ def _terminations(pods: Iterable[Mapping[str, Any]], container: str) -> list[Ter
                         finished_at=term.get("finishedAt"),
                     )
                 )
-    return sorted(found, key=lambda t: t.finished_at or "")
+    # Latest last; on a tie (second resolution) a successful exit counts as later: it ended the Job.
+    return sorted(found, key=lambda t: (t.finished_at or "", t.exit_code == 0))
 
 
 def _job_phase(status: Mapping[str, Any]) -> StagePhase:

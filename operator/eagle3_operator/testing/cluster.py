@@ -163,7 +163,7 @@ class JobPlayer:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": f"{job['metadata']['name']}-{n}", "labels": labels},
+            "metadata": {"name": f"{job['metadata']['name']}-{n}-{uuid.uuid4().hex[:5]}", "labels": labels},
             "status": {
                 "phase": "Succeeded" if exit_code == 0 else "Failed",
                 "containerStatuses": [{"name": container, "state": {"terminated": terminated}}],

@@ -95,3 +95,22 @@ def assert_content_types(mock: Any) -> None:
                 assert ctype.startswith(MERGE), f"the operator's PATCH {request.url.path} sent as {ctype!r}"
         if request.method == kmock.method.POST:
             assert ctype.startswith("application/json"), f"POST {request.url.path} sent as {ctype!r}"
+
+
+async def drive_stage(
+    cluster: Cluster, player: JobPlayer, run: str, stage: str, result: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Succeed the stage's Job once the operator creates it; None if the operator skips the stage."""
+
+    async def ready() -> dict[str, Any] | None:
+        jobs = [j for j in await cluster.jobs(run, stage) if not (j.get("status") or {}).get("conditions")]
+        if jobs:
+            return jobs[0]
+        stage_status = (await status(cluster, run)).get("stages", {}).get(stage, {})
+        return {"skipped": True} if stage_status.get("phase") == "Skipped" else None
+
+    found: dict[str, Any] = await eventually(ready, what=f"{stage} of {run} started or skipped")
+    if found.get("skipped"):
+        return None
+    await player.succeed(found, result)
+    return found

@@ -1,0 +1,116 @@
+"""`make demo`: the operator at work against the API mock, from a manifest to a serving vLLM Deployment.
+
+The real kopf operator runs in-process against kmock; this program applies the manifest and plays the Job
+controller (each stage's Job succeeds with a plausible result), printing what the operator creates and the
+run's status at each step. The pipeline's own programs (issue 4 and 5) replace the played results later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import yaml
+
+from eagle3_operator.api import InvalidSpecError, parse_spec
+from eagle3_operator.testing.cluster import (
+    Cluster,
+    Emulator,
+    JobPlayer,
+    declare_resources,
+    eventually,
+    running_operator,
+)
+from eagle3_operator.testing.scenario import RESULTS, drive_stage, status, wait_phase
+
+STAGES = ("prepare", "generate", "extract", "vocab", "train", "evaluate", "export")
+
+
+def load_manifest(path: Path) -> tuple[str, dict[str, Any], bool]:
+    """The run's name and spec; exits with a message naming the problem on bad input."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise SystemExit(f"{path}: cannot read the manifest: {err}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "Eagle3Run":
+        raise SystemExit(f"{path}: expected a manifest of kind Eagle3Run")
+    name = (doc.get("metadata") or {}).get("name")
+    if not name:
+        raise SystemExit(f"{path}: metadata.name is missing")
+    try:
+        serving = parse_spec(doc.get("spec")).serving.enabled
+    except InvalidSpecError as err:
+        raise SystemExit(f"{path}: " + "\n  ".join(["invalid spec:", *err.problems])) from None
+    return name, doc["spec"], serving
+
+
+def show_job(job: dict[str, Any]) -> None:
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    gpus = {k: v for k, v in (container.get("resources", {}).get("limits") or {}).items() if "gpu" in k}
+    print(f"  Job {job['metadata']['name']}  gpus={gpus or 0}")
+    print(f"      $ {' '.join(container['command'])}")
+
+
+def show_status(st: dict[str, Any]) -> None:
+    summary = {k: st.get(k) for k in ("phase", "currentStage", "acceptanceLength", "checkpoint", "serving")}
+    print("  status: " + json.dumps({k: v for k, v in summary.items() if v is not None}))
+
+
+async def demo(path: Path) -> int:
+    name, spec, serving = load_manifest(path)
+    async with Emulator() as mock, kmock.Server(mock):
+        declare_resources(mock)
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session, running_operator(str(mock.url)):
+            cluster = Cluster(session, str(mock.url), namespace="default")
+            player = JobPlayer(cluster)
+            print(f"kubectl apply -f {path}  (Eagle3Run {name})")
+            await cluster.apply_run(name, spec)
+            for stage in STAGES:
+                job = await drive_stage(cluster, player, name, stage, RESULTS.get(stage, {}))
+                if job is None:
+                    print(
+                        f"- {stage}: skipped ({(await status(cluster, name))['stages'][stage].get('message')})"
+                    )
+                    continue
+                print(f"- {stage}: the operator created")
+                show_job(job)
+                print(f"  the Job succeeded with {json.dumps(RESULTS.get(stage, {}))}")
+            if serving:
+                deployment = await eventually(lambda: cluster.deployment(name), what="the vLLM Deployment")
+                container = deployment["spec"]["template"]["spec"]["containers"][0]
+                print(
+                    f"- serve: Deployment {deployment['metadata']['name']}: vllm serve {' '.join(container['args'])}"
+                )
+                await cluster.patch(
+                    "apps/v1",
+                    "deployments",
+                    deployment["metadata"]["name"],
+                    {"status": {"readyReplicas": 1}},
+                    "status",
+                )
+                st = await wait_phase(cluster, name, "Serving")
+            else:
+                st = await status(cluster, name)
+            show_status(st)
+    print(f"Eagle3Run {name}: {st['phase']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("manifest", type=Path, help="an Eagle3Run manifest, e.g. examples/tiny-cpu.yaml")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    return asyncio.run(demo(args.manifest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Failure paths through the real kopf operator against the API mock: retries, OOM, suspend, invalid specs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from eagle3_operator.stages import OOM_EXIT_CODE
+from eagle3_operator.testing.cluster import declare_resources, eventually, running_operator
+from eagle3_operator.testing.scenario import complete, drive_to_serving, status, tiny, wait_job, wait_phase
+
+pytestmark = pytest.mark.operator
+
+
+def conditions(st: dict) -> dict[str, dict]:
+    return {c["type"]: c for c in st.get("conditions", [])}
+
+
+async def test_a_stage_that_exhausts_its_retries_fails_the_run_with_its_last_message(api, player):
+    mock, cluster = api
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("tiny", tiny())
+        job = await wait_job(cluster, "tiny", "prepare")
+        await player.fail(job, "Traceback (most recent call last):\nValueError: row 17 has no assistant turn")
+        st = await wait_phase(cluster, "tiny", "Failed")
+        await asyncio.sleep(0.3)
+    failed = conditions(st)["Failed"]
+    assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
+    assert failed["message"].startswith("stage prepare: Job tiny-prepare-")
+    assert "row 17 has no assistant turn" in failed["message"]
+    assert st["currentStage"] == "prepare"
+    assert st["stages"]["prepare"]["phase"] == "Failed"
+    assert len(await cluster.jobs("tiny")) == 1, "a failed stage starts nothing after it"
+
+
+async def test_a_pod_failure_within_the_backoff_limit_is_retried_by_the_job(api, player):
+    mock, cluster = api
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("tiny", tiny())
+        job = await wait_job(cluster, "tiny", "prepare")
+        await player.fail_pod(job, "connection reset by peer", n=0)
+        await asyncio.sleep(0.3)
+        assert (await status(cluster, "tiny"))["phase"] == "Running"
+        await player.succeed(job, {"samples": 3})
+        await wait_job(cluster, "tiny", "extract")
+        st = await status(cluster, "tiny")
+    assert st["stages"]["prepare"]["phase"] == "Succeeded"
+    assert conditions(st)["Failed"]["status"] == "False"
+
+
+@pytest.mark.parametrize(("reason", "exit_code"), [("OOMKilled", 137), ("Error", OOM_EXIT_CODE)])
+async def test_out_of_memory_in_extraction_retries_with_half_the_token_budget(api, player, reason, exit_code):
+    mock, cluster = api
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("tiny", tiny())
+        await complete(cluster, player, "tiny", ("prepare",))
+        first = await wait_job(cluster, "tiny", "extract")
+        await player.fail(
+            first, "CUDA out of memory", reason=reason, exit_code=exit_code, job_reason="PodFailurePolicy"
+        )
+        second = await wait_job(cluster, "tiny", "extract")
+        st = await eventually(lambda: _attempts(cluster, 2), what="two extract attempts in status")
+        await player.succeed(second, {"tokens": 1})
+        await wait_job(cluster, "tiny", "vocab")
+    assert first["metadata"]["annotations"]["eagle3.dev/token-budget"] == "1024"
+    assert second["metadata"]["name"] == first["metadata"]["name"] + "-r1"
+    assert second["metadata"]["annotations"]["eagle3.dev/token-budget"] == "512"
+    assert second["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--token-budget", "512"]
+    extract = st["stages"]["extract"]
+    assert extract["tokenBudget"] == 512
+    assert "ran out of memory at a token budget of 1024; retrying with 512" in extract["message"]
+
+
+async def test_out_of_memory_at_the_smallest_budget_fails_with_advice(api, player):
+    mock, cluster = api
+    spec = tiny(extraction={"tokenBudget": 256})  # already at dataset.maxSequenceLength: nothing to halve
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("tiny", spec)
+        await complete(cluster, player, "tiny", ("prepare",))
+        job = await wait_job(cluster, "tiny", "extract")
+        await player.fail(job, "CUDA out of memory", reason="OOMKilled", exit_code=137)
+        st = await wait_phase(cluster, "tiny", "Failed")
+    failed = conditions(st)["Failed"]
+    assert failed["reason"] == "OutOfMemory"
+    assert "lower dataset.maxSequenceLength" in failed["message"]
+    assert len(await cluster.jobs("tiny", "extract")) == 1
+
+
+async def test_suspend_creates_no_jobs_until_resumed_and_the_queue_label_passes_through(api):
+    mock, cluster = api
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("tiny", tiny(suspend=True, queueName="gpu-h200"))
+        st = await wait_phase(cluster, "tiny", "Suspended")
+        await asyncio.sleep(0.3)
+        assert await cluster.jobs("tiny") == []
+        await cluster.edit_run("tiny", {"suspend": False})
+        job = await wait_job(cluster, "tiny", "prepare")
+    assert conditions(st)["Progressing"]["reason"] == "Suspended"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-h200"
+
+
+async def test_an_invalid_spec_creates_nothing_and_names_the_field(api):
+    mock, cluster = api
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("bad", tiny(training={"gpus": 16}))
+        st = await wait_phase(cluster, "bad", "Invalid")
+        await asyncio.sleep(0.3)
+        assert await cluster.jobs("bad") == []
+        await cluster.edit_run("bad", {"training": {"gpus": 8}})
+        await wait_job(cluster, "bad", "prepare")
+    valid = conditions(st)["SpecValid"]
+    assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
+    assert "spec.training.gpus" in valid["message"]
+
+
+async def test_a_pod_monitor_is_created_when_the_cluster_serves_them(api, player):
+    mock, cluster = api
+    declare_resources(mock, pod_monitors=True)
+    async with running_operator(str(mock.url)):
+        await cluster.apply_run("tiny", tiny())
+        await drive_to_serving(cluster, player, "tiny")
+        monitor = await eventually(
+            lambda: cluster.get("monitoring.coreos.com/v1", "podmonitors", "tiny-vllm")
+        )
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+
+
+async def _attempts(cluster, n):
+    st = await status(cluster, "tiny")
+    return st if st.get("stages", {}).get("extract", {}).get("attempts") == n else None
