@@ -63,6 +63,29 @@ def show_status(st: dict[str, Any]) -> None:
     print("  status: " + json.dumps({k: v for k, v in summary.items() if v is not None}))
 
 
+async def play_stages(cluster: Cluster, player: JobPlayer, name: str) -> None:
+    """Succeed each stage's Job as the operator creates it, printing the Job and its command."""
+    for stage in STAGES:
+        job = await drive_stage(cluster, player, name, stage, RESULTS.get(stage, {}))
+        if job is None:
+            why = (await status(cluster, name))["stages"][stage].get("message")
+            print(f"- {stage}: skipped ({why})")
+            continue
+        print(f"- {stage}: the operator created")
+        show_job(job)
+        print(f"  the Job succeeded with {json.dumps(RESULTS.get(stage, {}))}")
+
+
+async def play_serving(cluster: Cluster, name: str) -> dict[str, Any]:
+    """Wait for the vLLM Deployment, print its command, make it ready and return the Serving status."""
+    deployment = await eventually(lambda: cluster.deployment(name), what="the vLLM Deployment")
+    args = " ".join(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+    print(f"- serve: Deployment {deployment['metadata']['name']}: vllm serve {args}")
+    ready = {"status": {"readyReplicas": 1}}
+    await cluster.patch("apps/v1", "deployments", deployment["metadata"]["name"], ready, "status")
+    return await wait_phase(cluster, name, "Serving")
+
+
 async def demo(path: Path) -> int:
     name, spec, serving = load_manifest(path)
     async with Emulator() as mock, kmock.Server(mock):
@@ -70,35 +93,12 @@ async def demo(path: Path) -> int:
         connector = aiohttp.TCPConnector(force_close=True)
         async with aiohttp.ClientSession(connector=connector) as session, running_operator(str(mock.url)):
             cluster = Cluster(session, str(mock.url), namespace="default")
-            player = JobPlayer(cluster)
             print(f"kubectl apply -f {path}  (Eagle3Run {name})")
             await cluster.apply_run(name, spec)
-            for stage in STAGES:
-                job = await drive_stage(cluster, player, name, stage, RESULTS.get(stage, {}))
-                if job is None:
-                    print(
-                        f"- {stage}: skipped ({(await status(cluster, name))['stages'][stage].get('message')})"
-                    )
-                    continue
-                print(f"- {stage}: the operator created")
-                show_job(job)
-                print(f"  the Job succeeded with {json.dumps(RESULTS.get(stage, {}))}")
-            if serving:
-                deployment = await eventually(lambda: cluster.deployment(name), what="the vLLM Deployment")
-                container = deployment["spec"]["template"]["spec"]["containers"][0]
-                print(
-                    f"- serve: Deployment {deployment['metadata']['name']}: vllm serve {' '.join(container['args'])}"
-                )
-                await cluster.patch(
-                    "apps/v1",
-                    "deployments",
-                    deployment["metadata"]["name"],
-                    {"status": {"readyReplicas": 1}},
-                    "status",
-                )
-                st = await wait_phase(cluster, name, "Serving")
-            else:
-                st = await status(cluster, name)
+            await play_stages(cluster, JobPlayer(cluster), name)
+            st = (
+                await play_serving(cluster, name) if serving else await wait_phase(cluster, name, "Succeeded")
+            )
             show_status(st)
     print(f"Eagle3Run {name}: {st['phase']}")
     return 0
