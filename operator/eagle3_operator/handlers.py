@@ -7,11 +7,12 @@ import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
 from eagle3_operator.api.base import GROUP, PLURAL, VERSION
+from eagle3_operator.api.status import RunPhase
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.k8s import ApiError, Kube
@@ -24,7 +25,7 @@ from eagle3_operator.reconcile.observe import (
     slim_job,
     slim_pod,
 )
-from eagle3_operator.reconcile.planner import plan_run
+from eagle3_operator.reconcile.planner import Plan, plan_run
 from eagle3_operator.reconcile.status_patch import merge_patch
 
 RUN = (GROUP, VERSION, PLURAL)
@@ -91,7 +92,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.index(*RUN)
 def eagle3_runs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
-    return {_key(namespace, names.child_name(name)): dict(body)}
+    return {_key(namespace, names.run_label(name)): dict(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED)
@@ -154,38 +155,57 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
     )
 
 
+async def _carry_out(memo: kopf.Memo, ref: RunRef, known: dict[str, Any], plan: Plan, logger: Any) -> None:
+    """Apply the plan's writes in order, then patch status with what changed since the last write."""
+    try:
+        for action in plan.actions:
+            if await memo.kube.apply(action):
+                logger.info("%s %s %s", action.verb, action.body["kind"], action.body["metadata"]["name"])
+        patch = merge_patch(known, plan.status, ignore=("kopf",))
+        if patch:
+            await memo.kube.patch_run_status(ref.namespace, ref.name, patch)
+    except ApiError as err:
+        memo.metrics.reconciles.labels("error").inc()
+        if err.transient:
+            raise kopf.TemporaryError(str(err), delay=5) from err
+        raise kopf.PermanentError(str(err)) from err
+
+
+def _announce(body: Mapping[str, Any], before: str | None, plan: Plan) -> None:
+    """A Kubernetes Event on the run when its phase changes (`kubectl describe e3r` shows the history)."""
+    if before == plan.phase.value:
+        return
+    failed = next((c for c in plan.status.get("conditions", []) if c["type"] == "Failed"), None)
+    detail = (
+        failed["message"] if failed and failed["status"] == "True" else plan.status.get("currentStage") or ""
+    )
+    target = kopf.Body(cast(kopf.RawBody, dict(body)))
+    if plan.phase in (RunPhase.FAILED, RunPhase.INVALID):
+        kopf.warn(target, reason=plan.phase.value, message=str(detail)[:1000])
+    else:
+        kopf.info(target, reason=plan.phase.value, message=f"stage {detail}" if detail else "")
+
+
 async def reconcile(
     body: Mapping[str, Any], memo: kopf.Memo, logger: Any, indices: Mapping[str, Any]
 ) -> None:
     """Plan one run from its observed children, carry out the plan, write status once if it changed."""
     meta = body["metadata"]
     ref = RunRef(meta["name"], meta["namespace"], meta.get("uid", ""))
-    key = _key(ref.namespace, names.child_name(ref.name))
+    key = _key(ref.namespace, names.run_label(ref.name))
     async with memo.locks.setdefault(key, asyncio.Lock()):
         started = time.perf_counter()
-        known = memo.statuses.get(key) or body.get("status")
+        known: dict[str, Any] = memo.statuses.get(key) or body.get("status") or {}
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        plan = plan_run(
-            ref, meta.get("generation"), body.get("spec"), known, observe(key, memo, indices), now
-        )
-        try:
-            for action in plan.actions:
-                if await memo.kube.apply(action):
-                    logger.info("%s %s %s", action.verb, action.body["kind"], action.body["metadata"]["name"])
-            patch = merge_patch(body.get("status") or {}, plan.status, ignore=("kopf",))
-            if patch:
-                await memo.kube.patch_run_status(ref.namespace, ref.name, patch)
-            memo.statuses[key] = plan.status
-        except ApiError as err:
-            memo.metrics.reconciles.labels("error").inc()
-            if err.transient:
-                raise kopf.TemporaryError(str(err), delay=5) from err
-            raise kopf.PermanentError(str(err)) from err
+        observed = observe(key, memo, indices)
+        plan = plan_run(ref, meta.get("generation"), body.get("spec"), known, observed, now)
+        await _carry_out(memo, ref, known, plan, logger)
+        memo.statuses[key] = plan.status
+        _announce(body, known.get("phase"), plan)
         memo.metrics.reconciles.labels("ok").inc()
         memo.metrics.latency.observe(time.perf_counter() - started)
-        memo.metrics.observe_run(
-            ref.namespace, ref.name, plan.phase, plan.status.get("acceptanceLength"), plan.finished
-        )
+        accepted = plan.status.get("acceptanceLength")
+        memo.metrics.observe_run(ref.namespace, ref.name, plan.phase, accepted, plan.finished)
     if plan.problems:
         raise kopf.PermanentError("invalid spec: " + "; ".join(plan.problems))
 
@@ -224,7 +244,7 @@ async def run_event(
 ) -> None:
     """A deleted run: forget its metrics, lock and cached status (owner references delete its children)."""
     if event.get("type") == "DELETED":
-        key = _key(namespace, names.child_name(name))
+        key = _key(namespace, names.run_label(name))
         memo.statuses.pop(key, None)
         memo.locks.pop(key, None)
         memo.metrics.forget_run(namespace, name)

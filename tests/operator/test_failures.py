@@ -24,9 +24,11 @@ async def test_a_stage_that_exhausts_its_retries_fails_the_run_with_its_last_mes
         job = await wait_job(cluster, "tiny", "prepare")
         await player.fail(job, "Traceback (most recent call last):\nValueError: row 17 has no assistant turn")
         st = await wait_phase(cluster, "tiny", "Failed")
-        await asyncio.sleep(0.3)
+        event = await eventually(lambda: _warning_event(mock), what="a Warning event on the run")
     failed = conditions(st)["Failed"]
     assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
+    assert event["reason"] == "Failed" and "row 17 has no assistant turn" in event["message"]
+    assert event["involvedObject"]["kind"] == "Eagle3Run"
     assert failed["message"].startswith("stage prepare: Job tiny-prepare-")
     assert "row 17 has no assistant turn" in failed["message"]
     assert st["currentStage"] == "prepare"
@@ -124,6 +126,11 @@ async def test_a_pod_monitor_is_created_when_the_cluster_serves_them(api, player
             lambda: cluster.get("monitoring.coreos.com/v1", "podmonitors", "tiny-vllm")
         )
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+
+
+async def _warning_event(mock):
+    posted = [r.data for r in mock if r.url.path.endswith("/events") and isinstance(r.data, dict)]
+    return next((e for e in posted if e.get("type") == "Warning"), None)
 
 
 async def _attempts(cluster, n):

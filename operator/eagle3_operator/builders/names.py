@@ -43,21 +43,29 @@ class RunRef:
         }
 
 
+def _salt(run: str) -> str:
+    return hashlib.sha256(run.encode()).hexdigest()[:6]
+
+
+def run_label(run: str) -> str:
+    """The value of the `eagle3.dev/run` label: the run's name, cut and salted if over 63 characters."""
+    return run if len(run) <= MAX_NAME else f"{run[: MAX_NAME - 7].rstrip('-.')}-{_salt(run)}"
+
+
 def child_name(run: str, *parts: str) -> str:
     """`<run>-<parts...>`: a DNS-1035 label of at most 63 characters, valid for every kind (Services too).
 
-    Dots become dashes and a leading digit gets an `r` in front; a long run name is cut and salted with a
-    hash of the full name, so distinct runs keep distinct children.
+    A run name that is not already such a label (dots, a leading digit) or is too long is rewritten and salted
+    with a hash of the full name, so distinct runs (`a.b` and `a-b`) never share a child.
     """
     base = run.replace(".", "-")
     if base[:1].isdigit():
         base = "r" + base
     name = "-".join((base, *parts))
-    if len(name) <= MAX_NAME:
+    if base == run and len(name) <= MAX_NAME:
         return name
-    salt = hashlib.sha256(run.encode()).hexdigest()[:6]
-    keep = MAX_NAME - sum(len(p) + 1 for p in parts) - len(salt) - 1
-    return "-".join((base[:keep].rstrip("-"), salt, *parts))
+    keep = MAX_NAME - sum(len(p) + 1 for p in parts) - 7
+    return "-".join((base[:keep].rstrip("-"), _salt(run), *parts))
 
 
 def job_name(run: str, stage: str, digest: str, attempt: int) -> str:
@@ -82,7 +90,7 @@ def labels(run: str, stage: str) -> dict[str, str]:
     return {
         LABEL_NAME: "eagle3",
         LABEL_MANAGED_BY: MANAGED_BY,
-        LABEL_RUN: child_name(run),
+        LABEL_RUN: run_label(run),
         LABEL_STAGE: stage,
     }
 

@@ -52,3 +52,14 @@ def test_metadata() -> None:
     }
     bare = names.metadata(run, "r-x", "x", owned=False, annotations={})
     assert "annotations" not in bare and "ownerReferences" not in bare
+
+
+def test_runs_whose_names_differ_only_by_dots_get_distinct_children_and_labels():
+    from eagle3_operator.builders.names import child_name, run_label
+
+    assert child_name("a.b", "vllm") != child_name("a-b", "vllm")
+    assert child_name("a-b", "vllm") == "a-b-vllm"
+    assert run_label("a.b") != run_label("a-b")
+    assert child_name("7b-run", "vllm")[0].isalpha()
+    long = "x" * 80
+    assert len(run_label(long)) <= 63 and run_label(long) != run_label(long + "y")

@@ -1,0 +1,31 @@
+"""The `eagle3` command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagle3_operator.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_eagle3_crd_prints_the_committed_crd(capsys):
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out == (ROOT / "crds" / "eagle3runs.eagle3.dev.yaml").read_text()
+
+
+def test_eagle3_crd_without_cel_drops_every_validation_rule(capsys):
+    assert main(["crd", "--no-cel"]) == 0
+    out = capsys.readouterr().out
+    assert "x-kubernetes-validations" not in out
+    assert yaml.safe_load(out)["spec"]["names"]["shortNames"] == ["e3r"]
+
+
+def test_an_unknown_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["nonsense"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
