@@ -141,7 +141,14 @@ def owned_claims(
     return _owned("PersistentVolumeClaim", namespace, labels, name)
 
 
-OWNED_INDEXES = ("owned_services", "owned_configmaps", "owned_claims")
+@kopf.index("monitoring.coreos.com", "v1", "podmonitors", labels=MANAGED)
+def owned_pod_monitors(
+    namespace: str | None, labels: kopf.Labels, name: str, **_: Any
+) -> dict[Key, tuple[str, str]]:
+    return _owned("PodMonitor", namespace, labels, name)  # watched only where the Prometheus operator is
+
+
+OWNED_INDEXES = ("owned_services", "owned_configmaps", "owned_claims", "owned_pod_monitors")
 
 
 def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:

@@ -95,7 +95,6 @@ class Walk:
         if plan.skipped:
             self.progress.stages[stage] = StageStatus(phase=StagePhase.SKIPPED, message=plan.skipped)
             return True
-        self._delete_stale(plan)
         mine = sorted(
             (j for j in self.jobs if j.stage == stage and j.hash == plan.hash), key=lambda j: j.attempt
         )
@@ -126,6 +125,8 @@ class Walk:
             )
         if base.phase == StagePhase.SUCCEEDED:
             result = parse_result(latest.termination.message if latest.termination else None)
+            if result is None and remembered is not None and remembered.job_name == latest.name:
+                result = remembered.result  # its pods are gone (pod GC, eviction); the result was recorded
             self.progress.stages[stage] = base.model_copy(update={"result": result, "message": None})
             if remembered is None or remembered.phase != StagePhase.SUCCEEDED:
                 self.progress.finished.append((stage, _seconds(latest.start_time, latest.completion_time)))
@@ -168,8 +169,8 @@ class Walk:
         if plan.retries_oom and is_oom(job):
             reason = "OutOfMemory"
             message = (
-                f"{stage} ran out of memory even at a token budget of {budget} (the floor is "
-                f"dataset.maxSequenceLength={self.spec.dataset.max_sequence_length}); lower "
+                f"{stage} ran out of memory even at a token budget of {budget} (halving stops at "
+                f"{floor}: one sample of dataset.maxSequenceLength must fit); lower "
                 f"dataset.maxSequenceLength, use more GPUs (verifier.tensorParallelSize) or a smaller model"
             )
         else:
@@ -186,7 +187,7 @@ class Walk:
         if gate is None:
             return True
         value = (result or {}).get("acceptanceLength")
-        if not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
             message = (
                 "evaluate reported no acceptanceLength, so evaluation.minAcceptanceLength cannot be checked"
             )
@@ -204,9 +205,9 @@ class Walk:
         return False
 
     def _delete_stale(self, plan: StagePlan) -> None:
-        """Unfinished Jobs of this stage for an older spec would waste GPUs: delete them."""
+        """Unfinished Jobs of this stage for an older spec, or of a skipped stage, would waste GPUs."""
         for job in self.jobs:
-            stale = job.stage == plan.stage.value and job.hash != plan.hash
+            stale = job.stage == plan.stage.value and (plan.skipped is not None or job.hash != plan.hash)
             if stale and job.phase in (StagePhase.PENDING, StagePhase.RUNNING):
                 self.progress.actions.append(
                     Action("delete", object_ref("batch/v1", "Job", job.name, self.ref))
@@ -228,6 +229,8 @@ def walk_stages(
 ) -> Progress:
     """Walk the stages in order, stopping at the first one that is not done."""
     walk = Walk(ref, spec, previous, jobs, spec_configmap)
+    for plan in plans:  # every stage, not only those the walk reaches: an edit upstream stops it early
+        walk._delete_stale(plan)
     for plan in plans:
         if not walk.run(plan):
             break

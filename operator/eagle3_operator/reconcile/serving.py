@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 from eagle3_operator.api.spec import Eagle3RunSpec
 from eagle3_operator.api.status import ServingStatus
 from eagle3_operator.builders import names
@@ -11,6 +14,17 @@ from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.progress import Action, object_ref
 
 POD_MONITOR_API = "monitoring.coreos.com/v1"
+# Pod-spec keys the builder leaves out when unset; a merge patch keeps what it omits, so it clears them.
+OPTIONAL_POD_KEYS = ("nodeSelector", "tolerations", "affinity")
+
+
+def _merge_patch(desired: dict[str, Any]) -> dict[str, Any]:
+    """The desired Deployment as a merge patch: an omitted optional pod-spec key becomes null (removed)."""
+    patch = copy.deepcopy(desired)
+    pod = patch["spec"]["template"]["spec"]
+    for key in OPTIONAL_POD_KEYS:
+        pod.setdefault(key, None)
+    return patch
 
 
 def _teardown(ref: RunRef, observed: Observed) -> list[Action]:
@@ -20,6 +34,8 @@ def _teardown(ref: RunRef, observed: Observed) -> list[Action]:
         actions.append(Action("delete", object_ref("apps/v1", "Deployment", name, ref)))
     if ("Service", name) in observed.objects:
         actions.append(Action("delete", object_ref("v1", "Service", name, ref)))
+    if ("PodMonitor", name) in observed.objects:
+        actions.append(Action("delete", object_ref(POD_MONITOR_API, "PodMonitor", name, ref)))
     return actions
 
 
@@ -42,7 +58,7 @@ def plan_serving(
         if current is None:
             actions.append(Action("create", desired))
         elif current.spec_hash != wanted:
-            actions.append(Action("patch", desired))
+            actions.append(Action("patch", _merge_patch(desired)))
         if ("Service", name) not in observed.objects:
             actions.append(Action("create", build_service(ref)))
         if observed.pod_monitors_served and ("PodMonitor", name) not in observed.objects:

@@ -81,6 +81,19 @@ def terminated(
     return term
 
 
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, section 2, as written there (what the API server does with a merge patch)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = apply_merge_patch(out.get(key), value)
+    return out
+
+
 def pod_of(job: dict[str, Any], suffix: str, state: dict[str, Any], phase: str) -> dict[str, Any]:
     """A Pod of `job` as the Job controller makes it: the template's labels plus the job-name label."""
     labels = dict(job["spec"]["template"]["metadata"]["labels"])
@@ -102,6 +115,21 @@ def pod_of(job: dict[str, Any], suffix: str, state: dict[str, Any], phase: str) 
             ],
         },
     }
+
+
+def job_status(phase: str, at: str) -> dict[str, Any]:
+    """A Job's status in `phase`: pending, running, complete(-no-pod), failed or failure-target."""
+    if phase == "pending":
+        return {}
+    if phase == "running":
+        return {"startTime": at, "active": 1}
+    if phase.startswith("complete"):
+        done = [condition("SuccessCriteriaMet", "CompletionsReached", at=at), condition("Complete", at=at)]
+        return {"startTime": at, "completionTime": at, "succeeded": 1, "conditions": done}
+    failed = [condition("FailureTarget", "BackoffLimitExceeded", "backoff", at)]
+    if phase == "failed":
+        failed.append(condition("Failed", "BackoffLimitExceeded", "backoff", at))
+    return {"startTime": at, "failed": 1, "conditions": failed}
 
 
 @dataclass
@@ -165,9 +193,10 @@ class World:
             elif kind == "Deployment":
                 if action.verb == "delete":
                     self.deployment = None
-                elif (action.verb == "create" and self.deployment is None) or action.verb == "patch":
-                    status = (self.deployment or {}).get("status", {})
-                    self.deployment = body | {"status": status}
+                elif action.verb == "create" and self.deployment is None:
+                    self.deployment = body
+                elif action.verb == "patch":
+                    self.deployment = apply_merge_patch(self.deployment, body)
             elif action.verb == "create":
                 self.objects.setdefault((kind, name), body)
             elif action.verb == "delete":
@@ -178,10 +207,10 @@ class World:
     # --- the Job controller and the kubelet ---------------------------------------------------------
 
     def job(self, stage: str) -> dict[str, Any]:
-        """The newest Job of `stage` (highest attempt)."""
+        """The newest Job of `stage`: the highest attempt, the last created of those."""
         mine = [j for j in self.jobs.values() if j["metadata"]["labels"][names.LABEL_STAGE] == stage]
         assert mine, f"no Job of stage {stage}: {sorted(self.jobs)}"
-        return max(mine, key=lambda j: int(j["metadata"]["labels"][names.LABEL_ATTEMPT]))
+        return max(reversed(mine), key=lambda j: int(j["metadata"]["labels"][names.LABEL_ATTEMPT]))
 
     def start(self, stage: str, at: float | None = None) -> dict[str, Any]:
         """The Job's pod is running."""
@@ -267,6 +296,6 @@ def keys(plan: Plan) -> list[tuple[str, str, str]]:
 
 
 def condition_of(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    found = [c for c in status.get("conditions", []) if c["type"] == kind]
+    found: list[dict[str, Any]] = [c for c in status.get("conditions", []) if c["type"] == kind]
     assert len(found) == 1, f"{kind}: {status.get('conditions')}"
     return found[0]

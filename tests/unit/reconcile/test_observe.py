@@ -1,0 +1,209 @@
+"""observe.py: what the planner reads from Jobs, Pods and Deployments, and that the slim copies keep it."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from builder_cases import TINY_RUN, specs, stage_jobs, tiny_spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from planner_world import condition, job_status, pod_of, terminated, ts
+
+from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_operator.api.status import StagePhase
+from eagle3_operator.builders import names
+from eagle3_operator.builders.job import build_job
+from eagle3_operator.builders.serving import build_deployment
+from eagle3_operator.reconcile.observe import (
+    DeploymentView,
+    Termination,
+    observe_deployment,
+    observe_job,
+    slim_deployment,
+    slim_job,
+    slim_pod,
+)
+from eagle3_operator.stages import OOM_EXIT_CODE, Stage, plan_stages
+
+SPEC_CM = "tiny-spec-0123456789ab"
+
+
+def a_job(stage: Stage = Stage.EXTRACT, attempt: int = 0, budget: int | None = None) -> dict[str, Any]:
+    spec = tiny_spec()
+    plan = next(p for p in plan_stages(spec) if p.stage == stage)
+    return build_job(TINY_RUN, spec, plan, attempt, budget, SPEC_CM)
+
+
+def with_status(job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(job) | {"status": status}
+
+
+def a_pod(
+    job: dict[str, Any], at: str, exit_code: int = 0, reason: str | None = None, message: str = ""
+) -> dict[str, Any]:
+    """A pod of `job` whose container terminated at `at`."""
+    suffix = at.translate(str.maketrans("", "", "-:TZ"))
+    return pod_of(job, suffix, {"terminated": terminated(exit_code, reason, message, at)}, "Failed")
+
+
+# --- Job phases ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "phase"),
+    [
+        ({}, StagePhase.PENDING),
+        ({"active": 1}, StagePhase.RUNNING),
+        ({"startTime": ts(0)}, StagePhase.RUNNING),
+        ({"startTime": ts(0), "active": 0, "ready": 0}, StagePhase.RUNNING),
+        ({"conditions": [condition("Complete", at=ts(9))]}, StagePhase.SUCCEEDED),
+        ({"conditions": [condition("SuccessCriteriaMet", at=ts(9))], "active": 1}, StagePhase.SUCCEEDED),
+        ({"conditions": [condition("Failed", "BackoffLimitExceeded", at=ts(9))]}, StagePhase.FAILED),
+        (
+            {"conditions": [condition("FailureTarget", "PodFailurePolicy", at=ts(9))], "active": 1},
+            StagePhase.FAILED,
+        ),
+        ({"conditions": [condition("Suspended", at=ts(0))]}, StagePhase.PENDING),
+        ({"conditions": [condition("Complete") | {"status": "False"}], "active": 1}, StagePhase.RUNNING),
+        ({"conditions": [condition("Failed") | {"status": "False"}]}, StagePhase.PENDING),
+    ],
+)
+def test_job_phase_from_conditions(status: dict[str, Any], phase: StagePhase) -> None:
+    assert observe_job(with_status(a_job(), status)).phase == phase
+
+
+def test_a_job_is_read_from_its_labels_annotations_volumes_and_status() -> None:
+    job = with_status(a_job(Stage.EXTRACT, attempt=2, budget=256), job_status("running", ts(5)))
+    view = observe_job(job)
+    assert view.name == job["metadata"]["name"] and view.name.endswith("-r2")
+    assert view.stage == "extract"
+    assert view.hash == job["metadata"]["labels"][names.LABEL_HASH]
+    assert (view.attempt, view.token_budget) == (2, 256)
+    assert view.spec_configmap == SPEC_CM
+    assert view.start_time == ts(5) and view.completion_time is None
+    assert (view.termination, view.pods_seen) == (None, 0)
+
+
+def test_a_failed_job_reports_its_failure_condition() -> None:
+    status = job_status("failed", ts(30)) | {"startTime": ts(1)}
+    view = observe_job(with_status(a_job(), status))
+    assert view.phase == StagePhase.FAILED
+    assert (view.failure_reason, view.failure_message) == ("BackoffLimitExceeded", "backoff")
+    assert view.completion_time == ts(30)  # a failed Job has no completionTime: the condition's time
+    done = observe_job(with_status(a_job(), job_status("complete", ts(40))))
+    assert (done.failure_reason, done.completion_time) == (None, ts(40))
+
+
+def test_missing_or_malformed_metadata_reads_as_defaults() -> None:
+    view = observe_job({})
+    assert (view.name, view.stage, view.hash, view.attempt, view.phase) == ("", "", "", 0, StagePhase.PENDING)
+    assert view.token_budget is None and view.spec_configmap is None
+    job = a_job()
+    job["metadata"]["annotations"] = {names.ANNOTATION_TOKEN_BUDGET: "lots"}
+    job["metadata"]["labels"][names.LABEL_ATTEMPT] = "x"
+    job["spec"]["template"]["spec"]["volumes"] = [{"name": "other", "configMap": {"name": "nope"}}]
+    view = observe_job(job)
+    assert (view.token_budget, view.attempt, view.spec_configmap) == (None, 0, None)
+
+
+# --- terminations --------------------------------------------------------------------------------------
+
+
+def test_the_latest_finished_pod_gives_the_termination() -> None:
+    job = with_status(a_job(), job_status("failed", ts(99)))
+    first = a_pod(job, ts(10), 137, "OOMKilled")
+    last = a_pod(job, ts(50), OOM_EXIT_CODE, "Error", "  CUDA out of memory\n")
+    for pods in ([first, last], [last, first]):
+        view = observe_job(job, pods)
+        assert view.termination == Termination("Error", OOM_EXIT_CODE, "CUDA out of memory", ts(50))
+        assert view.pods_seen == 2
+
+
+def test_only_the_jobs_own_pods_and_container_count() -> None:
+    job = with_status(a_job(), job_status("complete", ts(9)))
+    mine = a_pod(job, ts(5), 0, message='{"tokens": 1}')
+    other_attempt = a_pod(with_status(a_job(attempt=1), {}), ts(8), 1)
+    other_stage = a_pod(with_status(a_job(Stage.VOCAB), {}), ts(8), 1)
+    sidecar = copy.deepcopy(mine)
+    sidecar["status"]["containerStatuses"][0]["name"] = "istio-proxy"
+    sidecar["metadata"]["name"] += "-sidecar"
+    sidecar["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = ts(9)
+    view = observe_job(job, [other_attempt, mine, other_stage, sidecar])
+    assert view.termination == Termination("Completed", 0, '{"tokens": 1}', ts(5))
+    assert view.pods_seen == 2  # its own pods, whatever their containers
+
+
+def test_a_running_or_restarted_container_reads_its_last_termination() -> None:
+    job = with_status(a_job(), job_status("running", ts(0)))
+    running = pod_of(job, "a", {"running": {"startedAt": ts(1)}}, "Running")
+    view = observe_job(job, [running])
+    assert (view.termination, view.pods_seen) == (None, 1)
+    restarted = copy.deepcopy(running)
+    restarted["status"]["containerStatuses"][0]["lastState"] = {
+        "terminated": terminated(137, "OOMKilled", at=ts(1))
+    }
+    assert observe_job(job, [restarted]).termination == Termination("OOMKilled", 137, None, ts(1))
+
+
+def test_an_empty_termination_message_is_none() -> None:
+    job = with_status(a_job(), job_status("complete", ts(9)))
+    assert observe_job(job, [a_pod(job, ts(5), 0, message="  \n")]).termination == Termination(
+        "Completed", 0, None, ts(5)
+    )
+
+
+# --- deployments ---------------------------------------------------------------------------------------
+
+
+def test_a_deployment_is_read_from_its_annotations_and_status() -> None:
+    deployment = build_deployment(TINY_RUN, tiny_spec(), "export/abc")
+    view = observe_deployment(deployment | {"status": {"readyReplicas": 2, "replicas": 3}})
+    assert view == DeploymentView(
+        name=names.serving_name(TINY_RUN.name),
+        spec_hash=deployment["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH],
+        draft="export/abc",
+        replicas=1,
+        ready_replicas=2,
+    )
+    assert observe_deployment({}) == DeploymentView("", None, None, 0, 0)
+
+
+# --- slim copies (kept in kopf's indexes) keep what observe reads ---------------------------------------
+
+PHASES = st.sampled_from(["pending", "running", "complete", "failed", "failure-target"])
+POD_STATES = st.sampled_from(
+    [
+        {"running": {"startedAt": ts(1)}},
+        {"terminated": terminated(0, message='{"a": 1}', at=ts(2))},
+        {"terminated": terminated(137, "OOMKilled", at=ts(3))},
+        {"waiting": {"reason": "ContainerCreating"}},
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs(), st.data())
+def test_observing_a_slim_copy_is_observing_the_object(spec: Eagle3RunSpec, data: st.DataObject) -> None:
+    for plan, job in stage_jobs(TINY_RUN, spec, attempt=data.draw(st.integers(0, 2))):
+        job = with_status(job, job_status(data.draw(PHASES), ts(data.draw(st.integers(0, 100)))))
+        pods = [
+            pod_of(job, str(i), data.draw(POD_STATES), "Running") for i in range(data.draw(st.integers(0, 2)))
+        ]
+        slim = slim_job(job)
+        assert observe_job(slim, [slim_pod(p) for p in pods]) == observe_job(job, pods), plan.stage
+        assert "containers" not in slim["spec"]["template"]["spec"]
+        assert all(set(slim_pod(p)["status"]) == {"containerStatuses"} for p in pods)
+    deployment = build_deployment(TINY_RUN, spec, "export/x") | {
+        "status": {"readyReplicas": 1, "replicas": 1}
+    }
+    slim = slim_deployment(deployment)
+    assert observe_deployment(slim) == observe_deployment(deployment)
+    assert set(slim["spec"]["template"]) == {"metadata"}
+
+
+def test_slim_copies_of_sparse_objects() -> None:
+    assert observe_job(slim_job({})) == observe_job({})
+    assert observe_deployment(slim_deployment({})) == observe_deployment({})
+    assert observe_job(slim_job({"status": {"active": 1}}), [slim_pod({})]).phase == StagePhase.RUNNING

@@ -1,0 +1,602 @@
+"""plan_run scenario by scenario: Kubernetes-shaped children in, actions and status out (observe.py too)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from planner_world import RESULTS, RUN, World, condition_of, creates, keys, tiny, ts
+
+from eagle3_operator.api.status import RunPhase
+from eagle3_operator.api.validation import parse_spec, spec_document
+from eagle3_operator.builders import names
+from eagle3_operator.builders.serving import build_deployment
+from eagle3_operator.reconcile.planner import plan_run
+from eagle3_operator.stages import OOM_EXIT_CODE, content_hash, plan_stages
+
+
+def stage_hash(spec: dict[str, Any], stage: str) -> str:
+    return next(p.hash for p in plan_stages(parse_spec(spec)) if p.stage.value == stage)
+
+
+def job_name(spec: dict[str, Any], stage: str, attempt: int = 0) -> str:
+    return names.job_name(RUN.name, stage, stage_hash(spec, stage), attempt)
+
+
+def plan_spec_hash(world: World) -> str:
+    return content_hash(spec_document(parse_spec(world.spec)))
+
+
+def stage_of(job: dict[str, Any]) -> str:
+    return str(job["metadata"]["labels"][names.LABEL_STAGE])
+
+
+def oom(world: World, stage: str, exit_code: int = OOM_EXIT_CODE) -> None:
+    """The stage's container ran out of memory: exit 86 (PodFailurePolicy FailJob) or OOMKilled (137)."""
+    if exit_code == OOM_EXIT_CODE:
+        world.fail(stage, "PodFailurePolicy", "Container exited with 86", OOM_EXIT_CODE, "Error", "CUDA OOM")
+    else:
+        world.fail(stage, exit_code=exit_code, term_reason="OOMKilled", last_message=None)
+
+
+# --- a fresh run and the first stage -------------------------------------------------------------------
+
+
+def test_a_fresh_run_creates_the_claim_the_spec_configmap_and_the_prepare_job_in_order() -> None:
+    world = World(tiny())
+    plan = world.plan()
+    spec_cm = names.spec_configmap_name(RUN.name, plan_spec_hash(world))
+    assert keys(plan) == [
+        ("create", "PersistentVolumeClaim", "tiny-artifacts"),
+        ("create", "ConfigMap", spec_cm),
+        ("create", "Job", job_name(world.spec, "prepare")),
+    ]
+    [job] = creates(plan, "Job")
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["spec"]["configMap"]["name"] == spec_cm
+    status = plan.status
+    assert plan.phase == status["phase"] == RunPhase.RUNNING
+    assert status["currentStage"] == "prepare"
+    assert status["observedGeneration"] == 1
+    assert status["stages"]["prepare"] == {
+        "phase": "Pending",
+        "hash": stage_hash(world.spec, "prepare"),
+        "jobName": job_name(world.spec, "prepare"),
+        "outputDir": f"prepare/{stage_hash(world.spec, 'prepare')}",
+        "attempts": 1,
+    }
+    assert status["stages"]["generate"]["phase"] == "Skipped"
+    assert {s["phase"] for k, s in status["stages"].items() if k not in ("prepare", "generate")} == {
+        "Pending"
+    }
+    assert condition_of(status, "SpecValid")["status"] == "True"
+    assert condition_of(status, "Progressing")["reason"] == "StageRunning"
+    assert condition_of(status, "Ready")["status"] == "False"
+    assert condition_of(status, "Failed")["status"] == "False"
+    assert plan.finished == () and plan.problems == ()
+
+
+def test_an_existing_claim_is_not_created() -> None:
+    world = World(tiny(storage={"artifacts": {"claimName": "shared-artifacts"}}))
+    assert [k for _, k, _ in keys(world.plan())] == ["ConfigMap", "Job"]
+
+
+def test_a_running_stage_needs_no_action() -> None:
+    world = World(tiny())
+    world.step()
+    assert world.plan().actions == ()  # created, still Pending: nothing more to do
+    world.start("prepare")
+    plan = world.plan()
+    assert plan.actions == ()
+    assert plan.status["stages"]["prepare"]["phase"] == "Running"
+    assert plan.status["stages"]["prepare"]["startTime"] == ts(0)
+    assert plan.phase == RunPhase.RUNNING
+
+
+def test_a_succeeded_stage_records_its_result_and_starts_the_next() -> None:
+    world = World(tiny())
+    world.step()
+    world.start("prepare")
+    world.succeed("prepare", {"samples": 240, "skipped": {"tooLong": 3}}, seconds=90)
+    plan = world.step()
+    assert keys(plan) == [("create", "Job", job_name(world.spec, "extract"))]
+    prepare = plan.status["stages"]["prepare"]
+    assert prepare["phase"] == "Succeeded"
+    assert prepare["result"] == {"samples": 240, "skipped": {"tooLong": 3}}
+    assert (prepare["startTime"], prepare["completionTime"]) == (ts(0), ts(90))
+    assert plan.finished == (("prepare", 90.0),)
+    assert plan.status["currentStage"] == "extract"
+    # reported once: the next reconcile has nothing new to tell the metrics
+    assert world.step().finished == ()
+
+
+def test_a_text_termination_message_is_kept_as_the_message() -> None:
+    world = World(tiny())
+    world.step()
+    world.succeed("prepare", "done, no JSON here")
+    assert world.plan().status["stages"]["prepare"]["result"] == {"message": "done, no JSON here"}
+
+
+def test_a_completed_job_whose_pod_has_not_terminated_is_still_running() -> None:
+    world = World(tiny())
+    world.step()
+    world.start("prepare")
+    world.succeed("prepare", pod_terminated=False)  # the Job says Complete; the pod's status lags
+    plan = world.plan()
+    assert plan.actions == ()
+    assert plan.status["stages"]["prepare"]["phase"] == "Running"
+    assert plan.status["stages"]["prepare"]["message"] == "waiting for the stage's result"
+    assert plan.finished == ()
+
+
+def test_independent_stages_run_one_after_another_to_export() -> None:
+    world = World(tiny())
+    order = []
+    plan = world.step()
+    while jobs := creates(plan, "Job"):
+        [job] = jobs
+        order.append(stage_of(job))
+        world.succeed(stage_of(job))
+        plan = world.step()
+    assert order == ["prepare", "extract", "vocab", "train", "evaluate", "export"]
+
+
+# --- failures ------------------------------------------------------------------------------------------
+
+
+def test_a_failed_job_fails_the_run_with_its_reason_and_last_message() -> None:
+    world = World(tiny())
+    world.run_to("extract")
+    world.fail("extract", last_message="Traceback ...\nValueError: layer 99 does not exist")
+    plan = world.step()
+    assert plan.actions == ()
+    assert plan.phase == plan.status["phase"] == RunPhase.FAILED
+    failed = condition_of(plan.status, "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "BackoffLimitExceeded")
+    assert "ValueError: layer 99 does not exist" in failed["message"]
+    assert "Job has reached the specified backoff limit" in failed["message"]
+    assert failed["message"].startswith("stage extract: ")
+    assert condition_of(plan.status, "Progressing")["reason"] == "Failed"
+    extract = plan.status["stages"]["extract"]
+    assert extract["phase"] == "Failed" and "ValueError" in extract["message"]
+    assert plan.status["currentStage"] == "extract"
+    assert world.step().actions == ()  # stays failed: no retry until the spec changes or the Job is deleted
+
+
+def test_a_failed_job_without_pods_names_the_job_condition() -> None:
+    world = World(tiny())
+    world.step()
+    world.fail("prepare", reason="DeadlineExceeded", message="Job was active longer than specified deadline")
+    world.pods.clear()
+    failed = condition_of(world.plan().status, "Failed")
+    assert failed["reason"] == "DeadlineExceeded"
+    assert "Job was active longer than specified deadline" in failed["message"]
+    assert "last message" not in failed["message"]
+
+
+def test_deleting_a_failed_job_retries_the_stage_as_the_next_attempt() -> None:
+    world = World(tiny())
+    world.step()
+    world.fail("prepare")
+    world.step()
+    del world.jobs[job_name(world.spec, "prepare")]
+    plan = world.step()
+    assert keys(plan) == [("create", "Job", job_name(world.spec, "prepare", 1))]
+    assert plan.phase == RunPhase.RUNNING
+    assert condition_of(plan.status, "Failed")["status"] == "False"
+
+
+def test_an_out_of_memory_exit_retries_with_half_the_token_budget() -> None:
+    world = World(tiny())
+    world.run_to("extract")
+    oom(world, "extract")
+    plan = world.step()
+    [job] = creates(plan, "Job")
+    assert keys(plan) == [("create", "Job", job_name(world.spec, "extract", 1))]
+    assert job["metadata"]["name"].endswith("-r1")
+    assert job["metadata"]["annotations"][names.ANNOTATION_TOKEN_BUDGET] == "512"
+    assert job["metadata"]["labels"][names.LABEL_ATTEMPT] == "1"
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-2:] == ["--token-budget", "512"]
+    extract = plan.status["stages"]["extract"]
+    assert (extract["phase"], extract["attempts"], extract["tokenBudget"]) == ("Pending", 2, 512)
+    assert "out of memory at a token budget of 1024; retrying with 512" in extract["message"]
+    assert plan.phase == RunPhase.RUNNING
+    assert condition_of(plan.status, "Failed")["status"] == "False"
+
+
+def test_an_oom_killed_container_retries_too() -> None:
+    world = World(tiny())
+    world.run_to("extract")
+    oom(world, "extract", exit_code=137)
+    [job] = creates(world.step(), "Job")
+    assert job["metadata"]["annotations"][names.ANNOTATION_TOKEN_BUDGET] == "512"
+
+
+def test_repeated_out_of_memory_stops_at_the_sequence_length_floor() -> None:
+    world = World(tiny())  # tokenBudget 1024, maxSequenceLength 256: 1024 -> 512 -> 256 -> fail
+    world.run_to("extract")
+    budgets = []
+    for _ in range(5):
+        budgets.append(int(world.job("extract")["metadata"]["annotations"][names.ANNOTATION_TOKEN_BUDGET]))
+        oom(world, "extract")
+        plan = world.step()
+        if plan.phase == RunPhase.FAILED:
+            break
+    assert budgets == [1024, 512, 256]
+    assert plan.actions == ()
+    failed = condition_of(plan.status, "Failed")
+    assert failed["reason"] == "OutOfMemory"
+    assert "even at a token budget of 256" in failed["message"]
+    assert "halving stops at 256" in failed["message"]
+    assert "verifier.tensorParallelSize" in failed["message"]  # says what to do
+    assert plan.status["stages"]["extract"]["attempts"] == 3
+
+
+def test_out_of_memory_in_a_stage_without_a_token_budget_fails_at_once() -> None:
+    world = World(tiny())
+    world.run_to("train")
+    oom(world, "train", exit_code=137)
+    plan = world.step()
+    assert plan.actions == ()
+    assert plan.phase == RunPhase.FAILED
+    assert condition_of(plan.status, "Failed")["reason"] == "OutOfMemory"
+    assert "tiny-train-" in condition_of(plan.status, "Failed")["message"]
+
+
+# --- suspend -------------------------------------------------------------------------------------------
+
+
+def test_a_suspended_run_creates_nothing() -> None:
+    world = World(tiny(suspend=True))
+    plan = world.plan()
+    assert plan.actions == ()
+    assert plan.phase == RunPhase.SUSPENDED
+    assert condition_of(plan.status, "Progressing")["reason"] == "Suspended"
+    assert "spec.suspend" in plan.status["stages"]["prepare"]["message"]
+
+
+def test_suspending_between_stages_holds_the_next_job_and_resuming_creates_it() -> None:
+    world = World(tiny())
+    world.step()
+    world.succeed("prepare")
+    world.edit(suspend=True)
+    plan = world.step()
+    assert creates(plan, "Job") == []
+    assert plan.phase == RunPhase.SUSPENDED
+    assert plan.status["stages"]["prepare"]["phase"] == "Succeeded"
+    world.edit(suspend=False)
+    assert [stage_of(j) for j in creates(world.step(), "Job")] == ["extract"]
+
+
+# --- the acceptance gate, export and serving -----------------------------------------------------------
+
+
+def gated(gate: float = 1.5) -> World:
+    return World(tiny(evaluation={"minAcceptanceLength": gate}))
+
+
+def test_a_draft_below_the_gate_fails_and_is_not_exported() -> None:
+    world = gated(2.0)
+    world.run_to("evaluate")
+    world.succeed("evaluate", {"acceptanceLength": 1.6})
+    plan = world.step()
+    assert creates(plan) == []
+    assert plan.phase == RunPhase.FAILED
+    failed = condition_of(plan.status, "Failed")
+    assert failed["reason"] == "AcceptanceBelowGate"
+    assert "1.600 is below evaluation.minAcceptanceLength 2.0" in failed["message"]
+    gate = condition_of(plan.status, "GatePassed")
+    assert (gate["status"], gate["reason"]) == ("False", "AcceptanceBelowGate")
+    assert plan.status["acceptanceLength"] == 1.6
+    assert plan.status["stages"]["export"]["phase"] == "Pending"
+    assert "checkpoint" not in plan.status and "serving" not in plan.status
+
+
+def test_an_evaluation_without_acceptance_length_cannot_pass_a_gate() -> None:
+    world = gated()
+    world.run_to("evaluate")
+    world.succeed("evaluate", {"acceptanceRate": 0.3})
+    plan = world.step()
+    assert plan.phase == RunPhase.FAILED
+    assert condition_of(plan.status, "Failed")["reason"] == "EvaluationIncomplete"
+
+
+def test_a_draft_above_the_gate_is_exported_then_served() -> None:
+    world = gated(1.5)
+    world.run_to("evaluate")
+    world.succeed("evaluate", {"acceptanceLength": 1.6})
+    plan = world.step()
+    assert keys(plan) == [("create", "Job", job_name(world.spec, "export"))]
+    assert condition_of(plan.status, "GatePassed")["status"] == "True"
+    world.succeed("export", {"sha256": "cd" * 32, "bytes": 4096})
+    plan = world.step()
+    vllm = names.serving_name(RUN.name)
+    assert keys(plan) == [("create", "Deployment", vllm), ("create", "Service", vllm)]
+    export_dir = f"export/{stage_hash(world.spec, 'export')}"
+    assert plan.status["checkpoint"] == {"path": export_dir, "sha256": "cd" * 32, "bytes": 4096}
+    [deployment] = creates(plan, "Deployment")
+    assert deployment["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT] == export_dir
+    assert plan.status["serving"]["draft"] == export_dir
+    assert plan.status["serving"]["readyReplicas"] == 0
+    assert plan.phase == RunPhase.RUNNING and plan.status["currentStage"] == "serve"
+    assert condition_of(plan.status, "Progressing")["reason"] == "StagesComplete"
+    world.ready(1)
+    plan = world.step()
+    assert plan.actions == ()
+    assert plan.phase == RunPhase.SERVING
+    assert condition_of(plan.status, "Ready")["status"] == "True"
+    assert plan.status["serving"]["readyReplicas"] == 1
+
+
+def test_a_pod_monitor_only_where_the_api_serves_pod_monitors() -> None:
+    for served in (False, True):
+        world = World(tiny(), pod_monitors_served=served)
+        plan = world.run_to("none")
+        kinds = [k for _, k, _ in keys(plan)]
+        assert ("PodMonitor" in kinds) is served
+        assert world.step().actions == ()
+
+
+def test_a_changed_serving_spec_patches_the_deployment_and_reruns_nothing() -> None:
+    world = World(tiny())
+    world.run_to("none")
+    world.edit(serving={"replicas": 3, "numSpeculativeTokens": 5})
+    plan = world.step()
+    assert keys(plan) == [("patch", "Deployment", names.serving_name(RUN.name))]
+    [patch] = plan.actions
+    assert patch.body["spec"]["replicas"] == 3
+    assert world.step().actions == ()
+
+
+def test_removing_placement_removes_it_from_the_deployment() -> None:
+    """The patch is a merge patch: keys the new Deployment lacks must be cleared, not left as they were."""
+    pool = {
+        "nodeSelector": {"pool": "h200"},
+        "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        "affinity": {"podAntiAffinity": {}},
+    }
+    world = World(tiny(nodePool=pool))
+    world.run_to("none")
+    assert world.deployment is not None
+    assert world.deployment["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "h200"}
+    world.edit(nodePool={"nodeSelector": {}, "tolerations": [], "affinity": {}})
+    plan = world.step()
+    assert keys(plan) == [("patch", "Deployment", names.serving_name(RUN.name))]
+    wanted = build_deployment(RUN, parse_spec(world.spec), f"export/{stage_hash(world.spec, 'export')}")
+    assert world.deployment["spec"] == wanted["spec"]
+    assert world.deployment["metadata"] == wanted["metadata"]
+    assert world.step().actions == ()
+
+
+def test_a_deployment_with_another_spec_hash_is_patched() -> None:
+    world = World(tiny())
+    world.run_to("none")
+    assert world.deployment is not None
+    world.deployment["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH] = "0" * 12
+    assert keys(world.plan()) == [("patch", "Deployment", names.serving_name(RUN.name))]
+
+
+def test_disabling_serving_deletes_the_deployment_and_service() -> None:
+    world = World(tiny())
+    world.run_to("none")
+    world.ready(1)
+    world.edit(serving={"enabled": False})
+    plan = world.step()
+    vllm = names.serving_name(RUN.name)
+    assert keys(plan) == [("delete", "Deployment", vllm), ("delete", "Service", vllm)]
+    assert plan.phase == RunPhase.SUCCEEDED
+    assert "serving" not in plan.status
+    assert condition_of(plan.status, "Ready")["message"] == "serving.enabled is false"
+    assert world.step().actions == ()
+
+
+def test_disabling_serving_deletes_the_pod_monitor_too() -> None:
+    world = World(tiny(), pod_monitors_served=True)
+    world.run_to("none")
+    world.edit(serving={"enabled": False})
+    plan = world.step()
+    vllm = names.serving_name(RUN.name)
+    assert keys(plan) == [
+        ("delete", "Deployment", vllm),
+        ("delete", "Service", vllm),
+        ("delete", "PodMonitor", vllm),
+    ]
+    assert plan.actions[-1].body["apiVersion"] == "monitoring.coreos.com/v1"
+    assert ("PodMonitor", vllm) not in world.objects
+
+
+def test_a_draft_failing_its_gate_leaves_the_serving_deployment_alone() -> None:
+    world = gated(1.5)
+    world.run_to("none")
+    world.ready(1)
+    served = copy.deepcopy(world.deployment)
+    assert served is not None
+    world.edit(training={"learningRate": 0.5})
+    world.run_to("evaluate")
+    world.succeed("evaluate", {"acceptanceLength": 1.1})
+    plan = world.step()
+    assert plan.phase == RunPhase.FAILED
+    assert [a for a in plan.actions if a.body["kind"] in ("Deployment", "Service")] == []
+    assert world.deployment == served
+    old_draft = served["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT]
+    assert plan.status["serving"]["draft"] == old_draft
+    assert plan.status["checkpoint"]["path"] == old_draft
+
+
+def test_a_pinned_checkpoint_is_served_without_running_a_stage() -> None:
+    pinned = {"path": "/artifacts/export/abc", "sha256": "ef" * 32}
+    world = World(tiny(serving={"pinnedCheckpoint": pinned}))
+    plan = world.step()
+    assert [k for _, k, _ in keys(plan)] == ["PersistentVolumeClaim", "Deployment", "Service"]
+    assert plan.status["checkpoint"] == pinned
+    assert {s["phase"] for s in plan.status["stages"].values()} == {"Skipped"}
+
+
+# --- spec edits: stale Jobs and ConfigMaps -------------------------------------------------------------
+
+
+def test_an_edit_deletes_the_running_job_of_the_old_hash_and_starts_the_new_one() -> None:
+    world = World(tiny())
+    world.run_to("train")
+    world.start("train")
+    old = job_name(world.spec, "train")
+    world.edit(training={"learningRate": 3e-4})
+    plan = world.step()
+    assert keys(plan) == [
+        ("create", "ConfigMap", names.spec_configmap_name(RUN.name, plan_spec_hash(world))),
+        ("delete", "Job", old),
+        ("create", "Job", job_name(world.spec, "train")),
+    ]
+    assert world.step().actions == ()
+
+
+def test_an_upstream_edit_deletes_running_jobs_of_later_stages_too() -> None:
+    """The walk stops at the first stage to re-run; a later stage's old Job would hold GPUs until then."""
+    world = World(tiny())
+    world.run_to("train")
+    world.start("train")
+    old = job_name(world.spec, "train")
+    world.edit(dataset={"seed": 7})
+    plan = world.step()
+    assert ("delete", "Job", old) in keys(plan)
+    assert [stage_of(j) for j in creates(plan, "Job")] == ["prepare"]
+
+
+def test_pinning_a_checkpoint_deletes_the_running_stage_jobs() -> None:
+    world = World(tiny())
+    world.run_to("train")
+    world.start("train")
+    world.edit(serving={"pinnedCheckpoint": {"path": "/artifacts/export/abc"}})
+    plan = world.step()
+    assert ("delete", "Job", job_name(world.spec, "train")) in keys(plan)
+    assert creates(plan, "Job") == []
+
+
+def test_disabling_regeneration_deletes_the_running_generate_job() -> None:
+    world = World(tiny(regeneration={"enabled": True}))
+    world.run_to("generate")
+    world.start("generate")
+    running = world.job("generate")["metadata"]["name"]
+    world.edit(regeneration={"enabled": False})
+    plan = world.step()
+    assert ("delete", "Job", running) in keys(plan)
+    assert [stage_of(j) for j in creates(plan, "Job")] == ["extract"]  # now reading prepare's output
+    assert plan.status["stages"]["generate"]["phase"] == "Skipped"
+
+
+def test_finished_jobs_of_an_old_hash_are_kept() -> None:
+    world = World(tiny())
+    world.run_to("vocab")  # extract succeeded, vocab (same hash after the edit) pending
+    world.edit(extraction={"dtype": "float16"})
+    plan = world.step()
+    assert [a for a in plan.actions if a.verb == "delete"] == []
+    assert [stage_of(j) for j in creates(plan, "Job")] == ["extract"]
+
+
+def test_spec_configmaps_no_job_mounts_are_deleted() -> None:
+    world = World(tiny())
+    world.step()
+    mounted = next(name for kind, name in world.objects if kind == "ConfigMap")
+    for stale in ("tiny-spec-000000000000", "tiny-spec-111111111111"):
+        world.objects[("ConfigMap", stale)] = {"kind": "ConfigMap", "metadata": {"name": stale}}
+    plan = world.plan()
+    assert keys(plan) == [
+        ("delete", "ConfigMap", "tiny-spec-000000000000"),
+        ("delete", "ConfigMap", "tiny-spec-111111111111"),
+    ]
+    assert all(a.body["metadata"]["namespace"] == RUN.namespace for a in plan.actions)
+    # an edit that re-runs nothing yet: the old ConfigMap stays while a Job mounts it
+    world.apply(plan.actions)
+    world.edit(serving={"replicas": 2})
+    assert ("delete", "ConfigMap", mounted) not in keys(world.plan())
+    del world.jobs[job_name(world.spec, "prepare")]
+    world.status = None
+    assert ("delete", "ConfigMap", mounted) in keys(world.plan())
+
+
+# --- status as memory ----------------------------------------------------------------------------------
+
+
+def test_a_remembered_success_survives_its_job_being_deleted() -> None:
+    world = World(tiny())
+    world.run_to("vocab")
+    for stage in ("prepare", "extract"):
+        del world.jobs[job_name(world.spec, stage)]
+    world.pods.clear()
+    plan = world.step()
+    assert creates(plan, "Job") == []
+    for stage in ("prepare", "extract"):
+        assert plan.status["stages"][stage]["phase"] == "Succeeded"
+        assert plan.status["stages"][stage]["result"] == RESULTS[stage]
+    assert plan.finished == ()
+
+
+def test_a_remembered_result_survives_the_pods_of_a_kept_job_being_deleted() -> None:
+    """Pods of a finished Job may go (pod GC, eviction, a node removed) while the Job stays."""
+    world = gated(1.5)
+    world.run_to("none")
+    world.pods.clear()
+    plan = world.step()
+    assert plan.actions == ()
+    assert plan.phase != RunPhase.FAILED
+    assert plan.status["stages"]["evaluate"]["result"] == RESULTS["evaluate"]
+    assert plan.status["checkpoint"]["sha256"] == RESULTS["export"]["sha256"]
+
+
+def test_a_status_of_another_spec_hash_is_not_trusted() -> None:
+    world = World(tiny())
+    world.run_to("extract")
+    world.jobs.clear()
+    world.pods.clear()
+    world.edit(dataset={"seed": 3})
+    assert [stage_of(j) for j in creates(world.step(), "Job")] == ["prepare"]
+
+
+def test_conditions_keep_their_transition_time_while_unchanged() -> None:
+    world = World(tiny())
+    first = world.step(now=ts(0))
+    again = world.plan(now=ts(100))
+    assert again.status["conditions"] == first.status["conditions"]
+    world.fail("prepare")
+    failed = world.plan(now=ts(200))
+    times = {c["type"]: c["lastTransitionTime"] for c in failed.status["conditions"]}
+    assert times == {"SpecValid": ts(0), "Progressing": ts(200), "Ready": ts(0), "Failed": ts(200)}
+
+
+def test_an_unreadable_previous_status_counts_as_empty() -> None:
+    world = World(tiny())
+    world.status = {"phase": "Exploded", "stages": {"prepare": {"phase": 3}}}
+    plan = world.plan()
+    assert [k for _, k, _ in keys(plan)] == ["PersistentVolumeClaim", "ConfigMap", "Job"]
+
+
+# --- invalid specs -------------------------------------------------------------------------------------
+
+
+def test_an_invalid_spec_creates_nothing_and_says_where_it_is_wrong() -> None:
+    world = World(tiny(training={"gpus": "two"}))
+    plan = world.plan()
+    assert plan.actions == ()
+    assert plan.phase == plan.status["phase"] == RunPhase.INVALID
+    assert plan.problems and plan.problems[0].startswith("spec.training.gpus: ")
+    valid = condition_of(plan.status, "SpecValid")
+    assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
+    assert "spec.training.gpus" in valid["message"] and "Fix the spec" in valid["message"]
+
+
+def test_an_invalid_edit_keeps_what_the_run_did() -> None:
+    world = World(tiny())
+    world.run_to("extract")
+    world.edit(verifier={"tensorParallelSize": 0})
+    plan = world.step(now=ts(500))
+    assert plan.actions == ()
+    assert plan.status["observedGeneration"] == 2
+    assert plan.status["stages"]["prepare"]["phase"] == "Succeeded"
+    assert condition_of(plan.status, "SpecValid")["lastTransitionTime"] == ts(500)
+    assert condition_of(plan.status, "Failed")["status"] == "False"  # kept from before
+
+
+def test_a_spec_that_is_no_object_is_invalid() -> None:
+    plan = plan_run(RUN, 1, None, None, World(tiny()).observed(), ts(0))
+    assert plan.phase == RunPhase.INVALID and plan.problems == ("spec: expected an object, got NoneType",)
