@@ -7,6 +7,8 @@ does (INFO to stderr), prints `READY` on stdout once kopf is up, and stops on SI
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import signal
 import sys
@@ -18,7 +20,18 @@ import eagle3_operator.handlers  # noqa: F401  (registers the handlers in kopf's
 from eagle3_operator.k8s import Kube
 from eagle3_operator.metrics import OperatorMetrics
 
-logger = logging.getLogger(__name__)
+STOPPING = "--- stopping ---"
+METRICS = "reconcile metrics:"
+
+
+def reconcile_figures(metrics: OperatorMetrics) -> dict[str, float]:
+    """Reconciles by result and the seconds spent in them (from the operator's own Prometheus metrics)."""
+    get = metrics.registry.get_sample_value
+    return {
+        "ok": get("eagle3_operator_reconciles_total", {"result": "ok"}) or 0.0,
+        "error": get("eagle3_operator_reconciles_total", {"result": "error"}) or 0.0,
+        "seconds": get("eagle3_operator_reconcile_duration_seconds_sum") or 0.0,
+    }
 
 
 async def main(url: str) -> None:
@@ -29,21 +42,22 @@ async def main(url: str) -> None:
         kube=Kube(api),
         metrics=OperatorMetrics(),
     )
-    task = asyncio.create_task(
-        kopf.operator(standalone=True, clusterwide=True, stop_flag=stop, ready_flag=ready, memo=memo)
-    )
-    await asyncio.wait_for(ready.wait(), 30)
+    task = asyncio.create_task(kopf.operator(standalone=True, clusterwide=True, ready_flag=ready, memo=memo))
+    started = asyncio.create_task(ready.wait())
+    await asyncio.wait({task, started}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    if not started.done():
+        raise SystemExit(f"kopf did not start: {task.exception() if task.done() else 'timed out'}")
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # after kopf's own handlers, which would stop gracefully
         loop.add_signal_handler(sig, stop.set)
     print("READY", flush=True)
     await stop.wait()
+    print(STOPPING, file=sys.stderr, flush=True)  # what kopf logs from here on is about being cancelled
+    print(METRICS, json.dumps(reconcile_figures(memo.metrics)), file=sys.stderr, flush=True)
     # Cancel rather than wait for a graceful stop: kopf waits for the mock's never-ending watch streams.
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError, TimeoutError):
         await asyncio.wait_for(task, 15)
-    except (asyncio.CancelledError, TimeoutError):
-        pass
     await api.close()
 
 

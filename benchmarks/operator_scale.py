@@ -42,6 +42,8 @@ from eagle3_operator.testing.scenario import RESULTS, tiny
 logger = logging.getLogger(__name__)
 
 CHILD = Path(__file__).with_name("operator_child.py")
+# The child's line before it cancels kopf, and the prefix of its reconcile figures (see operator_child.py).
+STOPPING, METRICS = "--- stopping ---", "reconcile metrics:"
 USER_AGENT = "eagle3-bench"
 IN_FLIGHT = 64
 QUIET_SECONDS = 1.0
@@ -56,15 +58,17 @@ class Probe:
     jobs: dict[str, dict[str, float]] = field(default_factory=dict)
     bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)
+    job_names: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     watched: set[str] = field(default_factory=set)
     last_request: float = 0.0
-    handled_seconds: float = 0.0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def job_posted(self, data: dict[str, Any]) -> None:
         labels = data["metadata"].get("labels") or {}
         run, stage = labels.get(names.LABEL_RUN, ""), labels.get(names.LABEL_STAGE, "")
         self.jobs.setdefault(stage, {}).setdefault(run, time.monotonic())
+        self.job_names.setdefault((run, stage), set()).add(data["metadata"]["name"])
         if stage == "prepare":
             self.bodies.setdefault(run, data)
         self.changed.set()
@@ -82,24 +86,56 @@ class Probe:
 
 
 class BenchEmulator(Emulator):
-    """The tests' Emulator, plus a Probe fed from inside the request handler."""
+    """The tests' Emulator, plus a Probe fed from inside the request handler, and a short memory.
+
+    kmock keeps every request, and matches each new one against its reactions by scanning that whole
+    history (`request in payload._source`): O(requests) per request, quadratic over a benchmark, so
+    the mock, not the operator, would be measured. Here a request is forgotten once it is served, and
+    one named object is looked up by its key instead of by a scan of all objects.
+    """
 
     probe: Probe
 
+    def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
+        if request.name is not None and (strict or request.namespace is not None):
+            found = self._objects._objects.get((request.resource, request.namespace, request.name))
+            return [] if found is None else [found]
+        objs: list[Any] = super()._KubernetesEmulator__get_objs(request, strict)  # type: ignore[misc]
+        return objs
+
     async def _handle(self, request: Any) -> Any:
+        try:
+            return await self._observe(request)
+        finally:
+            history = self._requests
+            for i in range(len(history) - 1, -1, -1):
+                if history[i] is request:
+                    del history[i]
+                    break
+
+    async def _observe(self, request: Any) -> Any:
         probe = self.probe
         ours = request.headers.get("User-Agent", "").startswith(USER_AGENT)
         plural = getattr(request.resource, "plural", None) or "-"
+        what = ""
         if not ours:
-            probe.requests[f"{request.method.name if request.method else '?'} {plural}"] += 1
+            verb = (request.action or request.method).name
+            sub = f"/{request.subresource}" if request.subresource else ""
+            agent = "kopf" if request.headers.get("User-Agent", "").startswith("kopf") else "handlers"
+            what = f"{verb} {plural}{sub} ({agent})"
+            probe.requests[what] += 1
             probe.last_request = time.monotonic()
         if request.action == kmock.action.WATCH:
             probe.watched.add(plural)
             probe.changed.set()
             return await super()._handle(request)
-        started = time.perf_counter()
-        response = await super()._handle(request)
-        probe.handled_seconds += time.perf_counter() - started
+        try:
+            response = await super()._handle(request)
+        except kmock.KubernetesError as err:
+            labels = (request.data.get("metadata") or {}).get("labels") or {} if request.data else {}
+            stage = labels.get(names.LABEL_STAGE, "")
+            probe.refused[f"{err.status} {what or 'load generator'} {stage}".rstrip()] += 1
+            raise
         if request.action == kmock.action.CREATE and plural == "jobs" and response.status < 300:
             probe.job_posted(request.data)
         return response
@@ -117,15 +153,21 @@ class Figures:
     transition_max_s: float
     create_s: float
     operator_requests: int
-    operator_cpu_s: float
+    operator_cpu_first_s: float
+    operator_cpu_transition_s: float
     bench_cpu_s: float
-    mock_handling_s: float
     operator_rss_start_mb: float
     operator_peak_rss_mb: float
     first_jobs_seen: int
     transitions_seen: int
     requests_by_kind: dict[str, int]
-    operator_log_warnings: int
+    refused: dict[str, int]
+    duplicate_jobs: int
+    reconciles_ok: int
+    reconciles_error: int
+    reconcile_seconds: float
+    operator_log_lines: int
+    operator_log_warnings: list[str]
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -188,33 +230,45 @@ async def quiet(probe: Probe, seconds: float, timeout: float) -> None:
         await asyncio.sleep(0.1)
 
 
+@dataclass
+class Driven:
+    """When each run was created and its prepare Job completed; the operator's CPU between the steps."""
+
+    created: dict[str, float] = field(default_factory=dict)
+    completed: dict[str, float] = field(default_factory=dict)
+    create_s: float = 0.0
+    cpu_first_s: float = 0.0
+    cpu_transition_s: float = 0.0
+
+
 async def drive(
-    cluster: Cluster, probe: Probe, runs: list[str], timeout: float
-) -> tuple[dict[str, float], dict[str, float], float]:
+    cluster: Cluster, probe: Probe, runs: list[str], timeout: float, cpu: Callable[[], float]
+) -> Driven:
     """Create the runs, wait for their prepare Jobs, complete those, wait for the extract Jobs."""
-    created: dict[str, float] = {}
-    completed: dict[str, float] = {}
-    player = JobPlayer(cluster)
+    out, player, n = Driven(), JobPlayer(cluster), len(runs)
 
     async def create(run: str) -> None:
         await cluster.apply_run(run, tiny())
-        created[run] = time.monotonic()
+        out.created[run] = time.monotonic()
 
     async def complete(run: str) -> None:
         await player.succeed(probe.bodies[run], RESULTS["prepare"])
-        completed[run] = time.monotonic()
+        out.completed[run] = time.monotonic()
 
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), cpu()
     await bounded(runs, create)
-    create_s = time.monotonic() - started
-    n = len(runs)
+    out.create_s = time.monotonic() - started
     if not await probe.wait(lambda: len(probe.jobs.get("prepare", {})) >= n, timeout):
-        logger.warning("only %d of %d prepare Jobs within %.0f s", len(probe.jobs.get("prepare", {})), n, timeout)
+        logger.warning("%d of %d prepare Jobs in %.0f s", len(probe.jobs.get("prepare", {})), n, timeout)
     await quiet(probe, QUIET_SECONDS, timeout)
+    cpu_quiet = cpu()
+    out.cpu_first_s = cpu_quiet - cpu_started
     await bounded([r for r in runs if r in probe.bodies], complete)
-    if not await probe.wait(lambda: len(probe.jobs.get("extract", {})) >= len(completed), timeout):
-        logger.warning("only %d of %d extract Jobs within %.0f s", len(probe.jobs.get("extract", {})), n, timeout)
-    return created, completed, create_s
+    if not await probe.wait(lambda: len(probe.jobs.get("extract", {})) >= len(out.completed), timeout):
+        done = len(probe.jobs.get("extract", {}))
+        logger.warning("%d of %d extract Jobs in %.0f s", done, len(out.completed), timeout)
+    out.cpu_transition_s = cpu() - cpu_quiet
+    return out
 
 
 def latencies(probe: Probe, stage: str, since: dict[str, float]) -> list[float]:
@@ -222,51 +276,83 @@ def latencies(probe: Probe, stage: str, since: dict[str, float]) -> list[float]:
     return [seen[run] - t for run, t in since.items() if run in seen]
 
 
-async def measure(n: int, timeout: float) -> Figures:
+@dataclass
+class Sample:
+    """The raw outcome of one round, before the percentiles."""
+
+    n: int
+    driven: Driven
+    wall_s: float
+    bench_cpu_s: float
+    rss_start_kb: int
+    rss_peak_kb: int
+    requests: Counter[str]
+    refused: Counter[str]
+
+
+async def run_round(mock: BenchEmulator, url: str, log: Path, n: int, timeout: float) -> Sample:
+    """The operator started against `url`; N runs driven through their first transition."""
+    probe = mock.probe
+    async with (
+        aiohttp.ClientSession(
+            headers={"User-Agent": USER_AGENT}, connector=aiohttp.TCPConnector(limit=IN_FLIGHT)
+        ) as session,
+        operator_process(url, log) as proc,
+    ):
+        await probe.wait(lambda: probe.watched >= WATCHED, 30)
+        await quiet(probe, QUIET_SECONDS, 30)
+        rss_start = proc_status_kb(proc.pid, "VmRSS")
+        bench_before = time.process_time()
+        requests_before, refused_before = probe.requests.copy(), probe.refused.copy()
+        started = time.monotonic()
+        runs = [f"bench-{i:04d}" for i in range(n)]
+        driven = await drive(Cluster(session, url), probe, runs, timeout, lambda: proc_cpu_seconds(proc.pid))
+        return Sample(
+            n=n, driven=driven, wall_s=time.monotonic() - started,
+            bench_cpu_s=time.process_time() - bench_before,
+            rss_start_kb=rss_start, rss_peak_kb=proc_status_kb(proc.pid, "VmHWM"),
+            requests=probe.requests - requests_before, refused=probe.refused - refused_before,
+        )  # fmt: skip
+
+
+async def measure(n: int, timeout: float, log: Path) -> Figures:
     """One benchmark round: a fresh mock API server and a fresh operator, N runs."""
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "operator.log"
-        async with BenchEmulator() as mock, kmock.Server(mock) as server:
-            mock.probe = probe = Probe()
-            declare_resources(mock)
-            async with (
-                aiohttp.ClientSession(
-                    headers={"User-Agent": USER_AGENT}, connector=aiohttp.TCPConnector(limit=IN_FLIGHT)
-                ) as session,
-                operator_process(str(server.url), log) as proc,
-            ):
-                await probe.wait(lambda: WATCHED <= probe.watched, 30)
-                await quiet(probe, QUIET_SECONDS, 30)
-                rss_start = proc_status_kb(proc.pid, "VmRSS")
-                cpu_before, bench_before = proc_cpu_seconds(proc.pid), time.process_time()
-                requests_before, handled_before = probe.requests.copy(), probe.handled_seconds
-                started = time.monotonic()
-                runs = [f"bench-{i:04d}" for i in range(n)]
-                created, completed, create_s = await drive(Cluster(session, str(server.url)), probe, runs, timeout)
-                wall = time.monotonic() - started
-                peak, cpu = proc_status_kb(proc.pid, "VmHWM"), proc_cpu_seconds(proc.pid) - cpu_before
-                bench_cpu = time.process_time() - bench_before
-        warnings_logged = sum(1 for line in log.read_text().splitlines() if line.startswith(("WARN", "ERROR")))
-    first, transition = latencies(probe, "prepare", created), latencies(probe, "extract", completed)
-    requests = probe.requests - requests_before
+    async with BenchEmulator() as mock, kmock.Server(mock) as server:
+        mock.probe = Probe()
+        declare_resources(mock)
+        sample = await run_round(mock, str(server.url), log, n, timeout)
+    before, _, after = log.read_text().partition(STOPPING)
+    lines = before.splitlines()
+    reconciles: dict[str, float] = next(
+        (json.loads(line[len(METRICS) :]) for line in after.splitlines() if line.startswith(METRICS)), {}
+    )
+    driven = sample.driven
+    first = latencies(mock.probe, "prepare", driven.created)
+    transition = latencies(mock.probe, "extract", driven.completed)
     return Figures(
-        runs=n, wall_s=wall,
+        runs=n, wall_s=sample.wall_s, create_s=driven.create_s,
         first_job_p50_s=percentile(first, 50), first_job_p99_s=percentile(first, 99),
         first_job_max_s=max(first, default=math.nan),
         transition_p50_s=percentile(transition, 50), transition_p99_s=percentile(transition, 99),
         transition_max_s=max(transition, default=math.nan),
-        create_s=create_s, operator_requests=sum(requests.values()),
-        operator_cpu_s=cpu, bench_cpu_s=bench_cpu, mock_handling_s=probe.handled_seconds - handled_before,
-        operator_rss_start_mb=rss_start / 1024, operator_peak_rss_mb=peak / 1024,
+        operator_requests=sum(sample.requests.values()),
+        operator_cpu_first_s=driven.cpu_first_s, operator_cpu_transition_s=driven.cpu_transition_s,
+        bench_cpu_s=sample.bench_cpu_s,
+        operator_rss_start_mb=sample.rss_start_kb / 1024, operator_peak_rss_mb=sample.rss_peak_kb / 1024,
         first_jobs_seen=len(first), transitions_seen=len(transition),
-        requests_by_kind=dict(requests.most_common()), operator_log_warnings=warnings_logged,
+        requests_by_kind=dict(sample.requests.most_common()), refused=dict(sample.refused.most_common()),
+        duplicate_jobs=sum(1 for found in mock.probe.job_names.values() if len(found) > 1),
+        reconciles_ok=int(reconciles.get("ok", 0)), reconciles_error=int(reconciles.get("error", 0)),
+        reconcile_seconds=reconciles.get("seconds", math.nan), operator_log_lines=len(lines),
+        operator_log_warnings=[line for line in lines if line.startswith(("WARN", "ERROR"))],
     )  # fmt: skip
 
 
 HEADER = (
     "| runs | wall s | create s | first Job p50 / p99 / max s | transition p50 / p99 / max s "
-    "| operator requests | operator CPU s | mock+load CPU s | operator RSS start / peak MB |\n"
-    "|---:|---:|---:|---|---|---:|---:|---:|---|"
+    "| operator requests | operator CPU s (first / transition) | mock+load CPU s "
+    "| operator RSS start / peak MB |\n"
+    "|---:|---:|---:|---|---|---:|---|---:|---|"
 )
 
 
@@ -275,26 +361,39 @@ def row(f: Figures) -> str:
     trans = f"{f.transition_p50_s:.2f} / {f.transition_p99_s:.2f} / {f.transition_max_s:.2f}"
     missing = ""
     if f.first_jobs_seen < f.runs or f.transitions_seen < f.runs:
-        missing = f" (only {f.first_jobs_seen} first Jobs, {f.transitions_seen} transitions)"
+        missing = f" (first Jobs seen: {f.first_jobs_seen}, transitions: {f.transitions_seen})"
     return (
-        f"| {f.runs}{missing} | {f.wall_s:.1f} | {f.create_s:.1f} | {first} | {trans} | {f.operator_requests} "
-        f"| {f.operator_cpu_s:.1f} | {f.bench_cpu_s:.1f} "
+        f"| {f.runs}{missing} | {f.wall_s:.1f} | {f.create_s:.1f} | {first} | {trans} "
+        f"| {f.operator_requests} | {f.operator_cpu_first_s:.1f} / {f.operator_cpu_transition_s:.1f} "
+        f"| {f.bench_cpu_s:.1f} "
         f"| {f.operator_rss_start_mb:.0f} / {f.operator_peak_rss_mb:.0f} |"
     )
 
 
 async def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, nargs="+", default=[10, 100, 500], help="N per round")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds per N (one table row each)")
     parser.add_argument("--json", type=Path, help="write every round's figures here")
+    parser.add_argument("--logs", type=Path, help="keep the operator's log of each round in this folder")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per step before giving up")
     args = parser.parse_args(argv)
     results = []
     print(HEADER, flush=True)
-    for n in args.runs:
-        figures = await measure(n, args.timeout)
-        results.append(figures)
-        print(row(figures), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = args.logs or Path(tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        for i, n in enumerate(n for n in args.runs for _ in range(args.repeat)):
+            figures = await measure(n, args.timeout, logs / f"operator-{i}-{n}.log")
+            results.append(figures)
+            print(row(figures), flush=True)
+            for line in figures.operator_log_warnings[:3]:
+                if (
+                    "Unresolved resources" not in line
+                ):  # PodMonitors: no Prometheus operator here, as designed
+                    logger.warning("operator: %s", line[:300])
     if args.json:
         args.json.write_text(json.dumps([asdict(f) for f in results], indent=2) + "\n")
     return 0
@@ -302,5 +401,6 @@ async def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     raise SystemExit(asyncio.run(main()))

@@ -31,6 +31,7 @@ from eagle3_operator.reconcile.status_patch import merge_patch
 RUN = (GROUP, VERSION, PLURAL)
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 RESYNC_SECONDS = 60.0
+PENDING_SECONDS = 30.0
 Key = tuple[str, str]
 
 
@@ -51,6 +52,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         memo.metrics = OperatorMetrics()
     memo.locks = {}
     memo.statuses = {}
+    memo.pending = {}
     memo.pod_monitors = await memo.kube.serves("monitoring.coreos.com", "v1", "podmonitors")
     memo.resync = asyncio.create_task(resync(memo, kwargs))
 
@@ -151,23 +153,51 @@ def owned_pod_monitors(
 OWNED_INDEXES = ("owned_services", "owned_configmaps", "owned_claims", "owned_pod_monitors")
 
 
+def _recently_created(memo: kopf.Memo, key: Key, indexed: set[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+    """Objects this process created that the watch has not delivered yet (forgotten once seen, or after
+    PENDING_SECONDS): without them a second reconcile right after the first would create them again."""
+    pending: dict[tuple[str, str], tuple[float, dict[str, Any]]] = memo.pending.setdefault(key, {})
+    horizon = time.monotonic() - PENDING_SECONDS
+    for obj in [o for o, (at, _) in pending.items() if o in indexed or at < horizon]:
+        del pending[obj]
+    return {obj: body for obj, (_, body) in pending.items()}
+
+
 def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
+    """The run's children as the indexes (and this process's own recent creates) know them."""
     pods = list(indices["stage_pods"].get(key, []))
+    jobs = list(indices["stage_jobs"].get(key, []))
     deployments = list(indices["serving_deployments"].get(key, []))
+    objects = {obj for index in OWNED_INDEXES for obj in indices[index].get(key, [])}
+    indexed = objects | {("Job", j["metadata"]["name"]) for j in jobs}
+    indexed |= {("Deployment", d["metadata"]["name"]) for d in deployments}
+    for (kind, name), body in _recently_created(memo, key, indexed).items():
+        if kind == "Job":
+            jobs.append(body)
+        elif kind == "Deployment":
+            deployments.append(body)
+        else:
+            objects.add((kind, name))
     return Observed(
-        jobs=tuple(observe_job(job, pods) for job in indices["stage_jobs"].get(key, [])),
+        jobs=tuple(observe_job(job, pods) for job in jobs),
         deployment=observe_deployment(deployments[0]) if deployments else None,
-        objects=frozenset(obj for index in OWNED_INDEXES for obj in indices[index].get(key, [])),
+        objects=frozenset(objects),
         pod_monitors_served=bool(memo.pod_monitors),
     )
 
 
-async def _carry_out(memo: kopf.Memo, ref: RunRef, known: dict[str, Any], plan: Plan, logger: Any) -> None:
+async def _carry_out(
+    memo: kopf.Memo, ref: RunRef, key: Key, known: dict[str, Any], plan: Plan, logger: Any
+) -> None:
     """Apply the plan's writes in order, then patch status with what changed since the last write."""
     try:
         for action in plan.actions:
-            if await memo.kube.apply(action):
-                logger.info("%s %s %s", action.verb, action.body["kind"], action.body["metadata"]["name"])
+            done = await memo.kube.apply(action)
+            kind, name = action.body["kind"], action.body["metadata"]["name"]
+            if action.verb == "create":
+                memo.pending.setdefault(key, {})[(kind, name)] = (time.monotonic(), action.body)
+            if done:
+                logger.info("%s %s %s", action.verb, kind, name)
         patch = merge_patch(known, plan.status, ignore=("kopf",))
         if patch:
             await memo.kube.patch_run_status(ref.namespace, ref.name, patch)
@@ -206,7 +236,7 @@ async def reconcile(
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         observed = observe(key, memo, indices)
         plan = plan_run(ref, meta.get("generation"), body.get("spec"), known, observed, now)
-        await _carry_out(memo, ref, known, plan, logger)
+        await _carry_out(memo, ref, key, known, plan, logger)
         memo.statuses[key] = plan.status
         _announce(body, known.get("phase"), plan)
         memo.metrics.reconciles.labels("ok").inc()
@@ -228,8 +258,17 @@ async def run_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **kwargs: A
     await reconcile(body, memo, logger, _indices(kwargs))
 
 
+def _terminated(status: kopf.Status, **_: Any) -> bool:
+    """Only a container that ended changes what the planner sees of a pod."""
+    return any("terminated" in (cs.get("state") or {}) for cs in status.get("containerStatuses") or [])
+
+
+def _deleted(**kwargs: Any) -> bool:
+    return bool(kwargs.get("type") == "DELETED")
+
+
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
-@kopf.on.event("v1", "pods", labels=MANAGED)
+@kopf.on.event("v1", "pods", labels=MANAGED, when=_terminated)
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 async def child_changed(
     namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, logger: Any, **kwargs: Any
@@ -245,7 +284,7 @@ async def child_changed(
             logger.warning("reconcile after a child's change failed (the resync retries): %s", err)
 
 
-@kopf.on.event(*RUN)
+@kopf.on.event(*RUN, when=_deleted)
 async def run_event(
     event: Mapping[str, Any], namespace: str | None, name: str, memo: kopf.Memo, **_: Any
 ) -> None:
@@ -253,5 +292,6 @@ async def run_event(
     if event.get("type") == "DELETED":
         key = _key(namespace, names.run_label(name))
         memo.statuses.pop(key, None)
+        memo.pending.pop(key, None)
         memo.locks.pop(key, None)
         memo.metrics.forget_run(namespace, name)

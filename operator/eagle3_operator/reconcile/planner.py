@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ from eagle3_operator.reconcile.conditions import set_condition
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.progress import Action, Progress, walk_stages
 from eagle3_operator.reconcile.serving import plan_serving
-from eagle3_operator.stages import Stage, content_hash, plan_stages
+from eagle3_operator.stages import Stage, StagePlan, content_hash, plan_stages
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,11 @@ def _storage_actions(
         claim = build_artifacts_claim(ref, spec)
         if ("PersistentVolumeClaim", claim["metadata"]["name"]) not in observed.objects:
             actions.append(Action("create", claim))
-    configmap = build_spec_configmap(ref, spec, spec_hash)
-    if "Job" in creates and ("ConfigMap", configmap["metadata"]["name"]) not in observed.objects:
-        actions.append(Action("create", configmap))
+    if (
+        "Job" in creates
+        and ("ConfigMap", names.spec_configmap_name(ref.name, spec_hash)) not in observed.objects
+    ):
+        actions.append(Action("create", build_spec_configmap(ref, spec, spec_hash)))
     return actions
 
 
@@ -173,6 +177,14 @@ def _conditions(
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def resolve(spec_json: str) -> tuple[Eagle3RunSpec, tuple[StagePlan, ...], str]:
+    """The validated spec, its stage plans and its hash: memoised, as every reconcile of a run needs them
+    and validation is the costliest step of planning (the models are frozen, so sharing them is safe)."""
+    spec = parse_spec(json.loads(spec_json))
+    return spec, tuple(plan_stages(spec)), content_hash(spec_document(spec))
+
+
 def plan_run(
     ref: RunRef,
     generation: int | None,
@@ -184,12 +196,11 @@ def plan_run(
     """Decide the next writes and the new status of one run from its spec and its observed children."""
     previous = previous_status(status_doc)
     try:
-        spec = parse_spec(spec_doc)
+        spec, stage_plans, spec_hash = resolve(json.dumps(spec_doc, sort_keys=True, default=str))
     except InvalidSpecError as error:
         return plan_invalid(generation, error, previous, now)
-    spec_hash = content_hash(spec_document(spec))
     configmap = names.spec_configmap_name(ref.name, spec_hash)
-    progress = walk_stages(ref, spec, plan_stages(spec), previous.stages, observed.jobs, configmap)
+    progress = walk_stages(ref, spec, list(stage_plans), previous.stages, observed.jobs, configmap)
     checkpoint = _checkpoint(spec, progress, previous)
     draft = checkpoint.path if checkpoint is not None and progress.complete else None
     serving_actions, serving = plan_serving(ref, spec, observed, draft)
