@@ -23,8 +23,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_the_operator_process_serves_health_and_metrics_and_reconciles(api, tmp_path):
-    mock, cluster = api
+async def test_the_operator_process_serves_health_and_metrics_and_reconciles(backend, tmp_path):
+    if backend.real:
+        pytest.skip("the process runs against the mock; the in-process suite covers the real server")
+    mock, cluster = backend.mock, backend.cluster
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(

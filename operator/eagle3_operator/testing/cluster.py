@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import kmock
@@ -82,10 +82,13 @@ def declare_resources(mock: Any, pod_monitors: bool = False) -> None:
 class Cluster:
     """A namespace driven over REST. Label selectors apply client-side (kmock ignores them)."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, namespace: str = NS) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, namespace: str = NS, token: str | None = None
+    ) -> None:
         self.session = session
         self.url = url.rstrip("/")
         self.ns = namespace
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def path(self, api: str, plural: str, name: str = "", sub: str = "") -> str:
         prefix = f"/api/{api}" if "/" not in api else f"/apis/{api}"
@@ -93,7 +96,8 @@ class Cluster:
         return f"{self.url}{prefix}/namespaces/{self.ns}/{plural}" + (f"/{tail}" if tail else "")
 
     async def _call(self, method: str, url: str, body: Any = None, ctype: str = "application/json") -> Any:
-        async with self.session.request(method, url, json=body, headers={"Content-Type": ctype}) as resp:
+        headers = self.headers | {"Content-Type": ctype}
+        async with self.session.request(method, url, json=body, headers=headers, ssl=False) as resp:
             data = await resp.json(content_type=None)
             if resp.status >= 300:
                 raise AssertionError(f"{method} {url}: HTTP {resp.status}: {data}")
@@ -148,6 +152,21 @@ class Cluster:
     async def deployment(self, run: str) -> dict[str, Any] | None:
         found = await self.list_objects("apps/v1", "deployments", **{names.LABEL_RUN: run})
         return found[0] if found else None
+
+
+class Player(Protocol):
+    """Moves stage Jobs and serving pods as told: `JobPlayer` on the mock, `Kubelet` on a real server."""
+
+    async def succeed(self, job: dict[str, Any], result: dict[str, Any] | None = None) -> None: ...
+
+    async def fail_pod(self, job: dict[str, Any], message: str, n: int, exit_code: int = 1) -> None: ...
+
+    async def fail(
+        self, job: dict[str, Any], message: str, reason: str = "Error", exit_code: int = 1,
+        job_reason: str = "BackoffLimitExceeded",
+    ) -> None: ...  # fmt: skip
+
+    async def ready(self, deployment: dict[str, Any]) -> None: ...
 
 
 class JobPlayer:
@@ -208,6 +227,11 @@ class JobPlayer:
         status = {"failed": 1, "active": 0, "startTime": now(), "conditions": [cond]}
         await self.cluster.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
 
+    async def ready(self, deployment: dict[str, Any]) -> None:
+        """The Deployment controller's part: report one ready replica."""
+        ready = {"status": {"readyReplicas": 1}}
+        await self.cluster.patch("apps/v1", "deployments", deployment["metadata"]["name"], ready, "status")
+
 
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "") -> Any:
     """Poll `check` until it returns a truthy value (AssertionError/KeyError count as not yet)."""
@@ -225,17 +249,28 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0,
 
 
 @asynccontextmanager
-async def running_operator(url: str, metrics: OperatorMetrics | None = None) -> AsyncIterator[kopf.Memo]:
-    """The real kopf operator with this project's handlers, in this event loop, against `url`."""
+async def running_operator(
+    url: str, metrics: OperatorMetrics | None = None, token: str | None = None, namespace: str | None = None
+) -> AsyncIterator[kopf.Memo]:
+    """The real kopf operator with this project's handlers, in this event loop, against `url`.
+
+    `namespace` limits it to one namespace (a real server; kmock cannot list namespaces), else cluster-wide.
+    """
     stop, ready = asyncio.Event(), asyncio.Event()
-    api = k8s.ApiClient(k8s.Configuration(host=url))
+    config = k8s.Configuration(host=url)
+    config.verify_ssl = False
+    if token:
+        config.api_key = {"BearerToken": token}
+        config.api_key_prefix = {"BearerToken": "Bearer"}
+    api = k8s.ApiClient(config)
     memo = kopf.Memo(
-        connection=kopf.ConnectionInfo(server=url, insecure=True),
+        connection=kopf.ConnectionInfo(server=url, insecure=True, token=token),
         kube=Kube(api),
         metrics=metrics or OperatorMetrics(),
     )
+    scope: dict[str, Any] = {"namespaces": [namespace]} if namespace else {"clusterwide": True}
     task = asyncio.create_task(
-        kopf.operator(standalone=True, clusterwide=True, stop_flag=stop, ready_flag=ready, memo=memo)
+        kopf.operator(standalone=True, stop_flag=stop, ready_flag=ready, memo=memo, **scope)
     )
     try:
         await asyncio.wait_for(ready.wait(), 10)

@@ -24,6 +24,7 @@ from eagle3_operator.testing.cluster import (
     Cluster,
     Emulator,
     JobPlayer,
+    Player,
     declare_resources,
     eventually,
     running_operator,
@@ -63,7 +64,7 @@ def show_status(st: dict[str, Any]) -> None:
     print("  status: " + json.dumps({k: v for k, v in summary.items() if v is not None}))
 
 
-async def play_stages(cluster: Cluster, player: JobPlayer, name: str) -> None:
+async def play_stages(cluster: Cluster, player: Player, name: str) -> None:
     """Succeed each stage's Job as the operator creates it, printing the Job and its command."""
     for stage in STAGES:
         job = await drive_stage(cluster, player, name, stage, RESULTS.get(stage, {}))

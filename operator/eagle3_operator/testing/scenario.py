@@ -7,7 +7,7 @@ from typing import Any
 
 import kmock
 
-from eagle3_operator.testing.cluster import MERGE, Cluster, JobPlayer, eventually
+from eagle3_operator.testing.cluster import MERGE, Cluster, Player, eventually
 
 TINY: dict[str, Any] = {
     "verifier": {"model": "/models/tiny"},
@@ -63,7 +63,7 @@ async def wait_job(cluster: Cluster, run: str, stage: str) -> dict[str, Any]:
 
 
 async def complete(
-    cluster: Cluster, player: JobPlayer, run: str, stages: tuple[str, ...], **results: Any
+    cluster: Cluster, player: Player, run: str, stages: tuple[str, ...], **results: Any
 ) -> None:
     """Succeed each stage's Job in order, waiting for the operator to create it."""
     for stage in stages:
@@ -71,12 +71,10 @@ async def complete(
         await player.succeed(job, results.get(stage, RESULTS[stage]))
 
 
-async def drive_to_serving(cluster: Cluster, player: JobPlayer, run: str) -> dict[str, Any]:
+async def drive_to_serving(cluster: Cluster, player: Player, run: str) -> dict[str, Any]:
     await complete(cluster, player, run, ORDER)
     deployment = await eventually(lambda: cluster.deployment(run), what="vLLM deployment")
-    await cluster.patch(
-        "apps/v1", "deployments", deployment["metadata"]["name"], {"status": {"readyReplicas": 1}}, "status"
-    )
+    await player.ready(deployment)
     return await wait_phase(cluster, run, "Serving")
 
 
@@ -98,7 +96,7 @@ def assert_content_types(mock: Any) -> None:
 
 
 async def drive_stage(
-    cluster: Cluster, player: JobPlayer, run: str, stage: str, result: dict[str, Any]
+    cluster: Cluster, player: Player, run: str, stage: str, result: dict[str, Any]
 ) -> dict[str, Any] | None:
     """Succeed the stage's Job once the operator creates it; None if the operator skips the stage."""
 

@@ -1,0 +1,55 @@
+"""The operator's RBAC rules, declared once: the Helm chart renders them, the API-server tests run with them.
+
+Least privilege: the operator writes only status of Eagle3Runs (kopf keeps its bookkeeping in status too),
+and creates, patches and deletes only the kinds of children it builds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3_operator.api.base import GROUP, PLURAL
+
+READ = ["get", "list", "watch"]
+
+RULES: tuple[dict[str, Any], ...] = (
+    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": READ},
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch", "update"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": [*READ, "create", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": READ},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": [*READ, "create", "patch", "delete"]},
+    {
+        "apiGroups": [""],
+        "resources": ["services", "configmaps", "persistentvolumeclaims"],
+        "verbs": [*READ, "create", "delete"],
+    },
+    {
+        "apiGroups": ["monitoring.coreos.com"],
+        "resources": ["podmonitors"],
+        "verbs": [*READ, "create", "delete"],
+    },
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    # kopf follows CRDs and namespaces to know what it can watch.
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": READ},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": READ},
+)
+
+
+def build_cluster_role(name: str = "eagle3-operator") -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "eagle3-operator"}},
+        "rules": [dict(rule) for rule in RULES],
+    }
+
+
+def build_cluster_role_binding(subject: dict[str, Any], name: str = "eagle3-operator") -> dict[str, Any]:
+    """Bind the role to `subject` (a ServiceAccount in a chart, a plain user in tests)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "eagle3-operator"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [subject],
+    }

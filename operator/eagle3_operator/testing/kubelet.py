@@ -1,0 +1,107 @@
+"""A test kubelet for a real API server with no nodes: it moves the Job controller's pods as a scenario says.
+
+The real Job controller creates a stage Job's pods; this kubelet finds them and patches their status through
+Running to Succeeded (with the stage's JSON result as the termination message) or Failed (an error, or
+OOMKilled with exit code 137), and the real controller completes or fails the Job. Serving pods are marked
+Running and Ready, so the Deployment controller reports ready replicas. Same interface as `JobPlayer`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from eagle3_operator.testing.cluster import Cluster, eventually, now
+
+POD_TIMEOUT = 60.0  # the Job controller waits 10 s, then 20 s, ... before replacing a failed pod
+
+
+class Kubelet:
+    """Plays the kubelet for the pods of stage Jobs and serving Deployments on a real API server."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def _live_pod(self, job: dict[str, Any]) -> dict[str, Any]:
+        """A pod of the Job that has not ended yet (the controller creates one after each failure)."""
+
+        async def check() -> dict[str, Any] | None:
+            pods = await self.cluster.list_objects("v1", "pods", **{"job-name": job["metadata"]["name"]})
+            live = [p for p in pods if (p.get("status") or {}).get("phase") in (None, "Pending", "Running")]
+            return live[0] if live else None
+
+        pod: dict[str, Any] = await eventually(check, POD_TIMEOUT, f"a pod of Job {job['metadata']['name']}")
+        return pod
+
+    async def _patch_pod(self, pod: dict[str, Any], phase: str, state: dict[str, Any], ready: bool) -> None:
+        container = pod["spec"]["containers"][0]
+        status = {
+            "phase": phase,
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now()}
+            ],
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "image": container["image"],
+                    "imageID": "",
+                    "ready": ready,
+                    "restartCount": 0,
+                    "state": state,
+                }
+            ],
+        }
+        await self.cluster.patch("v1", "pods", pod["metadata"]["name"], {"status": status}, "status")
+
+    async def _end(self, job: dict[str, Any], reason: str, exit_code: int, message: str) -> None:
+        pod = await self._live_pod(job)
+        ended = {
+            "reason": reason,
+            "exitCode": exit_code,
+            "message": message,
+            "startedAt": now(),
+            "finishedAt": now(),
+        }
+        await self._patch_pod(pod, "Succeeded" if exit_code == 0 else "Failed", {"terminated": ended}, False)
+
+    async def _job_condition(self, job: dict[str, Any], kind: str) -> None:
+        async def check() -> bool:
+            body = await self.cluster.get("batch/v1", "jobs", job["metadata"]["name"])
+            conditions = (body.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+
+        await eventually(check, POD_TIMEOUT, f"Job {job['metadata']['name']} {kind}")
+
+    async def succeed(self, job: dict[str, Any], result: dict[str, Any] | None = None) -> None:
+        await self._end(job, "Completed", 0, json.dumps(result or {}))
+        await self._job_condition(job, "Complete")
+
+    async def fail_pod(self, job: dict[str, Any], message: str, n: int, exit_code: int = 1) -> None:
+        """One pod fails; the Job controller starts another (after its back-off)."""
+        await self._end(job, "Error", exit_code, message)
+
+    async def fail(
+        self, job: dict[str, Any], message: str, reason: str = "Error", exit_code: int = 1,
+        job_reason: str = "BackoffLimitExceeded",
+    ) -> None:  # fmt: skip
+        """Fail each pod the Job controller starts until it gives up (the server decides the reason)."""
+        limit = int(job["spec"].get("backoffLimit", 6))
+        for _ in range(limit + 1):
+            await self._end(job, reason, exit_code, message)
+            body = await self.cluster.get("batch/v1", "jobs", job["metadata"]["name"])
+            if int((body.get("status") or {}).get("failed", 0)) > limit:
+                break
+        await self._job_condition(job, "Failed")
+
+    async def ready(self, deployment: dict[str, Any]) -> None:
+        """Mark the Deployment's pods Running and Ready."""
+        selector = deployment["spec"]["selector"]["matchLabels"]
+
+        async def pods() -> list[dict[str, Any]] | None:
+            found = await self.cluster.list_objects("v1", "pods", **selector)
+            return found or None
+
+        for pod in await eventually(
+            pods, POD_TIMEOUT, f"pods of Deployment {deployment['metadata']['name']}"
+        ):
+            await self._patch_pod(pod, "Running", {"running": {"startedAt": now()}}, True)

@@ -1,0 +1,221 @@
+"""A real Kubernetes API server for the operator tests: etcd, kube-apiserver and kube-controller-manager.
+
+The binaries come from `scripts/build-kube.sh` (Kubernetes 1.20 built from Debian's source package, cached
+outside the repo). They run on loopback with RBAC on: the tests use an admin token, the operator a token of
+its own bound to exactly `eagle3_operator.rbac.RULES`, so any call those rules forbid fails the test.
+Kubernetes 1.20 knows no CEL rules: the CRD is installed without its `x-kubernetes-validations` (the operator
+checks the same rules itself). With `EAGLE3_TEST_KUBECONFIG` set, that cluster is used instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eagle3_operator.api.crd import build_crd
+from eagle3_operator.rbac import build_cluster_role, build_cluster_role_binding
+from eagle3_operator.testing.cluster import Cluster, eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN_TOKEN = "eagle3-test-admin"
+OPERATOR_TOKEN = "eagle3-test-operator"
+OPERATOR_USER = "eagle3-operator"
+CACHE = Path(
+    os.environ.get("EAGLE3_KUBE_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle3-operator" / "kube-1.20"
+)
+
+
+@dataclass
+class ServerAccess:
+    """How tests reach a server: its URL, the admin token for the tests, the operator's token."""
+
+    kind: str
+    url: str
+    token: str | None
+    operator_token: str | None
+
+    async def create_namespace(self, cluster: Cluster, name: str) -> None:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        await cluster._call("POST", f"{self.url}/api/v1/namespaces", body)
+
+    async def delete_namespace(self, cluster: Cluster, name: str) -> None:
+        await cluster._call("DELETE", f"{self.url}/api/v1/namespaces/{name}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def binaries() -> dict[str, str]:
+    """The server binaries, built (about 20 minutes, once per machine) if the cache has none."""
+    wanted = {name: CACHE / "bin" / name for name in ("kube-apiserver", "kube-controller-manager")}
+    if not all(p.exists() for p in wanted.values()):
+        subprocess.run(["bash", str(ROOT / "scripts" / "build-kube.sh")], check=True)
+    etcd = shutil.which("etcd") or "/usr/bin/etcd"
+    return {"etcd": etcd} | {name: str(path) for name, path in wanted.items()}
+
+
+def _request(url: str, token: str, method: str = "GET", body: Any = None) -> Any:
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}; logs in {logs}")
+        try:
+            _request(f"{url}/readyz", ADMIN_TOKEN)
+            return
+        except OSError:
+            time.sleep(0.25)
+    raise RuntimeError(f"kube-apiserver not ready in {timeout}s; logs in {logs}")
+
+
+def _files(work: Path) -> None:
+    (work / "tokens.csv").write_text(
+        f'{ADMIN_TOKEN},admin,admin,"system:masters"\n{OPERATOR_TOKEN},{OPERATOR_USER},operator\n'
+    )
+    subprocess.run(
+        ["openssl", "genrsa", "-out", str(work / "sa.key"), "2048"], check=True, capture_output=True
+    )
+
+
+def _kubeconfig(work: Path, url: str) -> Path:
+    path = work / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "admin",
+                "clusters": [{"name": "test", "cluster": {"server": url, "insecure-skip-tls-verify": True}}],
+                "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+                "contexts": [{"name": "admin", "context": {"cluster": "test", "user": "admin"}}],
+            }
+        )
+    )
+    return path
+
+
+def _start(bins: dict[str, str], work: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
+    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    url = f"https://127.0.0.1:{api_port}"
+    logs = work / "logs"
+    logs.mkdir()
+
+    def spawn(name: str, *args: str) -> subprocess.Popen[bytes]:
+        out = (logs / f"{name}.log").open("wb")
+        return subprocess.Popen([bins[name], *args], stdout=out, stderr=subprocess.STDOUT)
+
+    etcd = spawn(
+        "etcd", "--data-dir", str(work / "etcd"), "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+        "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+        "--listen-peer-urls", f"http://127.0.0.1:{peer_port}", "--initial-advertise-peer-urls",
+        f"http://127.0.0.1:{peer_port}", "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+    )  # fmt: skip
+    api = spawn(
+        "kube-apiserver", f"--etcd-servers=http://127.0.0.1:{etcd_port}", "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1", f"--secure-port={api_port}", f"--cert-dir={work / 'certs'}",
+        f"--token-auth-file={work / 'tokens.csv'}", "--authorization-mode=RBAC",
+        f"--service-account-key-file={work / 'sa.key'}",
+        f"--service-account-signing-key-file={work / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc", "--api-audiences=https://kubernetes.default.svc",
+        "--service-cluster-ip-range=10.96.0.0/16", "--disable-admission-plugins=ServiceAccount",
+        "--insecure-port=0", "--enable-priority-and-fairness=false",
+    )  # fmt: skip
+    _wait_ready(url, [etcd, api], logs)
+    kcm = spawn(
+        "kube-controller-manager", f"--kubeconfig={_kubeconfig(work, url)}", "--leader-elect=false",
+        "--controllers=job,deployment,replicaset,garbagecollector,namespace", "--port=0", "--secure-port=0",
+        "--use-service-account-credentials=false",
+    )  # fmt: skip
+    return url, [kcm, api, etcd]
+
+
+def _install(url: str) -> None:
+    """The CRD (without CEL rules: 1.20 has none) and the operator's RBAC, bound to the operator's user."""
+    crd = build_crd(cel=False)
+    _request(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", ADMIN_TOKEN, "POST", crd)
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    _request(f"{url}{rbac}/clusterroles", ADMIN_TOKEN, "POST", build_cluster_role())
+    binding = build_cluster_role_binding(
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}
+    )
+    _request(f"{url}{rbac}/clusterrolebindings", ADMIN_TOKEN, "POST", binding)
+    deadline = time.monotonic() + 30
+    name = crd["metadata"]["name"]
+    while time.monotonic() < deadline:
+        got = _request(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", ADMIN_TOKEN)
+        if any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in got.get("status", {}).get("conditions", [])
+        ):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"CRD {name} not established")
+
+
+def start_server() -> ServerAccess:
+    """Start etcd, kube-apiserver and kube-controller-manager for this test session (stopped at exit)."""
+    bins = binaries()
+    work = Path(tempfile.mkdtemp(prefix="eagle3-kube-"))
+    _files(work)
+    url, procs = _start(bins, work)
+
+    def stop() -> None:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+    atexit.register(stop)
+    _install(url)
+    return ServerAccess("apiserver", url, ADMIN_TOKEN, OPERATOR_TOKEN)
+
+
+def external_cluster(kubeconfig: str | None) -> ServerAccess | None:
+    """A cluster from a kubeconfig with a bearer token (EAGLE3_TEST_KUBECONFIG); the CRD must be installed."""
+    if not kubeconfig:
+        return None
+    config = yaml.safe_load(Path(kubeconfig).read_text())
+    context = next(c["context"] for c in config["contexts"] if c["name"] == config["current-context"])
+    server = next(c["cluster"]["server"] for c in config["clusters"] if c["name"] == context["cluster"])
+    user = next(u["user"] for u in config["users"] if u["name"] == context["user"])
+    if "token" not in user:
+        raise RuntimeError(
+            f"{kubeconfig}: the test suite needs a user with a bearer token (user {context['user']})"
+        )
+    return ServerAccess("cluster", server, user["token"], user["token"])
+
+
+__all__ = ["ServerAccess", "eventually", "external_cluster", "start_server"]
