@@ -16,8 +16,13 @@ from eagle3_operator.testing.cluster import Cluster
 
 pytestmark = pytest.mark.apiserver
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
-PATHS = {"Job": ("batch/v1", "jobs"), "ConfigMap": ("v1", "configmaps"), "Service": ("v1", "services"),
-         "PersistentVolumeClaim": ("v1", "persistentvolumeclaims"), "Deployment": ("apps/v1", "deployments")}  # fmt: skip
+PATHS = {
+    "Job": ("batch/v1", "jobs"),
+    "ConfigMap": ("v1", "configmaps"),
+    "Service": ("v1", "services"),
+    "PersistentVolumeClaim": ("v1", "persistentvolumeclaims"),
+    "Deployment": ("apps/v1", "deployments"),
+}
 
 
 async def dry_run(cluster: Cluster, api: str, plural: str, body: dict) -> dict:
