@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test lint typecheck unit operator crds bench clean
+.PHONY: demo test lint typecheck unit operator apiserver kube crds bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,9 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m eagle3_operator.testing.demo examples/tiny-cpu.yaml
 
-## test: lint, types, unit tests, the operator against the API mock
-test: $(STAMP) lint typecheck
+## test: lint, types, unit tests, the operator against the API mock and against a real kube-apiserver
+test: $(STAMP) lint typecheck kube
 	$(PY) -m pytest -q -p no:cacheprovider
+
+## kube: build kube-apiserver and kube-controller-manager once per machine (cached outside the repo)
+kube:
+	bash scripts/build-kube.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check operator pipeline tests benchmarks
@@ -30,7 +34,10 @@ unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
 operator: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m operator
+	$(PY) -m pytest -q -p no:cacheprovider -m "operator and not apiserver"
+
+apiserver: $(STAMP) kube
+	$(PY) -m pytest -q -p no:cacheprovider -m apiserver
 
 ## crds: regenerate the committed CRD from the pydantic models
 crds: $(STAMP)

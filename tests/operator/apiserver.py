@@ -64,8 +64,11 @@ def free_port() -> int:
 def binaries() -> dict[str, str]:
     """The server binaries, built (about 20 minutes, once per machine) if the cache has none."""
     wanted = {name: CACHE / "bin" / name for name in ("kube-apiserver", "kube-controller-manager")}
-    if not all(p.exists() for p in wanted.values()):
-        subprocess.run(["bash", str(ROOT / "scripts" / "build-kube.sh")], check=True)
+    missing = [str(p) for p in wanted.values() if not p.exists()]
+    if missing:
+        raise RuntimeError(
+            f"no {', '.join(missing)}: run `make kube` (scripts/build-kube.sh builds them once, ~20 min)"
+        )
     etcd = shutil.which("etcd") or "/usr/bin/etcd"
     return {"etcd": etcd} | {name: str(path) for name, path in wanted.items()}
 
@@ -80,7 +83,8 @@ def _request(url: str, token: str, method: str = "GET", body: Any = None) -> Any
     req.add_header("Authorization", f"Bearer {token}")
     req.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
-        return json.loads(resp.read() or b"{}")
+        raw = resp.read()
+    return json.loads(raw) if raw.startswith(b"{") else raw.decode()
 
 
 def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, timeout: float = 60) -> None:
@@ -123,7 +127,8 @@ def _kubeconfig(work: Path, url: str) -> Path:
     return path
 
 
-def _start(bins: dict[str, str], work: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
+def _start(bins: dict[str, str], work: Path, procs: list[subprocess.Popen[bytes]]) -> str:
+    """Start etcd, the API server and the controller manager; `procs` collects them (newest first)."""
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     url = f"https://127.0.0.1:{api_port}"
     logs = work / "logs"
@@ -131,7 +136,9 @@ def _start(bins: dict[str, str], work: Path) -> tuple[str, list[subprocess.Popen
 
     def spawn(name: str, *args: str) -> subprocess.Popen[bytes]:
         out = (logs / f"{name}.log").open("wb")
-        return subprocess.Popen([bins[name], *args], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([bins[name], *args], stdout=out, stderr=subprocess.STDOUT)
+        procs.insert(0, proc)
+        return proc
 
     etcd = spawn(
         "etcd", "--data-dir", str(work / "etcd"), "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
@@ -150,12 +157,12 @@ def _start(bins: dict[str, str], work: Path) -> tuple[str, list[subprocess.Popen
         "--insecure-port=0", "--enable-priority-and-fairness=false",
     )  # fmt: skip
     _wait_ready(url, [etcd, api], logs)
-    kcm = spawn(
+    spawn(
         "kube-controller-manager", f"--kubeconfig={_kubeconfig(work, url)}", "--leader-elect=false",
         "--controllers=job,deployment,replicaset,garbagecollector,namespace", "--port=0", "--secure-port=0",
         "--use-service-account-credentials=false",
     )  # fmt: skip
-    return url, [kcm, api, etcd]
+    return url
 
 
 def _install(url: str) -> None:
@@ -185,8 +192,7 @@ def start_server() -> ServerAccess:
     """Start etcd, kube-apiserver and kube-controller-manager for this test session (stopped at exit)."""
     bins = binaries()
     work = Path(tempfile.mkdtemp(prefix="eagle3-kube-"))
-    _files(work)
-    url, procs = _start(bins, work)
+    procs: list[subprocess.Popen[bytes]] = []
 
     def stop() -> None:
         for proc in procs:
@@ -199,6 +205,8 @@ def start_server() -> ServerAccess:
         shutil.rmtree(work, ignore_errors=True)
 
     atexit.register(stop)
+    _files(work)
+    url = _start(bins, work, procs)
     _install(url)
     return ServerAccess("apiserver", url, ADMIN_TOKEN, OPERATOR_TOKEN)
 

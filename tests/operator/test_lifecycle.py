@@ -48,7 +48,7 @@ async def test_run_goes_from_prepare_to_serving(backend):
         "bytes": 123456,
     }
     assert final["serving"]["readyReplicas"] == 1
-    assert final["serving"]["url"] == "http://tiny-vllm.e3.svc:8000"
+    assert final["serving"]["url"] == f"http://tiny-vllm.{cluster.ns}.svc:8000"
     conditions = {c["type"]: c for c in final["conditions"]}
     assert conditions["Ready"]["status"] == "True" and conditions["GatePassed"]["status"] == "True"
     assert all(c["observedGeneration"] == 1 for c in final["conditions"])
@@ -61,7 +61,7 @@ async def test_run_goes_from_prepare_to_serving(backend):
     claim = await cluster.get("v1", "persistentvolumeclaims", "tiny-artifacts")
     assert "ownerReferences" not in claim["metadata"], "the artifacts volume outlives the run by default"
     backend.assert_content_types()
-    assert metrics.acceptance.labels("e3", "tiny")._value.get() == 1.6
+    assert metrics.acceptance.labels(cluster.ns, "tiny")._value.get() == 1.6
     assert metrics.stage_seconds.labels("prepare")._sum.get() >= 0
 
 
@@ -137,7 +137,8 @@ async def test_deleting_a_run_stops_everything_and_keeps_the_artifacts(backend):
         job = await wait_job(cluster, "tiny", "prepare")
         await wait_phase(cluster, "tiny", "Running")
         await cluster.delete("eagle3.dev/v1alpha1", "eagle3runs", "tiny")
-        await eventually(lambda: _forgotten(metrics), what="metrics forget the run")
+        assert (cluster.ns, "tiny") in metrics.phases
+        await eventually(lambda: _forgotten(metrics, cluster.ns), what="metrics forget the run")
         if backend.real:
             await eventually(lambda: _gone(cluster, "tiny"), timeout=60, what="the garbage collector's work")
         else:  # the mock has no garbage collector: a late child event must not recreate anything
@@ -177,8 +178,8 @@ async def _gone(cluster, run):
     return not jobs and not configmaps
 
 
-async def _forgotten(metrics: OperatorMetrics) -> bool:
-    return ("e3", "tiny") not in metrics.phases
+async def _forgotten(metrics: OperatorMetrics, namespace: str) -> bool:
+    return (namespace, "tiny") not in metrics.phases
 
 
 async def _settle() -> None:

@@ -178,13 +178,18 @@ def _additional_properties(
     out["additionalProperties"] = structural(value, defs)
 
 
+def without_key(node: Any, key: str) -> Any:
+    """A copy of `node` without `key` at any depth."""
+    if isinstance(node, dict):
+        return {k: without_key(v, key) for k, v in node.items() if k != key}
+    if isinstance(node, list):
+        return [without_key(item, key) for item in node]
+    return node
+
+
 def strip_validations(node: Any) -> Any:
     """A copy of `node` without any `x-kubernetes-validations` (at every depth)."""
-    if isinstance(node, dict):
-        return {k: strip_validations(v) for k, v in node.items() if k != VALIDATIONS_KEY}
-    if isinstance(node, list):
-        return [strip_validations(item) for item in node]
-    return node
+    return without_key(node, VALIDATIONS_KEY)
 
 
 def _described(description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -195,7 +200,9 @@ def open_api_schema() -> dict[str, Any]:
     """The version's openAPIV3Schema: apiVersion, kind, metadata, spec (with the CEL rules) and status."""
     spec = model_schema(Eagle3RunSpec)
     spec[VALIDATIONS_KEY] = [rule.to_crd() for rule in RULES]
-    status = model_schema(Eagle3RunStatus)
+    # Status is written whole by the operator, so defaults there would only mislead; and Kubernetes 1.20
+    # reads an empty-string default as null and rejects the whole CRD.
+    status = without_key(model_schema(Eagle3RunStatus), "default")
     status["properties"]["kopf"] = {
         "description": "Progress and handler state kept by the kopf framework; not part of the API.",
         "type": "object",
@@ -207,7 +214,8 @@ def open_api_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": _described(f"API version of the object, {GROUP}/{VERSION}.", {"type": "string"}),
             "kind": _described(f"Kind of the object, {KIND}.", {"type": "string"}),
-            "metadata": _described("Standard object metadata.", {"type": "object"}),
+            # The API server owns metadata's schema: a CRD may say nothing of it but its type.
+            "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
         },

@@ -48,7 +48,11 @@ class Condition(StatusModel):
     type: str = Field(description="Condition type: SpecValid, Progressing, GatePassed, Ready or Failed.")
     status: str = Field(pattern=r"^(True|False|Unknown)$", description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason of the last transition.")
-    message: str = Field("", description="Human-readable detail: what happened and what to do.")
+    message: str = Field(
+        min_length=1,
+        description="Human-readable detail: what happened and what to do (never empty: Kubernetes 1.20 "
+        "validates an empty string in status as null).",
+    )
     last_transition_time: str = Field(description="When status last changed (RFC 3339).")
     observed_generation: int | None = Field(None, description="The spec generation this was computed from.")
 

@@ -146,7 +146,7 @@ def _conditions(
     def cond(kind: ConditionType, ok: bool, reason: str, message: str = "") -> Condition:
         return set_condition(previous, kind, ok, reason, message, now, generation)
 
-    out = [cond(ConditionType.SPEC_VALID, True, "Valid")]
+    out = [cond(ConditionType.SPEC_VALID, True, "Valid", "the spec passed validation")]
     if progress.failed:
         out.append(cond(ConditionType.PROGRESSING, False, "Failed", progress.failed[1]))
     elif progress.suspended:
@@ -173,7 +173,7 @@ def _conditions(
     if progress.failed:
         out.append(cond(ConditionType.FAILED, True, *progress.failed))
     else:
-        out.append(cond(ConditionType.FAILED, False, "NoFailure"))
+        out.append(cond(ConditionType.FAILED, False, "NoFailure", "no stage has failed"))
     return out
 
 

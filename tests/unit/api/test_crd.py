@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +147,9 @@ def test_schema_is_structural() -> None:
 
 
 def test_every_property_has_a_description() -> None:
-    assert properties_without_description(root_schema()) == []
+    # metadata is the exception: the API server forbids a CRD to say anything of it but `type: object`.
+    assert properties_without_description(root_schema()) == [".metadata"]
+    assert root_schema()["properties"]["metadata"] == {"type": "object"}
 
 
 def test_conversion_cases() -> None:
@@ -209,9 +213,11 @@ def test_valid_specs_pass_the_crd_schema_and_rules(doc: dict[str, Any]) -> None:
     assert all(cel_holds(rule.rule, stored) for rule in RULES)
 
 
-def test_status_defaults() -> None:
+def test_status_has_no_defaults() -> None:
+    # The operator writes status whole; Kubernetes 1.20 rejects a CRD whose status has an empty-string default.
     status_schema = root_schema()["properties"]["status"]
-    assert apply_defaults(status_schema, {}) == {"phase": "Pending", "conditions": [], "stages": {}}
+    assert apply_defaults(status_schema, {}) == {}
+    assert "default" not in json.dumps(status_schema)
 
 
 @pytest.mark.skipif(not EXAMPLES, reason="no examples/*.yaml yet")
