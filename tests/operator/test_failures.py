@@ -107,7 +107,11 @@ async def test_suspend_creates_no_jobs_until_resumed_and_the_queue_label_passes_
 async def test_an_invalid_spec_creates_nothing_and_names_the_field(backend):
     cluster = backend.cluster
     async with backend.operator():
-        await cluster.apply_run("bad", tiny(training={"gpus": 16}))
+        try:
+            await cluster.apply_run("bad", tiny(training={"gpus": 16}))
+        except AssertionError as refused:  # a server with CEL rules (Kubernetes >= 1.25) refuses it outright
+            assert "HTTP 422" in str(refused) and "training.gpus" in str(refused)
+            return
         st = await wait_phase(cluster, "bad", "Invalid")
         await asyncio.sleep(0.3)
         assert await cluster.jobs("bad") == []
@@ -116,6 +120,22 @@ async def test_an_invalid_spec_creates_nothing_and_names_the_field(backend):
     valid = conditions(st)["SpecValid"]
     assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
     assert "spec.training.gpus" in valid["message"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (tiny(training={"gpus": "two"}), "spec.training.gpus"),
+        (tiny(extraction={"backend": "tensorrt"}), "spec.extraction.backend"),
+        (tiny(evaluation={"numSpeculativeTokens": 0}), "spec.evaluation.numSpeculativeTokens"),
+    ],
+)
+async def test_the_server_refuses_a_spec_the_generated_schema_forbids(backend, spec, field):
+    if not backend.real:
+        pytest.skip("the mock validates nothing; the operator's own check is tested above")
+    with pytest.raises(AssertionError, match="HTTP 422") as refused:
+        await backend.cluster.apply_run("bad", spec)
+    assert field in str(refused.value)
 
 
 async def test_a_pod_monitor_is_created_when_the_cluster_serves_them(backend):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +213,7 @@ def test_valid_specs_pass_the_crd_schema_and_rules(doc: dict[str, Any]) -> None:
 
 
 def test_status_has_no_defaults() -> None:
-    # The operator writes status whole; Kubernetes 1.20 rejects a CRD whose status has an empty-string default.
+    # The operator writes status whole; Kubernetes 1.20 rejects a CRD with an empty-string status default.
     status_schema = root_schema()["properties"]["status"]
     assert apply_defaults(status_schema, {}) == {}
     assert "default" not in json.dumps(status_schema)
