@@ -10,9 +10,11 @@ checks the same rules itself). With `EAGLE3_TEST_KUBECONFIG` set, that cluster i
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -101,6 +103,11 @@ def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, time
     raise RuntimeError(f"kube-apiserver not ready in {timeout}s; logs in {logs}")
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the test process dies, even by SIGKILL (no orphaned servers)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _files(work: Path) -> None:
     (work / "tokens.csv").write_text(
         f'{ADMIN_TOKEN},admin,admin,"system:masters"\n{OPERATOR_TOKEN},{OPERATOR_USER},operator\n'
@@ -136,7 +143,9 @@ def _start(bins: dict[str, str], work: Path, procs: list[subprocess.Popen[bytes]
 
     def spawn(name: str, *args: str) -> subprocess.Popen[bytes]:
         out = (logs / f"{name}.log").open("wb")
-        proc = subprocess.Popen([bins[name], *args], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [bins[name], *args], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
         procs.insert(0, proc)
         return proc
 
