@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_operator.testing.cluster import eventually
+from eagle3_operator.testing.cluster import eventually, running_operator
 from eagle3_operator.testing.scenario import (
     ORDER,
     complete,
@@ -167,6 +169,21 @@ async def test_operator_restart_mid_run_creates_no_duplicates(backend):
     }  # fmt: skip
 
 
+async def test_the_resync_loop_reconciles_runs_without_any_event(backend):
+    if backend.real:
+        pytest.skip("timing of the loop, not of the server")
+    metrics = OperatorMetrics()
+    async with running_operator(backend.url, metrics, resync_seconds=0.2):
+        await backend.cluster.apply_run("tiny", tiny())
+        await wait_job(backend.cluster, "tiny", "prepare")
+        await asyncio.sleep(0.5)  # the events of the creation have been handled
+        before = metrics.reconciles.labels("ok")._value.get()
+        await asyncio.sleep(1.0)
+        after = metrics.reconciles.labels("ok")._value.get()
+    assert after - before >= 3, "about one reconcile every 0.2 s with no event at all"
+    assert len(await backend.cluster.jobs("tiny")) == 1, "and they create nothing twice"
+
+
 async def _with_serving(cluster, run):
     st = await status(cluster, run)
     return st if "serving" in st else None
@@ -183,6 +200,4 @@ async def _forgotten(metrics: OperatorMetrics, namespace: str) -> bool:
 
 
 async def _settle() -> None:
-    import asyncio
-
     await asyncio.sleep(0.5)

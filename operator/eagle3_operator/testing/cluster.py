@@ -250,7 +250,11 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0,
 
 @asynccontextmanager
 async def running_operator(
-    url: str, metrics: OperatorMetrics | None = None, token: str | None = None, namespace: str | None = None
+    url: str,
+    metrics: OperatorMetrics | None = None,
+    token: str | None = None,
+    namespace: str | None = None,
+    resync_seconds: float | None = None,
 ) -> AsyncIterator[kopf.Memo]:
     """The real kopf operator with this project's handlers, in this event loop, against `url`.
 
@@ -267,6 +271,7 @@ async def running_operator(
         connection=kopf.ConnectionInfo(server=url, insecure=True, token=token),
         kube=Kube(api),
         metrics=metrics or OperatorMetrics(),
+        resync_seconds=resync_seconds,
     )
     scope: dict[str, Any] = {"namespaces": [namespace]} if namespace else {"clusterwide": True}
     task = asyncio.create_task(
