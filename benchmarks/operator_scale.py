@@ -1,9 +1,10 @@
 """Operator scale against the API mock: N Eagle3Runs created at once, how fast the operator keeps up.
 
-    python benchmarks/operator_scale.py --runs 10 100 500 [--json out.json]
+    python benchmarks/operator_scale.py --runs 10 100 500 [--json out.json] [--server apiserver]
 
 For each N: a fresh kmock API server in this process (with the load generator), the real operator in a child
-process (benchmarks/operator_child.py), so its RSS and CPU are its own. Measured:
+process (benchmarks/operator_child.py), so its RSS and CPU are its own. (`--server apiserver`: a real
+kube-apiserver instead, see scale_apiserver.py.) Measured:
 
 * first Job: from a run's creation (its POST returned) to the operator's POST of its prepare Job;
 * transition: from the prepare Job's completion (pod + Job status written, as the Job controller would) to
@@ -21,19 +22,29 @@ import contextlib
 import json
 import logging
 import math
-import os
 import sys
 import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import kmock
+from scale_common import (
+    IN_FLIGHT,
+    QUIET_SECONDS,
+    USER_AGENT,
+    bounded,
+    operator_process,
+    percentile,
+    proc_cpu_seconds,
+    proc_status_kb,
+    read_log,
+)
 
 from eagle3_operator.builders import names
 from eagle3_operator.testing.cluster import Cluster, Emulator, JobPlayer, declare_resources
@@ -41,12 +52,6 @@ from eagle3_operator.testing.scenario import RESULTS, tiny
 
 logger = logging.getLogger(__name__)
 
-CHILD = Path(__file__).with_name("operator_child.py")
-# The child's line before it cancels kopf, and the prefix of its reconcile figures (see operator_child.py).
-STOPPING, METRICS = "--- stopping ---", "reconcile metrics:"
-USER_AGENT = "eagle3-bench"
-IN_FLIGHT = 64
-QUIET_SECONDS = 1.0
 # The watches the operator opens (kopf's indexes and handlers); the runs are created once all are open.
 WATCHED = {"eagle3runs", "jobs", "pods", "deployments", "services", "configmaps", "persistentvolumeclaims"}
 
@@ -170,59 +175,6 @@ class Figures:
     operator_log_warnings: list[str]
 
 
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile (p99 of 10 values is the maximum); NaN when there are none."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
-
-
-def proc_status_kb(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-async def bounded(items: Sequence[str], step: Callable[[str], Awaitable[None]]) -> None:
-    gate = asyncio.Semaphore(IN_FLIGHT)
-
-    async def one(item: str) -> None:
-        async with gate:
-            await step(item)
-
-    await asyncio.gather(*(one(item) for item in items))
-
-
-@contextlib.asynccontextmanager
-async def operator_process(url: str, log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    """The operator in a child process, started and READY; stopped (SIGTERM, then SIGKILL) on exit."""
-    with log.open("wb") as stderr:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(CHILD), url, stdout=asyncio.subprocess.PIPE, stderr=stderr
-        )
-    try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        if line.strip() != b"READY":
-            raise RuntimeError(f"the operator did not start; see {log}")
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-
 async def quiet(probe: Probe, seconds: float, timeout: float) -> None:
     """Until the operator has sent no request for `seconds` (its backlog from the last step is done)."""
     deadline = time.monotonic() + timeout
@@ -321,11 +273,8 @@ async def measure(n: int, timeout: float, log: Path) -> Figures:
         mock.probe = Probe()
         declare_resources(mock)
         sample = await run_round(mock, str(server.url), log, n, timeout)
-    before, _, after = log.read_text().partition(STOPPING)
-    lines = before.splitlines()
-    reconciles: dict[str, float] = next(
-        (json.loads(line[len(METRICS) :]) for line in after.splitlines() if line.startswith(METRICS)), {}
-    )
+    oplog = read_log(log)
+    reconciles = oplog.reconciles
     driven = sample.driven
     first = latencies(mock.probe, "prepare", driven.created)
     transition = latencies(mock.probe, "extract", driven.completed)
@@ -343,8 +292,8 @@ async def measure(n: int, timeout: float, log: Path) -> Figures:
         requests_by_kind=dict(sample.requests.most_common()), refused=dict(sample.refused.most_common()),
         duplicate_jobs=sum(1 for found in mock.probe.job_names.values() if len(found) > 1),
         reconciles_ok=int(reconciles.get("ok", 0)), reconciles_error=int(reconciles.get("error", 0)),
-        reconcile_seconds=reconciles.get("seconds", math.nan), operator_log_lines=len(lines),
-        operator_log_warnings=[line for line in lines if line.startswith(("WARN", "ERROR"))],
+        reconcile_seconds=reconciles.get("seconds", math.nan), operator_log_lines=len(oplog.lines),
+        operator_log_warnings=oplog.warnings,
     )  # fmt: skip
 
 
@@ -370,6 +319,19 @@ def row(f: Figures) -> str:
     )
 
 
+@dataclass
+class Mode:
+    """One kind of server: its table header, a round (N, timeout, log, round number), a table row."""
+
+    header: str
+    measure: Callable[[int, float, Path, int], Awaitable[Any]]
+    row: Callable[[Any], str]
+
+
+async def measure_mock(n: int, timeout: float, log: Path, _round: int) -> Figures:
+    return await measure(n, timeout, log)
+
+
 async def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -379,23 +341,33 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every round's figures here")
     parser.add_argument("--logs", type=Path, help="keep the operator's log of each round in this folder")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per step before giving up")
+    parser.add_argument(
+        "--server", choices=["mock", "apiserver"], default="mock",
+        help="the kmock API mock in this process, or a real kube-apiserver (tests/operator/apiserver.py)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.server == "apiserver":
+        import scale_apiserver  # imports the test suite's server helpers; only wanted here
+
+        mode = Mode(scale_apiserver.HEADER, await scale_apiserver.start(), scale_apiserver.row)
+    else:
+        mode = Mode(HEADER, measure_mock, row)
     results = []
-    print(HEADER, flush=True)
+    print(mode.header, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         logs = args.logs or Path(tmp)
         logs.mkdir(parents=True, exist_ok=True)
         for i, n in enumerate(n for n in args.runs for _ in range(args.repeat)):
-            figures = await measure(n, args.timeout, logs / f"operator-{i}-{n}.log")
+            figures = await mode.measure(n, args.timeout, logs / f"operator-{i}-{n}.log", i)
             results.append(figures)
-            print(row(figures), flush=True)
+            print(mode.row(figures), flush=True)
+            if args.json:  # after each round: a later one may fail
+                args.json.write_text(json.dumps([asdict(f) for f in results], indent=2) + "\n")
             for line in figures.operator_log_warnings[:3]:
                 if (
                     "Unresolved resources" not in line
                 ):  # PodMonitors: no Prometheus operator here, as designed
                     logger.warning("operator: %s", line[:300])
-    if args.json:
-        args.json.write_text(json.dumps([asdict(f) for f in results], indent=2) + "\n")
     return 0
 
 

@@ -24,6 +24,7 @@ from eagle3_operator.reconcile.observe import (
     slim_deployment,
     slim_job,
     slim_pod,
+    slim_run,
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
 from eagle3_operator.reconcile.status_patch import merge_patch
@@ -94,7 +95,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.index(*RUN)
 def eagle3_runs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
-    return {_key(namespace, names.run_label(name)): dict(body)}
+    return {_key(namespace, names.run_label(name)): slim_run(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED)

@@ -174,6 +174,23 @@ def _pick(body: Mapping[str, Any], *paths: str) -> dict[str, Any]:
     return out
 
 
+def slim_run(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A run without `managedFields` and kopf's bookkeeping: half of a real server's body, kept per run."""
+    out = _pick(
+        body,
+        "apiVersion",
+        "kind",
+        "metadata.name",
+        "metadata.namespace",
+        "metadata.uid",
+        "metadata.generation",
+        "metadata.deletionTimestamp",
+        "spec",
+    )
+    out["status"] = {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"}
+    return out
+
+
 def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
     return _pick(
         body,

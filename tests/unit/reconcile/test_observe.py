@@ -207,3 +207,23 @@ def test_slim_copies_of_sparse_objects() -> None:
     assert observe_job(slim_job({})) == observe_job({})
     assert observe_deployment(slim_deployment({})) == observe_deployment({})
     assert observe_job(slim_job({"status": {"active": 1}}), [slim_pod({})]).phase == StagePhase.RUNNING
+
+
+def test_slim_run_keeps_identity_spec_and_status_but_not_managed_fields_or_kopf() -> None:
+    from eagle3_operator.reconcile.observe import slim_run
+
+    body = {
+        "apiVersion": "eagle3.dev/v1alpha1",
+        "kind": "Eagle3Run",
+        "metadata": {"name": "r", "namespace": "n", "uid": "u", "generation": 3, "managedFields": [{"x": 1}]},
+        "spec": {"verifier": {"model": "m"}},
+        "status": {"phase": "Running", "kopf": {"progress": {}}},
+    }
+    slim = slim_run(body)
+    assert slim == {
+        "apiVersion": "eagle3.dev/v1alpha1",
+        "kind": "Eagle3Run",
+        "metadata": {"name": "r", "namespace": "n", "uid": "u", "generation": 3},
+        "spec": {"verifier": {"model": "m"}},
+        "status": {"phase": "Running"},
+    }
