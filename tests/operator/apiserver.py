@@ -28,7 +28,7 @@ import yaml
 
 from eagle3_operator.api.crd import build_crd
 from eagle3_operator.rbac import build_cluster_role, build_cluster_role_binding
-from eagle3_operator.testing.cluster import Cluster, eventually
+from eagle3_operator.testing.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "eagle3-test-admin"
@@ -235,4 +235,4 @@ def external_cluster(kubeconfig: str | None) -> ServerAccess | None:
     return ServerAccess("cluster", server, user["token"], user["token"])
 
 
-__all__ = ["ServerAccess", "eventually", "external_cluster", "start_server"]
+__all__ = ["ServerAccess", "external_cluster", "free_port", "start_server"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 
 import aiohttp
@@ -13,14 +12,9 @@ import yaml
 
 from eagle3_operator.testing.cluster import eventually
 from eagle3_operator.testing.scenario import tiny, wait_job
+from tests.operator.apiserver import free_port
 
 pytestmark = pytest.mark.operator
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_the_operator_process_serves_health_and_metrics_and_reconciles(backend, tmp_path):

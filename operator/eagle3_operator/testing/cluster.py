@@ -190,15 +190,6 @@ class JobPlayer:
         }
         await self.cluster.create("v1", "pods", pod)
 
-    async def start(self, job: dict[str, Any]) -> None:
-        await self.cluster.patch(
-            "batch/v1",
-            "jobs",
-            job["metadata"]["name"],
-            {"status": {"active": 1, "startTime": now()}},
-            "status",
-        )
-
     async def succeed(self, job: dict[str, Any], result: dict[str, Any] | None = None) -> None:
         import json
 
