@@ -39,6 +39,12 @@ def _unique(values: list[int] | None) -> bool:
 
 RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
+        ".dataset.format",
+        "self.dataset.format != 'prompts' || self.regeneration.enabled",
+        "dataset.format 'prompts' has no answers to train on: set regeneration.enabled to true",
+        lambda s: s.dataset.format != "prompts" or s.regeneration.enabled,
+    ),
+    CrossFieldRule(
         ".training.gpus",
         "self.training.gpus <= self.nodePool.gpusPerNode",
         "training.gpus must be at most nodePool.gpusPerNode: training runs on one node",

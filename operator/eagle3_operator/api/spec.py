@@ -35,8 +35,10 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 class DatasetFormat(StrEnum):
+    AUTO = "auto"
     SHAREGPT = "sharegpt"
     MESSAGES = "messages"
+    PROMPTS = "prompts"
 
 
 class ReasoningMode(StrEnum):
@@ -86,11 +88,14 @@ class Dataset(ApiModel):
     """The chat dataset the draft learns from."""
 
     source: str = Field(
-        min_length=1, description="Hugging Face dataset id, or a JSON/JSONL file or directory path."
+        min_length=1, description="Hugging Face dataset id, or a JSON/JSONL/Parquet file or directory path."
     )
     format: DatasetFormat = Field(
-        DatasetFormat.MESSAGES,
-        description="Row layout: 'messages' (OpenAI role/content) or 'sharegpt' (from/value).",
+        DatasetFormat.AUTO,
+        description=(
+            "Row layout: 'messages' (OpenAI role/content), 'sharegpt' (conversations with from/value), "
+            "'prompts' (a 'prompt' string per row, answered by regeneration), or 'auto' to detect it."
+        ),
     )
     split: str = Field("train", min_length=1, description="Dataset split to read.")
     max_samples: int | None = Field(None, ge=1, description="Use at most this many rows; default all.")
@@ -101,6 +106,13 @@ class Dataset(ApiModel):
         0.1, ge=0.0, lt=1.0, description="Fraction of samples held out for validation and evaluation."
     )
     seed: int = Field(0, ge=0, description="Seed for shuffling and the train/validation split.")
+    loss_on_reasoning: bool = Field(
+        True,
+        description=(
+            "Train on the reasoning block (<think>...</think>) of assistant turns; false keeps it as context "
+            "but masks it out of the loss."
+        ),
+    )
 
 
 class Regeneration(ApiModel):
@@ -116,6 +128,14 @@ class Regeneration(ApiModel):
     token_budget: int = Field(
         16384, ge=16, description="vLLM max batched tokens; halved automatically after an out-of-memory."
     )
+    max_failed_fraction: float = Field(
+        0.02,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Fraction of rows whose regeneration may fail (recorded, then dropped) before the stage fails."
+        ),
+    )
 
 
 class Extraction(ApiModel):
@@ -125,7 +145,10 @@ class Extraction(ApiModel):
         None,
         min_length=1,
         max_length=16,
-        description="Verifier layer ids to capture; default [2, n/2, n-3] plus the last layer n.",
+        description=(
+            "Auxiliary verifier layer ids the draft reads (id i = input of decoder layer i); default "
+            "[2, n/2, n-3]. The last layer's output (id n) is always stored too, for the verifier's logits."
+        ),
     )
     token_budget: int = Field(
         8192, ge=16, description="Tokens per extraction batch; halved automatically after an out-of-memory."

@@ -267,6 +267,8 @@ def repair(doc: dict[str, Any]) -> dict[str, Any]:
     doc["dataset"]["maxSequenceLength"] = min(eff["dataset"]["maxSequenceLength"], *bounds)
     if "pinnedCheckpoint" in eff["serving"]:
         doc["serving"]["enabled"] = True
+    if eff["dataset"].get("format") == "prompts":
+        doc.setdefault("regeneration", {})["enabled"] = True
     return doc
 
 

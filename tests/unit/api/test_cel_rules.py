@@ -30,6 +30,10 @@ BY_PATH = {rule.field_path: rule for rule in RULES}
 
 # (rule field path, patch of (dotted path, value) onto the minimal spec, does the rule hold?)
 CASES: list[tuple[str, dict[str, Any], bool]] = [
+    (".dataset.format", {}, True),
+    (".dataset.format", {"dataset.format": "sharegpt"}, True),
+    (".dataset.format", {"dataset.format": "prompts", "regeneration.enabled": True}, True),
+    (".dataset.format", {"dataset.format": "prompts"}, False),
     (".training.gpus", {}, True),
     (".training.gpus", {"training.gpus": 8}, True),
     (".training.gpus", {"training.gpus": 9}, False),

@@ -170,7 +170,7 @@ def test_conversion_cases() -> None:
     }
     lr = spec["training"]["properties"]["learningRate"]
     assert (lr["minimum"], lr["exclusiveMinimum"], lr["maximum"]) == (0.0, True, 1.0)
-    assert spec["dataset"]["properties"]["format"]["enum"] == ["sharegpt", "messages"]
+    assert spec["dataset"]["properties"]["format"]["enum"] == ["auto", "sharegpt", "messages", "prompts"]
     pool = spec["nodePool"]["properties"]
     assert pool["nodeSelector"]["additionalProperties"] == {"type": "string"}
     assert pool["affinity"] == {

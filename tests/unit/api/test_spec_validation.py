@@ -120,6 +120,9 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
     elif rule.field_path == ".verifier.maxModelLen":
         assume(max_len > 128)
         value = draw(st.integers(128, max_len - 1))
+    elif rule.field_path == ".dataset.format":
+        doc.setdefault("regeneration", {})["enabled"] = False
+        value = "prompts"
     elif rule.field_path == ".serving.pinnedCheckpoint":
         doc.setdefault("serving", {})["enabled"] = False
         value = {"path": "/artifacts/run/draft"}
@@ -255,7 +258,7 @@ def test_missing_required_fields() -> None:
         ),
         (
             {"dataset": {"source": "d", "format": "csv"}},
-            "spec.dataset.format: Input should be 'sharegpt' or 'messages'",
+            "spec.dataset.format: Input should be 'auto', 'sharegpt', 'messages' or 'prompts'",
         ),
         ({"queueName": "Team A"}, "spec.queueName: String should match pattern"),
         (

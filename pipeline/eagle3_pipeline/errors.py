@@ -1,0 +1,30 @@
+"""How a stage program fails: a clear message for bad input, a dedicated exit code for out-of-memory."""
+
+from __future__ import annotations
+
+from eagle3_operator.stages import OOM_EXIT_CODE
+
+# A stage that failed on its input or environment: the message says what, where, and what to do.
+STAGE_ERROR_EXIT_CODE = 1
+
+
+class StageError(Exception):
+    """Bad input or environment: the stage's partial output is removed, the message reaches the status."""
+
+
+class OutOfMemory(Exception):
+    """The stage ran out of (GPU) memory at its token budget: exit OOM_EXIT_CODE, keep partial output.
+
+    The operator (and the local executor) answer this exit code with a retry at half the token budget, and a
+    resumable stage keeps what it finished.
+    """
+
+    exit_code = OOM_EXIT_CODE
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for torch's CUDA/accelerator OOM errors and the host's MemoryError."""
+    if isinstance(exc, MemoryError):
+        return True
+    name = type(exc).__name__
+    return name == "OutOfMemoryError" or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))

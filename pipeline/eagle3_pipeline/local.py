@@ -1,0 +1,175 @@
+"""The local executor: `eagle3 run FILE` runs an Eagle3Run's planned stages as `eagle3 stage` subprocesses.
+
+Artifacts live under a local directory with the cluster volume's content-hashed layout (`<stage>/<hash>`), so
+a second run skips every stage whose output is complete and an edited spec re-runs only what it changes. An
+out-of-memory exit is retried at half the token budget down to `dataset.maxSequenceLength`, like the operator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_operator.stages import OOM_EXIT_CODE, StagePlan, plan_stages, stage_argv
+from eagle3_pipeline.context import ENV_MODELS_ROOT, is_complete, read_result
+from eagle3_pipeline.manifest import Manifest, load_manifest
+
+logger = logging.getLogger(__name__)
+ENV_VLLM = "EAGLE3_VLLM"
+
+
+class LocalRunError(RuntimeError):
+    """A stage failed; the message names it and carries the program's last words."""
+
+
+@dataclass
+class StageOutcome:
+    stage: str
+    status: str  # done | cached | skipped | failed
+    seconds: float = 0.0
+    attempts: int = 0
+    result: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    artifacts: Path
+    models: Path | None = None
+    vllm: str | None = None
+    until: str | None = None
+    python: str = sys.executable
+
+
+def default_artifacts(manifest: Manifest) -> Path:
+    return Path("eagle3-artifacts") / manifest.name
+
+
+def stage_env(options: LocalOptions) -> dict[str, str]:
+    env = dict(os.environ)
+    if options.models is not None:
+        env[ENV_MODELS_ROOT] = str(options.models.resolve())
+    if options.vllm:
+        env[ENV_VLLM] = options.vllm
+    return env
+
+
+def snapshot(manifest: Manifest, artifacts: Path) -> Path:
+    """A copy of the manifest the stages read, so editing the file mid-run cannot mix two specs."""
+    runs = artifacts / ".runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    target = runs / f"{manifest.name}{manifest.path.suffix or '.yaml'}"
+    shutil.copyfile(manifest.path, target)
+    return target
+
+
+def run_stage_with_retries(
+    plan: StagePlan, spec_file: Path, options: LocalOptions, floor: int, env: dict[str, str]
+) -> StageOutcome:
+    budget = plan.token_budget
+    outcome = StageOutcome(stage=plan.stage.value, status="failed")
+    started = time.monotonic()
+    while True:
+        outcome.attempts += 1
+        argv = stage_argv(plan, str(spec_file), str(options.artifacts), budget)
+        command = [options.python, "-m", "eagle3_operator.cli", *argv[1:]]
+        logger.debug("running %s", " ".join(command))
+        proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=False)
+        outcome.seconds = time.monotonic() - started
+        if proc.returncode == 0:
+            outcome.status = "done"
+            outcome.result = read_result(options.artifacts / plan.output_dir)
+            return outcome
+        if proc.returncode == OOM_EXIT_CODE and budget is not None and budget // 2 >= floor:
+            budget //= 2
+            outcome.note = f"out of memory: retried at token budget {budget}"
+            logger.warning("stage %s ran out of memory; retrying at token budget %d", plan.stage, budget)
+            continue
+        if proc.returncode == OOM_EXIT_CODE:
+            outcome.note = (
+                f"out of memory at token budget {budget}, and half of it is below dataset.maxSequenceLength "
+                f"({floor}): lower maxSequenceLength or give the stage more memory"
+            )
+        else:
+            outcome.note = f"exit code {proc.returncode} (its error is printed above)"
+        return outcome
+
+
+def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
+    """Run every planned stage in order; raises LocalRunError at the first failure."""
+    plans = plan_stages(manifest.spec)
+    if options.until is not None and options.until not in {p.stage.value for p in plans}:
+        raise LocalRunError(f"--until {options.until}: no such stage ({', '.join(p.stage for p in plans)})")
+    options.artifacts.mkdir(parents=True, exist_ok=True)
+    spec_file = snapshot(manifest, options.artifacts)
+    env = stage_env(options)
+    outcomes: list[StageOutcome] = []
+    for plan in plans:
+        if plan.skipped:
+            outcomes.append(StageOutcome(plan.stage.value, "skipped", note=plan.skipped))
+        elif is_complete(options.artifacts / plan.output_dir):
+            result = read_result(options.artifacts / plan.output_dir)
+            outcomes.append(StageOutcome(plan.stage.value, "cached", result=result, note=plan.output_dir))
+        else:
+            sys.stderr.write(f"==> stage {plan.stage} ({plan.output_dir})\n")
+            outcome = run_stage_with_retries(
+                plan, spec_file, options, manifest.spec.dataset.max_sequence_length, env
+            )
+            outcomes.append(outcome)
+            if outcome.status == "failed":
+                raise LocalRunError(f"stage {plan.stage} failed: {outcome.note}", outcomes)
+        if plan.stage.value == options.until:
+            break
+    return outcomes
+
+
+def summary_table(outcomes: list[StageOutcome]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="eagle3 run")
+    for column in ("stage", "status", "seconds", "attempts", "result"):
+        table.add_column(column)
+    for o in outcomes:
+        shown = {k: v for k, v in o.result.items() if not isinstance(v, dict | list)}
+        text = ", ".join(f"{k}={_short(v)}" for k, v in sorted(shown.items())) or o.note
+        table.add_row(o.stage, o.status, f"{o.seconds:.1f}", str(o.attempts or ""), text)
+    return table
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main(path: str, artifacts: str | None, models: str | None, vllm: str | None, until: str | None) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    try:
+        manifest = load_manifest(path)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    options = LocalOptions(
+        artifacts=Path(artifacts) if artifacts else default_artifacts(manifest),
+        models=Path(models) if models else None,
+        vllm=vllm,
+        until=until,
+    )
+    try:
+        outcomes = run_local(manifest, options)
+    except LocalRunError as exc:
+        done = exc.args[1] if len(exc.args) > 1 else []
+        if done:
+            console.print(summary_table(done))
+        console.print(f"[red]error:[/red] {exc.args[0]}", highlight=False)
+        return 1
+    console.print(summary_table(outcomes))
+    console.print(f"artifacts: {options.artifacts.resolve()}", highlight=False)
+    return 0

@@ -1,0 +1,137 @@
+"""`eagle3 stage <name>`: one stage program, the same in a Job's container and under the local executor.
+
+Exit codes: 0 done (the result JSON is the last line of stdout and the container's termination message),
+1 bad input (message on stderr and in the termination message), OOM_EXIT_CODE out of memory (retry with half
+the token budget; the work directory is kept so the retry resumes).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eagle3_operator.stages import Stage
+from eagle3_pipeline.context import StageContext, is_complete, read_result
+from eagle3_pipeline.errors import STAGE_ERROR_EXIT_CODE, OutOfMemory, StageError, is_out_of_memory
+from eagle3_pipeline.manifest import ManifestError, load_manifest
+
+logger = logging.getLogger(__name__)
+
+# Where Kubernetes reads a container's termination message (the pod's terminationMessagePath default).
+TERMINATION_LOG = "/dev/termination-log"
+ENV_TERMINATION_LOG = "EAGLE3_TERMINATION_LOG"
+TERMINATION_LIMIT = 4096
+
+StageProgram = Callable[[StageContext], dict[str, Any]]
+
+
+def program(stage: str) -> StageProgram:
+    """The `run(ctx) -> result` function of a stage (modules are imported lazily: torch is slow to import)."""
+    try:
+        module = importlib.import_module(f"eagle3_pipeline.stages.{stage}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"eagle3_pipeline.stages.{stage}":
+            raise StageError(f"stage {stage} has no program in this version of eagle3-pipeline") from None
+        raise
+    run: StageProgram = module.run
+    return run
+
+
+def write_termination_message(payload: dict[str, Any]) -> None:
+    path = os.environ.get(ENV_TERMINATION_LOG) or (TERMINATION_LOG if os.path.exists(TERMINATION_LOG) else "")
+    if not path:
+        return
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    if len(text) > TERMINATION_LIMIT:  # Kubernetes keeps 4096 bytes: keep it parseable
+        text = json.dumps(
+            {k: v for k, v in payload.items() if not isinstance(v, dict | list)}, sort_keys=True
+        )
+    try:
+        Path(path).write_text(text[:TERMINATION_LIMIT])
+    except OSError as exc:
+        logger.warning("cannot write the termination message to %s: %s", path, exc)
+
+
+def build_context(
+    stage: str, spec_path: str, artifacts: str, output: str, inputs: list[str], token_budget: int | None
+) -> StageContext:
+    manifest = load_manifest(spec_path)
+    root = Path(artifacts).resolve()
+    parsed: dict[str, Path] = {}
+    for item in inputs:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise StageError(f"--input {item!r}: expected NAME=DIR (DIR relative to --artifacts)")
+        parsed[name] = root / path
+    return StageContext(
+        stage=stage,
+        run_name=manifest.name,
+        spec=manifest.spec,
+        artifacts=root,
+        output=root / output,
+        inputs=parsed,
+        token_budget=token_budget,
+    )
+
+
+def run_stage(
+    stage: str,
+    spec_path: str,
+    artifacts: str,
+    output: str,
+    inputs: list[str],
+    token_budget: int | None = None,
+) -> int:
+    """Run a stage to completion; returns the process exit code."""
+    try:
+        Stage(stage)
+        ctx = build_context(stage, spec_path, artifacts, output, inputs, token_budget)
+    except (ValueError, ManifestError, StageError) as exc:
+        return _fail(str(exc))
+    if is_complete(ctx.output):
+        result = read_result(ctx.output)
+        logger.info("stage %s: %s is complete already", stage, ctx.output)
+        return _succeed(result)
+    try:
+        run = program(stage)
+        ctx.begin()
+        result = ctx.commit(run(ctx))
+    except StageError as exc:
+        ctx.discard()
+        return _fail(f"stage {stage}: {exc}")
+    except OutOfMemory as exc:
+        return _oom(stage, ctx, str(exc))
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            return _oom(stage, ctx, f"{type(exc).__name__}: {exc}")
+        raise
+    return _succeed(result)
+
+
+def _succeed(result: dict[str, Any]) -> int:
+    write_termination_message(result)
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    write_termination_message({"error": message})
+    return STAGE_ERROR_EXIT_CODE
+
+
+def _oom(stage: str, ctx: StageContext, detail: str) -> int:
+    message = (
+        f"stage {stage}: out of memory at token budget {ctx.token_budget}: {detail}; "
+        "retry with a smaller budget (the finished part is kept)"
+    )
+    sys.stderr.write(f"error: {message}\n")
+    write_termination_message({"error": message, "oom": True, "tokenBudget": ctx.token_budget})
+    return OutOfMemory.exit_code

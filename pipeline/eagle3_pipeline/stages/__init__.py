@@ -1,0 +1,1 @@
+"""One module per stage program; each exposes `run(ctx: StageContext) -> dict` (the stage's JSON result)."""
