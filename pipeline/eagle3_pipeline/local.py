@@ -130,6 +130,22 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
     return outcomes
 
 
+# What the summary shows of each stage's result (the whole result is in <output>/result.json).
+SUMMARY_FIELDS = (
+    "samples",
+    "skippedTotal",
+    "regenerated",
+    "failed",
+    "tokens",
+    "assistantTokens",
+    "tokensPerSecond",
+    "bytesPerToken",
+    "draftVocabSize",
+    "coverage",
+    "acceptanceLength",
+)
+
+
 def summary_table(outcomes: list[StageOutcome]) -> Any:
     from rich.table import Table
 
@@ -137,14 +153,16 @@ def summary_table(outcomes: list[StageOutcome]) -> Any:
     for column in ("stage", "status", "seconds", "attempts", "result"):
         table.add_column(column)
     for o in outcomes:
-        shown = {k: v for k, v in o.result.items() if not isinstance(v, dict | list)}
-        text = ", ".join(f"{k}={_short(v)}" for k, v in sorted(shown.items())) or o.note
+        shown = [f"{k}={_short(o.result[k])}" for k in SUMMARY_FIELDS if k in o.result]
+        text = ", ".join(shown) or o.note
         table.add_row(o.stage, o.status, f"{o.seconds:.1f}", str(o.attempts or ""), text)
     return table
 
 
 def _short(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
 
 
 def main(path: str, artifacts: str | None, models: str | None, vllm: str | None, until: str | None) -> int:
@@ -154,7 +172,7 @@ def main(path: str, artifacts: str | None, models: str | None, vllm: str | None,
     try:
         manifest = load_manifest(path)
     except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return 2
     options = LocalOptions(
         artifacts=Path(artifacts) if artifacts else default_artifacts(manifest),
@@ -168,7 +186,7 @@ def main(path: str, artifacts: str | None, models: str | None, vllm: str | None,
         done = exc.args[1] if len(exc.args) > 1 else []
         if done:
             console.print(summary_table(done))
-        console.print(f"[red]error:[/red] {exc.args[0]}", highlight=False)
+        console.print(f"[red]error:[/red] {exc.args[0]}", highlight=False, soft_wrap=True)
         return 1
     console.print(summary_table(outcomes))
     console.print(f"artifacts: {options.artifacts.resolve()}", highlight=False)

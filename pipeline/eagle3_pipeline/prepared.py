@@ -1,0 +1,179 @@
+"""The prepared dataset: what `prepare` (and `generate`, after regeneration) hand to extract, vocab and train.
+
+Layout of a data stage's output directory:
+  data/               a Hugging Face dataset (`save_to_disk`, torch format) with `input_ids`, `loss_mask`,
+                      `seq_len`, `id` and `split`: train rows first, then validation rows, so speculators'
+                      trainer splits it with `train_ratio` = the result's `trainRatio`
+  token_freq.pt       {token id: count} over loss-masked tokens of the train rows (speculators' format)
+  conversations.jsonl the normalized conversations with their split (what `generate` regenerates)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from eagle3_pipeline.context import StageContext
+from eagle3_pipeline.conversations import Conversation, RowError, Skips
+from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.masking import ChatTemplate, Tokenized, tokenize_conversation
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR = "data"
+TOKEN_FREQ_FILE = "token_freq.pt"
+CONVERSATIONS_FILE = "conversations.jsonl"
+TRAIN, VAL = "train", "val"
+
+
+def assign_splits(conversations: list[Conversation], fraction: float, seed: int) -> list[Conversation]:
+    """Deterministic split and order: rows sorted by a seeded hash of their id; the first share is held out.
+
+    Depends only on the ids, the seed and the fraction, not on file order, so the same rows always land
+    in the same split. Returns train rows first, then validation rows.
+    """
+
+    def key(conv: Conversation) -> str:
+        return hashlib.sha256(f"{seed}\x00{conv['id']}".encode()).hexdigest()
+
+    ordered = sorted(conversations, key=key)
+    n_val = round(len(ordered) * fraction)
+    if fraction > 0 and n_val == 0 and len(ordered) >= 2:
+        n_val = 1
+    val = [{**c, "split": VAL} for c in ordered[:n_val]]
+    train = [{**c, "split": TRAIN} for c in ordered[n_val:]]
+    return train + val
+
+
+def load_tokenizer(ctx: StageContext) -> Any:
+    from transformers import AutoTokenizer
+
+    verifier = ctx.spec.verifier
+    try:
+        return AutoTokenizer.from_pretrained(
+            ctx.local_path(verifier.model),
+            revision=verifier.revision,
+            trust_remote_code=verifier.trust_remote_code,
+        )
+    except Exception as exc:
+        raise StageError(
+            f"verifier.model {verifier.model}: cannot load its tokenizer ({type(exc).__name__}: {exc}); "
+            "check the id or path (and verifier.trustRemoteCode for models with their own code)"
+        ) from None
+
+
+def chat_template(ctx: StageContext) -> ChatTemplate:
+    try:
+        return ChatTemplate(load_tokenizer(ctx))
+    except ValueError as exc:
+        raise StageError(f"verifier.model {ctx.spec.verifier.model}: {exc}") from None
+
+
+def tokenize_all(
+    ctx: StageContext, template: ChatTemplate, conversations: list[Conversation], skips: Skips
+) -> list[tuple[Conversation, Tokenized]]:
+    limit = ctx.spec.dataset.max_sequence_length
+    loss_on_reasoning = ctx.spec.dataset.loss_on_reasoning
+    rows = []
+    for conv in tqdm(conversations, desc=f"{ctx.stage}: tokenizing", unit="row", mininterval=1.0):
+        try:
+            tokenized = tokenize_conversation(template, conv["messages"], loss_on_reasoning)
+        except RowError as exc:
+            skips.add(exc.reason, conv["id"], str(exc))
+            continue
+        if len(tokenized.input_ids) > limit:
+            skips.add("too_long", conv["id"], f"{len(tokenized.input_ids)} tokens > {limit}")
+            continue
+        rows.append((conv, tokenized))
+    return rows
+
+
+def token_frequencies(rows: list[tuple[Conversation, Tokenized]]) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    for conv, tok in rows:
+        if conv["split"] == TRAIN:
+            counts.update(t for t, m in zip(tok.input_ids, tok.loss_mask, strict=True) if m)
+    return counts
+
+
+def save_dataset(path: Path, rows: list[tuple[Conversation, Tokenized]]) -> None:
+    import datasets
+
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "split": datasets.Value("string"),
+            "input_ids": datasets.Sequence(datasets.Value("int64")),
+            "loss_mask": datasets.Sequence(datasets.Value("int64")),
+            "seq_len": datasets.Value("int64"),
+        }
+    )
+    columns: dict[str, list[Any]] = {
+        "id": [c["id"] for c, _ in rows],
+        "split": [c["split"] for c, _ in rows],
+        "input_ids": [t.input_ids for _, t in rows],
+        "loss_mask": [t.loss_mask for _, t in rows],
+        "seq_len": [len(t.input_ids) for _, t in rows],
+    }
+    dataset = datasets.Dataset.from_dict(columns, features=features)
+    dataset.set_format(type="torch")
+    dataset.save_to_disk(str(path))
+
+
+def write_conversations(path: Path, conversations: list[Conversation]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for conv in conversations:
+            f.write(json.dumps(conv, ensure_ascii=False) + "\n")
+
+
+def write_prepared(
+    work: Path, conversations: list[Conversation], ctx: StageContext, skips: Skips | None = None
+) -> dict[str, Any]:
+    """Tokenize, mask and save `conversations` (which carry their split) into `work`; returns statistics."""
+    import torch
+
+    skips = skips if skips is not None else Skips()
+    template = chat_template(ctx)
+    started = time.monotonic()
+    rows = tokenize_all(ctx, template, conversations, skips)
+    seconds = time.monotonic() - started
+    rows.sort(key=lambda r: r[0]["split"] != TRAIN)  # stable: train rows first, then validation
+    n_train = sum(1 for c, _ in rows if c["split"] == TRAIN)
+    if n_train == 0:
+        raise StageError(
+            f"no usable training rows: {len(conversations)} conversations, {skips.total()} skipped "
+            f"({dict(skips.counts)}); first problems: {_first_examples(skips)}"
+        )
+    save_dataset(work / DATA_DIR, rows)
+    freq = token_frequencies(rows)
+    torch.save(dict(freq), work / TOKEN_FREQ_FILE)
+    write_conversations(work / CONVERSATIONS_FILE, conversations)
+    for reason, examples in skips.examples.items():
+        logger.warning("skipped %d rows (%s), e.g. %s", skips.counts[reason], reason, "; ".join(examples))
+    tokens = sum(len(t.input_ids) for _, t in rows)
+    return {
+        "samples": len(rows),
+        "train": n_train,
+        "validation": len(rows) - n_train,
+        "trainRatio": n_train / len(rows),
+        "skipped": dict(sorted(skips.counts.items())),
+        "skippedTotal": skips.total(),
+        "skippedExamples": {k: v[:2] for k, v in sorted(skips.examples.items())},
+        "tokens": tokens,
+        "assistantTokens": sum(sum(t.loss_mask) for _, t in rows),
+        "uniqueAssistantTokens": len(freq),
+        "maxSeqLen": max(len(t.input_ids) for _, t in rows),
+        "tokenizeSeconds": round(seconds, 3),
+        "tokensPerSecond": round(tokens / seconds, 1) if seconds > 0 else None,
+    }
+
+
+def _first_examples(skips: Skips) -> str:
+    return "; ".join(e for examples in skips.examples.values() for e in examples[:1]) or "none"

@@ -1,0 +1,126 @@
+"""Assistant-only loss masks through real chat templates of several families."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.pipeline.chat_templates import TEMPLATES, make_tokenizer
+
+from eagle3_pipeline.conversations import RowError
+from eagle3_pipeline.masking import ChatTemplate, tokenize_conversation
+
+CONVERSATION = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "hello"},
+    {"role": "assistant", "content": "hello world", "reasoning_content": "think one"},
+    {"role": "user", "content": "count"},
+    {"role": "assistant", "content": "one two three", "reasoning_content": "think two"},
+]
+
+EXPECTED = {
+    "llama3": (
+        "<think>\nthink one\n</think>\n\nhello world<|eot_id|>"
+        "<think>\nthink two\n</think>\n\none two three<|eot_id|>"
+    ),
+    "chatml": "hello world<|im_end|>one two three<|im_end|>",
+    "mistral": "hello world</s>one two three</s>",
+    # Qwen3-style: only the last assistant turn carries its reasoning
+    "qwen3": "hello world<|im_end|><think>\nthink two\n</think>\n\none two three<|im_end|>",
+}
+WITHOUT_REASONING = {
+    "llama3": "hello world<|eot_id|>one two three<|eot_id|>",
+    "chatml": "hello world<|im_end|>one two three<|im_end|>",
+    "mistral": "hello world</s>one two three</s>",
+    "qwen3": "hello world<|im_end|>one two three<|im_end|>",
+}
+
+
+def masked_text(tokenizer: Any, ids: list[int], mask: list[int], keep: int = 1) -> str:
+    text: str = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == keep])
+    return text
+
+
+@pytest.fixture(scope="module", params=sorted(TEMPLATES))
+def template(request: pytest.FixtureRequest) -> tuple[str, ChatTemplate]:
+    return request.param, ChatTemplate(make_tokenizer(TEMPLATES[request.param]))
+
+
+def test_every_assistant_turn_and_its_end_marker_is_trained(template: tuple[str, ChatTemplate]) -> None:
+    name, chat = template
+    out = tokenize_conversation(chat, CONVERSATION)
+    assert masked_text(chat.tokenizer, out.input_ids, out.loss_mask) == EXPECTED[name]
+    full = chat.tokenizer.decode(out.input_ids)
+    assert full == chat.render(CONVERSATION), "the ids are the rendered conversation, special tokens included"
+
+
+def test_the_reasoning_block_can_stay_in_context_but_out_of_the_loss(
+    template: tuple[str, ChatTemplate],
+) -> None:
+    name, chat = template
+    out = tokenize_conversation(chat, CONVERSATION, loss_on_reasoning=False)
+    assert masked_text(chat.tokenizer, out.input_ids, out.loss_mask) == WITHOUT_REASONING[name]
+    if "think two" in chat.render(CONVERSATION):
+        assert "think two" in masked_text(chat.tokenizer, out.input_ids, out.loss_mask, keep=0)
+
+
+def test_prompts_and_headers_are_never_trained(template: tuple[str, ChatTemplate]) -> None:
+    _, chat = template
+    out = tokenize_conversation(chat, CONVERSATION)
+    context = masked_text(chat.tokenizer, out.input_ids, out.loss_mask, keep=0)
+    for text in ("be brief" if "be brief" in chat.render(CONVERSATION) else "", "hello", "count"):
+        assert text in context
+    assert "assistant" not in masked_text(chat.tokenizer, out.input_ids, out.loss_mask)
+
+
+class SlowTokenizer:
+    """A tokenizer without offset mappings (like tiktoken-based remote-code ones)."""
+
+    is_fast = False
+
+    def __init__(self, fast: Any) -> None:
+        self.fast = fast
+        self.chat_template = fast.chat_template
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids: list[int] = self.fast.encode(text, add_special_tokens=add_special_tokens)
+        return ids
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fast.apply_chat_template(*args, **kwargs)
+
+
+def test_slow_tokenizers_are_masked_piecewise_with_the_same_result(
+    template: tuple[str, ChatTemplate],
+) -> None:
+    name, chat = template
+    slow = ChatTemplate(SlowTokenizer(chat.tokenizer))
+    out = tokenize_conversation(slow, CONVERSATION)
+    assert masked_text(chat.tokenizer, out.input_ids, out.loss_mask) == EXPECTED[name]
+
+
+def test_a_conversation_without_an_answer_is_refused_by_reason() -> None:
+    chat = ChatTemplate(make_tokenizer(TEMPLATES["llama3"]))
+    with pytest.raises(RowError) as caught:
+        tokenize_conversation(chat, [{"role": "user", "content": "hello"}])
+    assert caught.value.reason == "no_assistant_turn"
+
+
+def test_a_template_that_refuses_the_roles_is_a_template_error() -> None:
+    strict = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('roles must start with user') }}{% endif %}"
+    )
+    chat = ChatTemplate(make_tokenizer(strict + TEMPLATES["mistral"]))
+    with pytest.raises(RowError) as caught:
+        tokenize_conversation(
+            chat, [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]
+        )
+    assert caught.value.reason == "template_error"
+    assert "roles must start with user" in str(caught.value)
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused() -> None:
+    tok = make_tokenizer(TEMPLATES["llama3"])
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="no chat_template"):
+        ChatTemplate(tok)

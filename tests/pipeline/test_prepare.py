@@ -1,0 +1,146 @@
+"""The prepare stage: outputs speculators reads, deterministic splits, skip reasons, clean failures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.pipeline.chat_templates import save_verifier
+from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
+
+from eagle3_pipeline.stage_main import run_stage
+
+pytestmark = pytest.mark.pipeline
+
+
+@pytest.fixture(scope="module")
+def verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_verifier(tmp_path_factory.mktemp("verifier"))
+
+
+def prepare(tmp_path: Path, verifier: Path, rows: list[Any], **dataset: Any) -> tuple[int, Path]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    source = write_jsonl(tmp_path / "data.jsonl", rows)
+    spec_path = write_manifest(tmp_path / "run.yaml", base_spec(verifier, source, **dataset))
+    code = run_stage("prepare", str(spec_path), str(tmp_path / "art"), "prepare/h", [])
+    return code, tmp_path / "art" / "prepare" / "h"
+
+
+def result_of(out: Path) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads((out / "result.json").read_text())
+    return value
+
+
+def test_outputs_are_what_speculators_reads(tmp_path: Path, verifier: Path) -> None:
+    import datasets
+    import torch
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+
+    code, out = prepare(
+        tmp_path, verifier, [chat(i, turns=1 + i % 2) for i in range(30)], validationFraction=0.2
+    )
+    assert code == 0
+    data = datasets.load_from_disk(str(out / "data"))
+    assert data.format["type"] == "torch"
+    assert {"input_ids", "loss_mask", "seq_len"} <= set(data.column_names)
+    splits = list(data.with_format(None)["split"])
+    assert splits == sorted(splits, key=lambda s: s != "train"), (
+        "train rows first: speculators splits by ratio"
+    )
+    result = result_of(out)
+    assert (result["samples"], result["train"], result["validation"]) == (30, 24, 6)
+    assert result["trainRatio"] == 0.8
+    # speculators' own counter over the train rows gives our token_freq.pt
+    theirs = tmp_path / "theirs.pt"
+    save_token_frequency_distribution(data.select(range(result["train"])), theirs)
+    assert torch.load(out / "token_freq.pt") == torch.load(theirs)
+    assert result["assistantTokens"] == sum(int(r["loss_mask"].sum()) for r in data)
+    assert result["uniqueAssistantTokens"] == len(torch.load(theirs))
+    lines = (out / "conversations.jsonl").read_text().splitlines()
+    assert len(lines) == 30 and {json.loads(x)["split"] for x in lines} == {"train", "val"}
+
+
+def split_of(out: Path) -> dict[str, str]:
+    rows = [json.loads(x) for x in (out / "conversations.jsonl").read_text().splitlines()]
+    return {r["id"]: r["split"] for r in rows}
+
+
+def test_the_split_depends_on_ids_and_seed_only(tmp_path: Path, verifier: Path) -> None:
+    rows = [{**chat(i), "id": f"r{i}"} for i in range(40)]
+    _, a = prepare(tmp_path / "a", verifier, rows)
+    _, b = prepare(tmp_path / "b", verifier, list(reversed(rows)))
+    _, c = prepare(tmp_path / "c", verifier, rows, seed=7)
+    assert split_of(a) == split_of(b)
+    assert split_of(a) != split_of(c)
+    assert sum(s == "val" for s in split_of(a).values()) == 4
+
+
+def test_skipped_rows_are_counted_by_reason(tmp_path: Path, verifier: Path) -> None:
+    rows = [
+        *[chat(i) for i in range(10)],
+        {"messages": [{"role": "user", "content": "no answer"}]},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "word " * 400}]},
+        "{broken",
+    ]
+    code, out = prepare(tmp_path, verifier, rows)
+    assert code == 0
+    result = result_of(out)
+    assert result["skipped"] == {"malformed": 1, "no_assistant_turn": 1, "too_long": 1}
+    assert result["samples"] == 10
+    assert "tokens > 256" in result["skippedExamples"]["too_long"][0]
+
+
+def test_a_missing_dataset_fails_naming_it_and_leaves_nothing(
+    tmp_path: Path, verifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec_path = write_manifest(tmp_path / "run.yaml", base_spec(verifier, tmp_path / "nope.jsonl"))
+    assert run_stage("prepare", str(spec_path), str(tmp_path / "art"), "prepare/h", []) == 1
+    assert "nope.jsonl: no such file" in capsys.readouterr().err
+    assert not any((tmp_path / "art" / "prepare").iterdir())
+
+
+def test_the_wrong_format_fails_saying_what_the_rows_look_like(
+    tmp_path: Path, verifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}] * 3
+    code, out = prepare(tmp_path, verifier, rows, format="messages")
+    assert code == 1 and not out.exists()
+    err = capsys.readouterr().err
+    assert "no usable rows" in err and "is dataset.format right?" in err
+
+
+def test_rows_without_any_answer_fail_unless_regeneration_answers_them(
+    tmp_path: Path, verifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = prepare(tmp_path, verifier, [{"prompt": f"q{i}"} for i in range(4)])
+    assert code == 1 and not out.exists()
+    assert "set regeneration.enabled to true" in capsys.readouterr().err
+
+
+def test_prompt_rows_are_handed_to_regeneration(tmp_path: Path, verifier: Path) -> None:
+    source = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(4)])
+    spec = base_spec(verifier, source) | {"regeneration": {"enabled": True}}
+    spec_path = write_manifest(tmp_path / "run.yaml", spec)
+    assert run_stage("prepare", str(spec_path), str(tmp_path / "art"), "prepare/h", []) == 0
+    out = tmp_path / "art" / "prepare" / "h"
+    assert result_of(out)["conversations"] == 4
+    assert len((out / "conversations.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_bad_verifier_path_fails_before_writing(
+    tmp_path: Path, verifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = prepare(tmp_path, tmp_path / "no-model", [chat(1)])
+    assert code == 1 and not out.exists()
+    assert "cannot load its tokenizer" in capsys.readouterr().err
+
+
+def test_a_complete_output_is_not_redone(tmp_path: Path, verifier: Path) -> None:
+    code, out = prepare(tmp_path, verifier, [chat(i) for i in range(5)])
+    assert code == 0
+    before = (out / "result.json").stat().st_mtime_ns
+    spec_path = tmp_path / "run.yaml"
+    assert run_stage("prepare", str(spec_path), str(tmp_path / "art"), "prepare/h", []) == 0
+    assert (out / "result.json").stat().st_mtime_ns == before
