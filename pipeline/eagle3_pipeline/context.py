@@ -25,6 +25,16 @@ RESULT_FILE = "result.json"
 ENV_MODELS_ROOT = "EAGLE3_MODELS_ROOT"
 
 
+def models_root(models: str | None = None) -> Path:
+    """Where /models lives on this machine: `models`, else $EAGLE3_MODELS_ROOT, else the per-user cache."""
+    if models:
+        return Path(models).expanduser()
+    if os.environ.get(ENV_MODELS_ROOT):
+        return Path(os.environ[ENV_MODELS_ROOT]).expanduser()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return cache / "eagle3-operator" / "models"
+
+
 def is_complete(output: Path) -> bool:
     return (output / RESULT_FILE).is_file()
 

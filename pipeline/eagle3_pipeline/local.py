@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_operator.api.manifest import Manifest, load_manifest
 from eagle3_operator.stages import OOM_EXIT_CODE, StagePlan, plan_stages, stage_argv
-from eagle3_pipeline.context import ENV_MODELS_ROOT, is_complete, read_result
-from eagle3_pipeline.manifest import Manifest, load_manifest
+from eagle3_pipeline.context import ENV_MODELS_ROOT, is_complete, models_root, read_result
 
 logger = logging.getLogger(__name__)
 ENV_VLLM = "EAGLE3_VLLM"
@@ -54,8 +54,7 @@ def default_artifacts(manifest: Manifest) -> Path:
 
 def stage_env(options: LocalOptions) -> dict[str, str]:
     env = dict(os.environ)
-    if options.models is not None:
-        env[ENV_MODELS_ROOT] = str(options.models.resolve())
+    env[ENV_MODELS_ROOT] = str(models_root(str(options.models) if options.models else None).resolve())
     if options.vllm:
         env[ENV_VLLM] = options.vllm
     return env

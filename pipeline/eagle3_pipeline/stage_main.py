@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eagle3_operator.api.manifest import ManifestError, load_manifest
 from eagle3_operator.stages import Stage
 from eagle3_pipeline.context import StageContext, is_complete, read_result
 from eagle3_pipeline.errors import STAGE_ERROR_EXIT_CODE, OutOfMemory, StageError, is_out_of_memory
-from eagle3_pipeline.manifest import ManifestError, load_manifest
 
 logger = logging.getLogger(__name__)
 

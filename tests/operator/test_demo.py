@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_the_demo_takes_the_tiny_example_to_serving(capsys):
-    assert await demo(ROOT / "examples" / "tiny-cpu.yaml") == 0
+    assert await demo(ROOT / "examples" / "tiny" / "eagle3run.yaml") == 0
     out = capsys.readouterr().out
-    assert "- generate: skipped" in out
+    assert "- generate: the operator created" in out, "the tiny run regenerates its answers"
     assert "--speculative-config" in out
     assert out.strip().endswith("Eagle3Run tiny: Serving")
 
@@ -23,13 +23,14 @@ async def test_the_demo_takes_the_tiny_example_to_serving(capsys):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("kind: Deployment\n", "expected a manifest of kind Eagle3Run"),
-        ("kind: Eagle3Run\nspec: {}\n", "metadata.name is missing"),
+        ("kind: Deployment\n", "expected exactly one document of kind Eagle3Run"),
+        ("apiVersion: eagle3.dev/v1alpha1\nkind: Eagle3Run\nspec: {}\n", "metadata.name must be a DNS name"),
         (
-            "kind: Eagle3Run\nmetadata: {name: x}\nspec: {verifier: {model: m}}\n",
+            "apiVersion: eagle3.dev/v1alpha1\nkind: Eagle3Run\nmetadata: {name: x}\n"
+            "spec: {verifier: {model: m}}\n",
             "spec.dataset: Field required",
         ),
-        ("kind: [\n", "cannot read the manifest"),
+        ("kind: [\n", "not valid YAML"),
     ],
 )
 def test_bad_manifests_are_refused_with_the_reason(tmp_path, text, message):

@@ -117,5 +117,5 @@ def test_a_missing_file_is_an_error_naming_it(source: str) -> None:
 
 
 def test_a_directory_without_data_files_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(StageError, match="without .jsonl"):
+    with pytest.raises(StageError, match=r"without \.jsonl"):
         load_conversations(str(tmp_path), "train", "auto")

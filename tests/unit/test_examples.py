@@ -11,10 +11,12 @@ from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = sorted(ROOT.rglob("*.yaml"))
+NAMES = [str(p.relative_to(ROOT).with_suffix("")) for p in EXAMPLES]
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("path", EXAMPLES, ids=NAMES)
 def test_an_example_plans_its_first_step(path):
     doc = yaml.safe_load(path.read_text())
     assert doc["apiVersion"] == "eagle3.dev/v1alpha1" and doc["kind"] == "Eagle3Run"
@@ -31,4 +33,4 @@ def test_an_example_plans_its_first_step(path):
 
 
 def test_there_are_examples_from_cpu_to_kimi():
-    assert {p.stem for p in EXAMPLES} >= {"tiny-cpu", "kimi-k2.5-tp8", "promote-pinned"}
+    assert set(NAMES) >= {"tiny/eagle3run", "kimi-k2.5-tp8", "promote-pinned"}

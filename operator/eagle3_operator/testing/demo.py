@@ -17,9 +17,9 @@ from typing import Any
 
 import aiohttp
 import kmock
-import yaml
 
-from eagle3_operator.api import InvalidSpecError, parse_spec
+from eagle3_operator.api.manifest import ManifestError
+from eagle3_operator.api.manifest import load_manifest as read_manifest
 from eagle3_operator.testing.cluster import (
     Cluster,
     Emulator,
@@ -37,19 +37,10 @@ STAGES = ("prepare", "generate", "extract", "vocab", "train", "evaluate", "expor
 def load_manifest(path: Path) -> tuple[str, dict[str, Any], bool]:
     """The run's name and spec; exits with a message naming the problem on bad input."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise SystemExit(f"{path}: cannot read the manifest: {err}") from None
-    if not isinstance(doc, dict) or doc.get("kind") != "Eagle3Run":
-        raise SystemExit(f"{path}: expected a manifest of kind Eagle3Run")
-    name = (doc.get("metadata") or {}).get("name")
-    if not name:
-        raise SystemExit(f"{path}: metadata.name is missing")
-    try:
-        serving = parse_spec(doc.get("spec")).serving.enabled
-    except InvalidSpecError as err:
-        raise SystemExit(f"{path}: " + "\n  ".join(["invalid spec:", *err.problems])) from None
-    return name, doc["spec"], serving
+        manifest = read_manifest(path)
+    except ManifestError as err:
+        raise SystemExit(str(err)) from None
+    return manifest.name, manifest.document["spec"], manifest.spec.serving.enabled
 
 
 def show_job(job: dict[str, Any]) -> None:
@@ -107,7 +98,9 @@ async def demo(path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("manifest", type=Path, help="an Eagle3Run manifest, e.g. examples/tiny-cpu.yaml")
+    parser.add_argument(
+        "manifest", type=Path, help="an Eagle3Run manifest, e.g. examples/tiny/eagle3run.yaml"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     return asyncio.run(demo(args.manifest))

@@ -26,6 +26,7 @@ class Manifest:
     namespace: str
     spec: Eagle3RunSpec
     path: Path
+    document: dict[str, Any]
 
 
 def _documents(path: Path) -> list[Any]:
@@ -62,4 +63,5 @@ def load_manifest(path: str | Path) -> Manifest:
         spec = parse_spec(doc.get("spec"))
     except InvalidSpecError as exc:
         raise ManifestError(f"{path}: invalid Eagle3Run: " + "; ".join(exc.problems)) from None
-    return Manifest(name=name, namespace=str(metadata.get("namespace") or "default"), spec=spec, path=path)
+    namespace = str(metadata.get("namespace") or "default")
+    return Manifest(name=name, namespace=namespace, spec=spec, path=path, document=doc)
