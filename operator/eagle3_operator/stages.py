@@ -123,7 +123,8 @@ DEFINITIONS: dict[Stage, StageDef] = {
         Stage.TRAIN,
         gpus=lambda s: s.training.gpus,
         uses_vllm=lambda s: False,
-        upstream=lambda s: (Stage.EXTRACT, Stage.VOCAB),
+        # the data stage too: the trainer reads its dataset (loss masks, the train/validation split)
+        upstream=lambda s: (_data_stage(s), Stage.EXTRACT, Stage.VOCAB),
         params=lambda s: {"verifier": _verifier(s), "draft": _dump(s.draft), "training": _dump(s.training)},
     ),
     Stage.EVALUATE: StageDef(

@@ -9,7 +9,15 @@ STAGE_ERROR_EXIT_CODE = 1
 
 
 class StageError(Exception):
-    """Bad input or environment: the stage's partial output is removed, the message reaches the status."""
+    """Bad input or environment: the message reaches the status, and the stage's partial output is removed.
+
+    `keep_work=True` keeps it instead, for failures after expensive work that a retry should not redo
+    (regenerated rows, extracted hidden states).
+    """
+
+    def __init__(self, message: str, *, keep_work: bool = False) -> None:
+        super().__init__(message)
+        self.keep_work = keep_work
 
 
 class OutOfMemory(Exception):
@@ -27,4 +35,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
     name = type(exc).__name__
-    return name == "OutOfMemoryError" or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
+    text = str(exc)
+    return name == "OutOfMemoryError" or (
+        isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    )

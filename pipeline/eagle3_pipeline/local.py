@@ -2,7 +2,9 @@
 
 Artifacts live under a local directory with the cluster volume's content-hashed layout (`<stage>/<hash>`), so
 a second run skips every stage whose output is complete and an edited spec re-runs only what it changes. An
-out-of-memory exit is retried at half the token budget down to `dataset.maxSequenceLength`, like the operator.
+out-of-memory exit is retried at half the token budget down to `dataset.maxSequenceLength`, like the
+operator, and a draft that misses evaluate's gate (`gatePassed` false) stops the run before export, as the
+operator does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_operator.api.manifest import Manifest, load_manifest
-from eagle3_operator.stages import OOM_EXIT_CODE, StagePlan, plan_stages, stage_argv
+from eagle3_operator.stages import OOM_EXIT_CODE, Stage, StagePlan, plan_stages, stage_argv
 from eagle3_pipeline.context import ENV_MODELS_ROOT, is_complete, models_root, read_result
 
 logger = logging.getLogger(__name__)
@@ -126,7 +128,28 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
                 raise LocalRunError(f"stage {plan.stage} failed: {outcome.note}", outcomes)
         if plan.stage.value == options.until:
             break
+        failed_gate = gate_failure(plan, outcomes[-1].result, manifest.spec.evaluation.min_acceptance_length)
+        if failed_gate:
+            outcomes[-1].note = "gate failed"
+            raise LocalRunError(failed_gate, outcomes)
     return outcomes
+
+
+def gate_failure(plan: StagePlan, result: dict[str, Any], required: float | None) -> str | None:
+    """Why the run stops after evaluate (the draft missed the gate: it is not exported), or None."""
+    if plan.stage != Stage.EVALUATE or plan.skipped:
+        return None
+    measured = result.get("acceptanceLength")
+    below = isinstance(measured, int | float) and required is not None and measured < required
+    if result.get("gatePassed") is not False and not below:
+        return None
+    shown = f"{measured:.3f}" if isinstance(measured, int | float) else "unknown"
+    gate = "unset" if required is None else required
+    return (
+        f"the draft failed the gate: mean acceptance length {shown}, evaluation.minAcceptanceLength {gate}; "
+        f"export and serving do not run (evaluate says: {result.get('message', 'nothing more')}; its whole "
+        f"result is in {plan.output_dir}/result.json)"
+    )
 
 
 # What the summary shows of each stage's result (the whole result is in <output>/result.json).
@@ -141,7 +164,12 @@ SUMMARY_FIELDS = (
     "bytesPerToken",
     "draftVocabSize",
     "coverage",
+    "bestValLoss",
+    "estimatedAcceptanceLength",
     "acceptanceLength",
+    "acceptanceRate",
+    "speedup",
+    "bytes",
 )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -128,9 +129,14 @@ def save_dataset(path: Path, rows: list[tuple[Conversation, Tokenized]]) -> None
 
 
 def write_conversations(path: Path, conversations: list[Conversation]) -> None:
-    with path.open("w", encoding="utf-8") as f:
+    """Written to a temporary file and renamed: generate resumes from this file, it is never half-written."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
         for conv in conversations:
             f.write(json.dumps(conv, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def write_prepared(

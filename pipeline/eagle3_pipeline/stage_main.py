@@ -103,14 +103,17 @@ def run_stage(
         ctx.begin()
         result = ctx.commit(run(ctx))
     except StageError as exc:
-        ctx.discard()
+        if not exc.keep_work:
+            ctx.discard()
         return _fail(f"stage {stage}: {exc}")
     except OutOfMemory as exc:
         return _oom(stage, ctx, str(exc))
     except Exception as exc:
         if is_out_of_memory(exc):
             return _oom(stage, ctx, f"{type(exc).__name__}: {exc}")
-        raise
+        # unexpected: keep the work directory so a retry resumes, and say what happened where Kubernetes looks
+        logger.exception("stage %s failed", stage)
+        return _fail(f"stage {stage}: {type(exc).__name__}: {exc} (finished work is kept for the retry)")
     return _succeed(result)
 
 

@@ -72,16 +72,19 @@ def make_tokenizer(template: str) -> Any:
 
 
 def save_verifier(path: Path, template: str = LLAMA3, layers: int = 2) -> Path:
-    """A tokenizer plus a (config-only) Llama verifier directory; enough for prepare and vocab."""
-    from transformers import LlamaConfig
+    """A tokenizer plus a small random Llama verifier (seeded): enough for prepare, extract and vocab."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = make_tokenizer(template)
     tok.save_pretrained(path)
-    LlamaConfig(
+    config = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=32,
         num_hidden_layers=layers,
         num_attention_heads=2,
         intermediate_size=64,
-    ).save_pretrained(path)
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
     return path

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.pipeline.manifests import chat, write_jsonl
 
 from eagle3_pipeline.conversations import detect_format, load_conversations
 from eagle3_pipeline.errors import StageError
+from tests.pipeline.manifests import chat, write_jsonl
 
 SHAREGPT = {
     "conversations": [

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.pipeline.chat_templates import TEMPLATES, make_tokenizer
 
 from eagle3_pipeline.conversations import RowError
 from eagle3_pipeline.masking import ChatTemplate, tokenize_conversation
+from tests.pipeline.chat_templates import TEMPLATES, make_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "be brief"},

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests.pipeline.chat_templates import save_verifier
-from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
 
 from eagle3_pipeline.stage_main import run_stage
+from tests.pipeline.chat_templates import save_verifier
+from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
 
 pytestmark = pytest.mark.pipeline
 

@@ -95,7 +95,12 @@ def test_enabling_regeneration_feeds_extract_vocab_and_evaluate_from_generate() 
     assert on["vocab"].inputs == {"generate": on["generate"].output_dir}
     assert set(on["evaluate"].inputs) == {"generate", "train"}
     assert set(off["evaluate"].inputs) == {"prepare", "train"}
-    assert on["train"].inputs == {"extract": on["extract"].output_dir, "vocab": on["vocab"].output_dir}
+    assert on["train"].inputs == {
+        "generate": on["generate"].output_dir,
+        "extract": on["extract"].output_dir,
+        "vocab": on["vocab"].output_dir,
+    }
+    assert set(off["train"].inputs) == {"prepare", "extract", "vocab"}
     assert on["export"].inputs == {"train": on["train"].output_dir, "vocab": on["vocab"].output_dir}
     # the prepared data and the generated data (a hash of its own) are the same; whatever reads them differs
     after = minimal() | {"regeneration": {"enabled": True}}
@@ -287,6 +292,7 @@ def test_stage_argv_shape() -> None:
         "eagle3", "stage", "train", "--spec", "/etc/run.json", "--artifacts", "/artifacts",
         "--output", train.output_dir,
         "--input", f"extract={planned['extract'].output_dir}",
+        "--input", f"generate={planned['generate'].output_dir}",
         "--input", f"vocab={planned['vocab'].output_dir}",
     ]  # fmt: skip
     evaluate = stage_argv(planned["evaluate"], "s", "a")

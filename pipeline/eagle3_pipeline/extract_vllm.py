@@ -1,0 +1,239 @@
+"""The vLLM backend of the extract stage (GPUs): `vllm serve` extracting hidden states, speculators' client.
+
+The server runs the verifier with the `extract_hidden_states` speculative method: every request's hidden
+states of `eagle_aux_hidden_state_layer_ids` are written by a KV connector, hs_connectors' `file` backend
+(vLLM's ExampleHiddenStatesConnector) or `fp8` backend (FP8HiddenStatesConnector, which needs hs_connectors
+installed in vLLM's environment), to a staging directory inside the stage's work directory. Each row is sent
+as token ids with speculators' own client (`generate_hidden_states_async`, one generated token), the file it
+names is checked with `speculators.data_generation.offline.check_hidden_states` and renamed to
+`hs_{i}.safetensors` (same filesystem: atomic). vLLM batches up to `--max-num-batched-tokens` = the token
+budget, so an out-of-memory is retried at half of it, like the transformers backend.
+
+vLLM's extraction path needs CUDA (it fails on CPU builds), so this module is unit-tested (the argv against
+vLLM's own parser, the request path against a fake server), not run, on CPU machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_pipeline.context import StageContext
+from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.extract_transformers import ExtractStats, RowSource
+from eagle3_pipeline.hidden_states import FP8, SCALES, Layout, encode, file_name, write_atomic
+
+logger = logging.getLogger(__name__)
+
+STAGING_DIR = "staging"
+MAX_CONCURRENCY = 256
+REQUEST_TIMEOUT_S = 600.0  # a long row on a busy server
+MAX_RETRIES = 3
+HEALTH_INTERVAL_S = 5.0
+
+
+def speculative_config(layout: Layout) -> dict[str, Any]:
+    """vLLM 0.32's `extract_hidden_states` method, as speculators' scripts/launch_vllm.py passes it.
+
+    vLLM collects the ids sorted and deduplicated (EagleModelMixin._set_aux_hidden_state_layers); the
+    layout's ids are sorted, distinct and end with n, so file order = this list.
+    """
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layout.layer_ids}},
+    }
+
+
+def kv_transfer_config(layout: Layout, staging: Path) -> dict[str, Any]:
+    """hs_connectors' own `build_kv_transfer_config` of the `file` or `fp8` backend."""
+    from hs_connectors import HiddenStatesBackend
+
+    backend = HiddenStatesBackend.registry[layout.transfer]
+    config: dict[str, Any] = backend.build_kv_transfer_config(
+        argparse.Namespace(hidden_states_path=str(staging))
+    )
+    return config
+
+
+def extract_args(spec: Eagle3RunSpec, layout: Layout, staging: Path, longest_row: int) -> list[str]:
+    """The `vllm serve` options extraction adds to the verifier's own (VllmServer's argv builder)."""
+    args = [
+        "--speculative-config",
+        json.dumps(speculative_config(layout), sort_keys=True),
+        "--kv-transfer-config",
+        json.dumps(kv_transfer_config(layout, staging), sort_keys=True),
+        "--gpu-memory-utilization",
+        str(spec.extraction.gpu_memory_utilization),
+    ]
+    if layout.dtype != FP8:  # the connector writes the model's dtype; fp8 quantizes from it
+        args += ["--dtype", layout.dtype]
+    if spec.verifier.max_model_len is None:  # no KV cache for a context longer than the longest row
+        args += ["--max-model-len", str(longest_row + 1)]
+    return args
+
+
+def concurrency_for(token_budget: int, seq_lens: Sequence[int]) -> int:
+    """Requests in flight: enough rows to fill two scheduler steps of `token_budget` tokens."""
+    mean = max(1.0, sum(seq_lens) / max(1, len(seq_lens)))
+    return max(1, min(MAX_CONCURRENCY, math.ceil(2 * token_budget / mean)))
+
+
+def adopt_file(produced: Path, target: Path, token_ids: list[int], layout: Layout) -> int:
+    """Check the file vLLM wrote for a row and move it to `target`; its size. ValueError when it is wrong."""
+    from safetensors.torch import load_file
+    from speculators.data_generation.offline import check_hidden_states
+
+    tensors = load_file(str(produced))
+    hidden = tensors["hidden_states"]
+    if layout.dtype == FP8:
+        if SCALES not in tensors:
+            raise ValueError(f"{produced}: no {SCALES}: was vLLM started with the fp8 connector?")
+        # check what FP8Transfer hands the trainer (torch has no fp8 min/max on CPU)
+        from hs_connectors.fp8_utils import dequantize_fp8_tensor
+
+        check_hidden_states(
+            {**tensors, "hidden_states": dequantize_fp8_tensor(hidden, tensors[SCALES])}, token_ids
+        )
+    else:
+        check_hidden_states(tensors, token_ids)
+    expected = (len(token_ids), layout.num_layers, layout.hidden_size)
+    if tuple(hidden.shape) != expected:
+        raise ValueError(f"{produced}: hidden_states has shape {tuple(hidden.shape)}, expected {expected}")
+    if layout.dtype != FP8 and hidden.dtype != layout.torch_dtype:
+        size = write_atomic(target, encode(hidden, tensors["token_ids"], layout))
+        produced.unlink()
+        return size
+    os.replace(produced, target)
+    return target.stat().st_size
+
+
+async def request_all(
+    base_url: str,
+    model: str,
+    rows: RowSource,
+    todo: Sequence[int],
+    out_dir: Path,
+    layout: Layout,
+    concurrency: int,
+    check: Callable[[], None] = lambda: None,
+) -> ExtractStats:
+    """Ask the server for every row in `todo`; `check` raises when the server died (OOM or otherwise)."""
+    import openai
+
+    stats = ExtractStats()
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in todo:
+        queue.put_nowait(index)
+    bar = tqdm(total=sum(rows.seq_lens[i] for i in todo), unit="tok", unit_scale=True, desc="extract")
+    started = time.monotonic()
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as client:
+        workers = [
+            asyncio.create_task(_worker(client, model, queue, rows, out_dir, layout, stats, bar))
+            for _ in range(max(1, min(concurrency, len(todo))))
+        ]
+        monitor = asyncio.create_task(_monitor(check))
+        try:
+            pending: set[asyncio.Task[None]] = {*workers, monitor}
+            while not all(w.done() for w in workers):  # the monitor never ends by itself
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    error = task.exception()
+                    if error is not None:
+                        if task is not monitor:
+                            check()  # a dead server explains a failed request best (OutOfMemory)
+                        raise error
+        finally:
+            for task in [*workers, monitor]:
+                task.cancel()
+            await asyncio.gather(*workers, monitor, return_exceptions=True)
+            bar.close()
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+async def _monitor(check: Callable[[], None]) -> None:
+    while True:
+        check()
+        await asyncio.sleep(HEALTH_INTERVAL_S)
+
+
+async def _worker(
+    client: Any,
+    model: str,
+    queue: asyncio.Queue[int],
+    rows: RowSource,
+    out_dir: Path,
+    layout: Layout,
+    stats: ExtractStats,
+    bar: Any,
+) -> None:
+    from speculators.data_generation.vllm_client import generate_hidden_states_async, wait_for_lock_async
+
+    while not queue.empty():
+        index = queue.get_nowait()
+        ids = rows.token_ids([index])[0]
+        try:
+            handle, _ = await generate_hidden_states_async(
+                client, model, {"input_ids": ids}, timeout=REQUEST_TIMEOUT_S, max_retries=MAX_RETRIES
+            )
+            lock = handle + ".lock"
+            if os.path.exists(lock):
+                await wait_for_lock_async(lock)  # type: ignore[no-untyped-call]  # untyped in speculators
+            await asyncio.to_thread(adopt_file, Path(handle), out_dir / file_name(index), ids, layout)
+        except Exception as exc:
+            # Not a StageError: the files extracted so far stay for the next attempt.
+            raise RuntimeError(f"hidden states of row {index} ({len(ids)} tokens) failed: {exc}") from exc
+        stats.samples += 1
+        stats.tokens += len(ids)
+        bar.update(len(ids))
+
+
+def run_vllm(
+    ctx: StageContext, rows: RowSource, todo: Sequence[int], layout: Layout, token_budget: int
+) -> ExtractStats:
+    """Start `vllm serve` for extraction (VllmServer), request every row in `todo`, stop the server."""
+    from eagle3_pipeline.vllm_server import VllmServer
+
+    if not todo:
+        return ExtractStats()
+    staging = ctx.work / STAGING_DIR
+    shutil.rmtree(staging, ignore_errors=True)  # a killed attempt's half-written files
+    staging.mkdir(parents=True)
+    longest = max(rows.seq_lens[i] for i in todo)
+    max_model_len = ctx.spec.verifier.max_model_len
+    if max_model_len is not None and longest + 1 > max_model_len:
+        raise StageError(
+            f"a row has {longest} tokens, but spec.verifier.maxModelLen {max_model_len} leaves no room for "
+            "the one token vLLM generates per extraction request; raise verifier.maxModelLen above "
+            "dataset.maxSequenceLength (or leave it unset)"
+        )
+    args = extract_args(ctx.spec, layout, staging, longest)
+    try:
+        with VllmServer(ctx, extra_args=args, max_num_batched_tokens=token_budget) as server:
+            return asyncio.run(
+                request_all(
+                    server.base_url,
+                    server.model_name,
+                    rows,
+                    todo,
+                    ctx.work,
+                    layout,
+                    concurrency_for(token_budget, [rows.seq_lens[i] for i in todo]),
+                    check=server.check,
+                )
+            )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

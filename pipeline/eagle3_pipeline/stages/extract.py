@@ -1,0 +1,189 @@
+"""`eagle3 stage extract`: hidden states of the verifier's chosen layers for every prepared row.
+
+Output (`extract/<hash>`): `hs_{i}.safetensors` per dataset row i in speculators' format (see
+`eagle3_pipeline.hidden_states`), read by the trainer with `hs_connectors.FileTransfer(<output>)` (or
+`FP8Transfer` for fp8, as `metadata.json`'s `transfer` says), plus `metadata.json`: layer ids, hidden size,
+dtype, verifier, samples and tokens. Resumable: files finished by a killed or out-of-memory attempt are
+checked and kept; an out-of-memory exits with the OOM code, and the retry runs at half the token budget.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3_operator.api.spec import Eagle3RunSpec, ExtractionBackend
+from eagle3_pipeline.context import StageContext
+from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.extract_rows import PreparedRows
+from eagle3_pipeline.extract_transformers import ExtractStats, VerifierRef
+from eagle3_pipeline.hidden_states import (
+    METADATA_FILE,
+    Layout,
+    file_name,
+    plan_batches,
+    resolve_aux_layers,
+    scan_done,
+    total_bytes,
+)
+
+logger = logging.getLogger(__name__)
+
+DATA_STAGES = ("generate", "prepare")  # generate's output (regenerated answers) wins when both are given
+
+
+@dataclass(frozen=True)
+class VerifierShape:
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int | None
+
+
+def data_input(ctx: StageContext) -> Path:
+    """The upstream data stage's complete output directory."""
+    for name in DATA_STAGES:
+        if name in ctx.inputs:
+            return ctx.input(name)
+    raise StageError(
+        "stage extract needs the data stage's output: pass --input prepare=DIR (or generate=DIR)"
+    )
+
+
+def verifier_shape(ref: VerifierRef) -> VerifierShape:
+    """Layers, hidden size and vocabulary from the verifier's config (the text config of multimodal ones)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        raise StageError(
+            f"spec.verifier.model {ref.path}: cannot read its config ({exc}); check the id or path, the "
+            "revision and verifier.trustRemoteCode"
+        ) from None
+    text = config.get_text_config()
+    layers, hidden = getattr(text, "num_hidden_layers", None), getattr(text, "hidden_size", None)
+    if not isinstance(layers, int) or not isinstance(hidden, int):
+        raise StageError(f"spec.verifier.model {ref.path}: its config has no num_hidden_layers/hidden_size")
+    vocab = getattr(text, "vocab_size", None)
+    return VerifierShape(layers, hidden, vocab if isinstance(vocab, int) else None)
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    started = time.monotonic()
+    spec = ctx.spec
+    source = data_input(ctx)
+    v = spec.verifier
+    ref = VerifierRef(ctx.local_path(v.model), v.revision, v.trust_remote_code)
+    shape = verifier_shape(ref)
+    layout = Layout(
+        aux_layers=resolve_aux_layers(spec.extraction.layers, shape.num_hidden_layers),
+        num_hidden_layers=shape.num_hidden_layers,
+        hidden_size=shape.hidden_size,
+        dtype=spec.extraction.dtype.value,
+    )
+    rows = PreparedRows.load(source, shape.vocab_size)
+    budget = ctx.token_budget if ctx.token_budget is not None else spec.extraction.token_budget
+    done = scan_done(ctx.work, rows.seq_lens, layout)
+    todo = [i for i in range(len(rows)) if i not in done]
+    logger.info(
+        "extract: %d rows (%d tokens) from %s, %d done already; layers %s of %d, hidden %d, %s, budget %d",
+        len(rows),
+        rows.total_tokens,
+        source,
+        len(done),
+        layout.layer_ids,
+        shape.num_hidden_layers,
+        shape.hidden_size,
+        layout.dtype,
+        budget,
+    )
+    backend = spec.extraction.backend
+    if backend == ExtractionBackend.VLLM:
+        from eagle3_pipeline.extract_vllm import run_vllm
+
+        stats = run_vllm(ctx, rows, todo, layout, budget)
+    else:
+        stats = _run_transformers(ctx, ref, rows, todo, layout, budget)
+    return _finish(ctx, rows, layout, stats, resumed=len(done), budget=budget, started=started)
+
+
+def _run_transformers(
+    ctx: StageContext, ref: VerifierRef, rows: PreparedRows, todo: list[int], layout: Layout, budget: int
+) -> ExtractStats:
+    from eagle3_pipeline import extract_transformers as tf
+
+    batches = plan_batches([(i, rows.seq_lens[i]) for i in todo], budget)  # before loading the model
+    if not batches:
+        return ExtractStats()
+    if ctx.spec.verifier.tensor_parallel_size > 1:
+        logger.warning("the transformers backend runs on one device; verifier.tensorParallelSize is ignored")
+    device = tf.pick_device()
+    model = tf.load_verifier(ref, device)
+    extractor = tf.TransformersExtractor(model, layout)
+    logger.info("extracting %d rows in %d batches on %s", len(todo), len(batches), device)
+    return tf.extract(extractor, batches, rows, ctx.work, budget)
+
+
+def metadata_of(spec: Eagle3RunSpec, layout: Layout, *, samples: int, tokens: int) -> dict[str, Any]:
+    """`metadata.json`: what the train stage needs to read the files (the layers, the transfer to use)."""
+    return {
+        "format": "speculators hs_{i}.safetensors (hidden_states [T, L, H], token_ids [T])",
+        "transfer": layout.transfer,
+        "layers": layout.layer_ids,
+        "auxLayers": list(layout.aux_layers),
+        "numHiddenLayers": layout.num_hidden_layers,
+        "hiddenSize": layout.hidden_size,
+        "dtype": layout.dtype,
+        "verifier": {
+            "model": spec.verifier.model,
+            "revision": spec.verifier.revision,
+            "trustRemoteCode": spec.verifier.trust_remote_code,
+        },
+        "samples": samples,
+        "tokens": tokens,
+    }
+
+
+def _finish(
+    ctx: StageContext,
+    rows: PreparedRows,
+    layout: Layout,
+    stats: ExtractStats,
+    *,
+    resumed: int,
+    budget: int,
+    started: float,
+) -> dict[str, Any]:
+    missing = [i for i in range(len(rows)) if not (ctx.work / file_name(i)).is_file()]
+    if missing:  # not a StageError: what was extracted stays for the next attempt
+        raise RuntimeError(f"extract: no hidden states for rows {missing[:10]} ({len(missing)} rows)")
+    size = total_bytes(ctx.work, range(len(rows)))
+    tokens = rows.total_tokens
+    metadata = metadata_of(ctx.spec, layout, samples=len(rows), tokens=tokens)
+    (ctx.work / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    result = {
+        "samples": len(rows),
+        "tokens": tokens,
+        "seconds": round(time.monotonic() - started, 3),
+        "extractedSamples": stats.samples,
+        "extractedTokens": stats.tokens,
+        "extractSeconds": round(stats.seconds, 3),
+        "tokensPerSecond": round(stats.tokens / stats.seconds, 1) if stats.seconds > 0 else 0.0,
+        "bytes": size,
+        "bytesPerToken": round(size / tokens, 1) if tokens else 0.0,
+        "layers": layout.layer_ids,
+        "hiddenSize": layout.hidden_size,
+        "dtype": layout.dtype,
+        "transfer": layout.transfer,
+        "backend": ctx.spec.extraction.backend.value,
+        "tokenBudget": budget,
+        "resumed": resumed,
+    }
+    logger.info("extract: done: %s", result)
+    return result

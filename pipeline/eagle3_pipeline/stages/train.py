@@ -1,0 +1,289 @@
+"""`eagle3 stage train`: the EAGLE-3 draft, trained with speculators on extract's hidden states.
+
+Inputs: the data stage (`prepare` or `generate`: the dataset, loss masks and train/validation split),
+`extract` (hidden states and the layers they hold) and `vocab` (d2t/t2d). Without an accelerator it trains
+on the CPU (`eagle3_pipeline.speculators_cpu`); with `training.gpus` > 1 it runs torchrun with one process
+per GPU (`eagle3_pipeline.train_draft`).
+
+Output (`train/<hash>/`), what the export and evaluate stages read:
+  checkpoints/checkpoint_best -> <e>   speculators' symlink to the epoch with the lowest validation loss:
+                                       `config.json` (Eagle3SpeculatorConfig, architectures Eagle3DraftModel,
+                                       the verifier's local path, eagle_aux_hidden_state_layer_ids) and
+                                       `model.safetensors` (bf16: the draft's weights, d2t, t2d, a frozen copy
+                                       of the verifier's embeddings); the result's `checkpoint` is this path
+  checkpoints/<e>/                     every epoch as speculators writes it: the same two files plus
+                                       optimizer_state_dict.pt, scheduler_state_dict.pt, training_state.json
+                                       (and val_metrics.json in the best one); `epoch<e>_end` link to them
+  checkpoints/run.yaml                 speculators' TrainConfig (`speculators train --config` re-runs it)
+  metrics.jsonl                        one line per epoch (see eagle3_pipeline.train_metrics)
+  trainer.json                         trainable parameters, device, world size, the last start epoch
+  result.json                          the per-epoch figures, the best epoch and its per-position accuracy
+
+Resumable: the work directory keeps checkpoints and metrics between attempts. A new attempt keeps the epochs
+that are complete (a checkpoint and a metrics line), removes the rest, repairs `checkpoint_best` and lets
+speculators resume after the last complete epoch with its optimizer and scheduler state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.context import StageContext, read_result
+from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.hidden_states import METADATA_FILE, file_name
+from eagle3_pipeline.prepared import DATA_DIR, TRAIN
+from eagle3_pipeline.speculators_cpu import has_accelerator
+from eagle3_pipeline.train_draft import (
+    RUN_CONFIG_FILE,
+    DraftSources,
+    pin_threads,
+    torchrun_argv,
+    train,
+    train_config,
+)
+from eagle3_pipeline.train_metrics import (
+    METRICS_FILE,
+    Epoch,
+    best_epoch,
+    read_epochs,
+    summarize,
+    write_epochs,
+)
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+BEST = "checkpoint_best"
+INFO_FILE = "trainer.json"
+WEIGHTS = "model.safetensors"
+DATA_STAGES = ("generate", "prepare")  # generate's output (regenerated answers) wins when both are given
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    started = time.monotonic()
+    src = sources(ctx)
+    save_path, metrics = ctx.work / CHECKPOINTS, ctx.work / METRICS_FILE
+    epochs = ctx.spec.training.epochs
+    complete = keep_complete_epochs(save_path, metrics)
+    on_cpu = not has_accelerator()
+    cfg = train_config(ctx.spec, src, save_path, cpu=on_cpu)
+    save_path.mkdir(parents=True, exist_ok=True)
+    (save_path / RUN_CONFIG_FILE).write_text(cfg.dump_yaml())
+    if complete < epochs:
+        logger.info("train: %d of %d epochs done already; training on %s", complete, epochs, src.dataset)
+        launch(ctx, cfg, src.hidden_size, metrics, on_cpu)
+    done = read_epochs(metrics)
+    if [e["epoch"] for e in done] != list(range(epochs)):
+        # speculators turns SIGTERM into a normal return after saving `interrupted/`: not a finished run
+        raise RuntimeError(
+            f"training stopped after epochs {[e['epoch'] for e in done]} of {epochs} (interrupted?); "
+            "the complete epochs are kept and the next attempt resumes after them"
+        )
+    repair_best(save_path, done)
+    info = json.loads((ctx.work / INFO_FILE).read_text())
+    return {
+        **summarize(done),
+        "checkpoint": f"{CHECKPOINTS}/{BEST}",
+        "metrics": METRICS_FILE,
+        "parameters": info["parameters"],
+        "device": info["device"],
+        "worldSize": info["worldSize"],
+        "resumedFromEpoch": info["startEpoch"] or None,
+        "trainSeconds": round(sum(e["seconds"] for e in done), 3),
+        "seconds": round(time.monotonic() - started, 3),
+        "draftVocabSize": src.vocab_size,
+        "auxLayers": src.aux_layers,
+        "tttSteps": ctx.spec.training.ttt_steps,
+    }
+
+
+def launch(ctx: StageContext, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool) -> None:
+    """Train in this process, or under torchrun with one process per GPU when training.gpus > 1."""
+    import torch
+
+    gpus = ctx.spec.training.gpus
+    info = ctx.work / INFO_FILE
+    if gpus <= 1 or on_cpu:
+        if gpus > 1:
+            logger.warning(
+                "training.gpus is %d, but there is no accelerator: training in one CPU process", gpus
+            )
+        if on_cpu:
+            logger.info("train: %d torch threads", pin_threads(hidden_size))
+        train(cfg, metrics, info)
+        return
+    visible = int(torch.accelerator.device_count())
+    if visible < gpus:
+        raise StageError(  # the epochs an earlier attempt finished stay for the next one
+            f"training.gpus is {gpus}, but this machine shows {visible} devices: lower training.gpus or give "
+            "the train stage's pod that many GPUs",
+            keep_work=True,
+        )
+    argv = torchrun_argv(gpus, ctx.work / CHECKPOINTS / RUN_CONFIG_FILE, metrics, info)
+    logger.info("train: %s", " ".join(argv))
+    code = subprocess.run(argv, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"torchrun exited with code {code} (its workers' errors are above)")
+
+
+def data_input(ctx: StageContext) -> Path:
+    for name in DATA_STAGES:
+        if name in ctx.inputs:
+            return ctx.input(name)
+    raise StageError("stage train needs the data stage's output: pass --input prepare=DIR (or generate=DIR)")
+
+
+def sources(ctx: StageContext) -> DraftSources:
+    """The upstream outputs, checked against each other before anything is trained."""
+    extract, vocab, data = ctx.input("extract"), ctx.input("vocab"), data_input(ctx)
+    metadata = read_metadata(extract)
+    rows, n_train = dataset_split(data / DATA_DIR)
+    check_hidden_states(extract, metadata, rows)
+    v = ctx.spec.verifier
+    if v.revision and not Path(ctx.local_path(v.model)).is_dir():
+        logger.warning(
+            "verifier.revision %s: speculators reads %s's config and embeddings at the default revision",
+            v.revision,
+            v.model,
+        )
+    return DraftSources(
+        verifier=ctx.local_path(v.model),
+        trust_remote_code=v.trust_remote_code,
+        dataset=data / DATA_DIR,
+        hidden_states=extract,
+        transfer=str(metadata.get("transfer", "file")),
+        aux_layers=[int(i) for i in metadata["auxLayers"]],
+        hidden_size=int(metadata["hiddenSize"]),
+        **vocab_files(ctx, vocab),
+        train_ratio=train_ratio(data, rows, n_train),
+    )
+
+
+def train_ratio(data: Path, rows: int, n_train: int) -> float:
+    """speculators' train_ratio for a dataset whose first `n_train` of `rows` rows are the training rows.
+
+    The data stage's `trainRatio` must agree with its dataset; the value returned has half a row of margin,
+    so that speculators' int(rows * ratio) is exactly n_train despite float rounding.
+    """
+    ratio = read_result(data).get("trainRatio")
+    if not isinstance(ratio, int | float) or abs(ratio * rows - n_train) > 0.5:
+        raise StageError(
+            f"{data}: result.json's trainRatio {ratio} does not match its dataset ({n_train} of {rows} rows "
+            "are training rows); re-run the data stage"
+        )
+    return (n_train + 0.5) / rows
+
+
+def read_metadata(extract: Path) -> dict[str, Any]:
+    """extract's metadata.json, with the fields training needs."""
+    path = extract / METADATA_FILE
+    try:
+        metadata: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StageError(f"{path}: cannot read it ({exc}); re-run stage extract") from None
+    missing = [k for k in ("auxLayers", "hiddenSize", "samples") if k not in metadata]
+    if missing:
+        raise StageError(f"{path} lacks {missing}: made by another version of stage extract; re-run it")
+    return metadata
+
+
+def vocab_files(ctx: StageContext, vocab: Path) -> dict[str, Any]:
+    result = read_result(vocab)
+    size = ctx.spec.draft.vocab_size
+    if result.get("draftVocabSize") != size:
+        raise StageError(
+            f"{vocab} maps a draft vocabulary of {result.get('draftVocabSize')} tokens, the spec asks "
+            f"draft.vocabSize {size}: pass the vocab stage's output for this spec"
+        )
+    files = {"d2t": vocab / str(result.get("d2t")), "t2d": vocab / str(result.get("t2d"))}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise StageError(f"the vocab stage's mapping files are missing: {missing}; re-run stage vocab")
+    return {**files, "vocab_size": size}
+
+
+def dataset_split(path: Path) -> tuple[int, int]:
+    """(rows, training rows) of a data stage's dataset, which must hold its training rows first."""
+    import datasets
+
+    try:
+        splits: list[str] = datasets.load_from_disk(str(path)).with_format(None)["split"]
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise StageError(f"{path}: not a prepared dataset ({exc}); re-run the data stage") from None
+    n_train = sum(1 for s in splits if s == TRAIN)
+    if any(s != TRAIN for s in splits[:n_train]):
+        raise StageError(f"{path}: the training rows do not come first; re-run the data stage")
+    if n_train == 0 or n_train == len(splits):
+        raise StageError(
+            f"{path}: {n_train} training and {len(splits) - n_train} validation rows: training needs both "
+            "(the best checkpoint is chosen by validation loss); set dataset.validationFraction above 0 and "
+            "give the dataset at least two rows"
+        )
+    return len(splits), n_train
+
+
+def check_hidden_states(extract: Path, metadata: dict[str, Any], rows: int) -> None:
+    """Every dataset row has its hidden-states file: speculators must never fetch a missing one elsewhere."""
+    if metadata.get("samples") != rows:
+        raise StageError(
+            f"{extract} holds hidden states of {metadata.get('samples')} samples, the dataset has {rows} "
+            "rows: they come from different data; re-run stage extract on this data stage's output"
+        )
+    missing = [i for i in range(rows) if not (extract / file_name(i)).is_file()]
+    if missing:
+        raise StageError(
+            f"{extract} has no hidden states for {len(missing)} rows (e.g. {file_name(missing[0])}): "
+            "re-run stage extract (delete its output directory first)"
+        )
+
+
+def keep_complete_epochs(save_path: Path, metrics: Path) -> int:
+    """Keep the epochs an earlier attempt completed (0..k, each with a checkpoint and a metrics line).
+
+    Returns how many; the rest goes. speculators resumes from the highest numbered checkpoint directory, so a
+    half-written one or one without its validation must go; so must `interrupted/` (SIGTERM).
+    """
+    epochs = read_epochs(metrics)
+    complete: list[Epoch] = []
+    for index, epoch in enumerate(epochs):
+        if epoch["epoch"] != index or not (save_path / str(index) / WEIGHTS).is_file():
+            break
+        complete.append(epoch)
+    if metrics.exists():
+        write_epochs(metrics, complete)
+    if save_path.is_dir():
+        for child in sorted(save_path.iterdir()):
+            stale = child.name == "interrupted" or (child.name.isdigit() and int(child.name) >= len(complete))
+            if stale and child.is_dir() and not child.is_symlink():
+                logger.info("train: removing %s (an incomplete epoch of an earlier attempt)", child)
+                shutil.rmtree(child)
+        for child in save_path.iterdir():
+            if child.is_symlink() and not child.exists():
+                child.unlink()
+    if complete:
+        repair_best(save_path, complete)
+        logger.info("train: resuming after epoch %d", len(complete) - 1)
+    return len(complete)
+
+
+def repair_best(save_path: Path, epochs: list[Epoch]) -> None:
+    """Point `checkpoint_best` at the epoch with the lowest validation loss among `epochs`.
+
+    speculators moves it after each validation; a kill between our metrics line and that move leaves it
+    behind, and a resumed run would compare against the wrong best loss.
+    """
+    from speculators.train.checkpointer import SingleGPUCheckpointer
+
+    best = best_epoch(epochs)["epoch"]
+    checkpointer = SingleGPUCheckpointer(save_path)
+    if checkpointer.read_best_epoch() == best and checkpointer.val_metrics_path(best).is_file():
+        return
+    logger.info("train: %s -> %d (lowest validation loss)", BEST, best)
+    checkpointer.save_val_metrics(best, best_epoch(epochs)["speculatorsVal"])
+    checkpointer.update_best_symlink(best)

@@ -1,0 +1,365 @@
+"""The train stage: speculators' EAGLE-3 trainer on the CPU, epoch metrics, the best checkpoint, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from eagle3_pipeline import speculators_cpu
+from eagle3_pipeline.context import work_dir_of
+from eagle3_pipeline.stage_main import run_stage
+from eagle3_pipeline.stages import train as train_stage
+from eagle3_pipeline.train_draft import DraftSources, cpu_threads, load_config, torchrun_argv, train_config
+from eagle3_pipeline.train_metrics import acceptance_length, read_epochs, summarize, write_epochs
+from tests.pipeline.chat_templates import save_verifier
+from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
+
+pytestmark = pytest.mark.pipeline
+
+REPO = Path(__file__).resolve().parents[2]
+UPSTREAM = ["prepare=prepare/p", "extract=extract/x", "vocab=vocab/v"]
+EPOCHS = 3
+TTT = 3
+
+
+def spec(root: Path, **training: Any) -> dict[str, Any]:
+    doc = base_spec(root / "verifier", root / "data.jsonl", validationFraction=0.2, maxSequenceLength=128)
+    doc["extraction"]["layers"] = [1, 2, 3]
+    doc["training"] |= {"epochs": EPOCHS, "learningRate": 3e-3, "sequenceLength": 128, **training}
+    return doc
+
+
+def manifest(root: Path, name: str, **training: Any) -> str:
+    return str(write_manifest(root / f"{name}.yaml", spec(root, **training)))
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """A hidden-32 draft: one thread, as the stage itself picks (more only wait for each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer random verifier with a tokenizer, and its prepare, extract and vocab outputs."""
+    root = tmp_path_factory.mktemp("train")
+    save_verifier(root / "verifier", layers=4)
+    write_jsonl(root / "data.jsonl", [chat(i, turns=2) for i in range(40)])
+    spec_path = manifest(root, "run")
+    art = str(root / "art")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # module fixtures run before the autouse one
+    try:
+        assert run_stage("prepare", spec_path, art, "prepare/p", []) == 0
+        assert run_stage("extract", spec_path, art, "extract/x", ["prepare=prepare/p"]) == 0
+        assert run_stage("vocab", spec_path, art, "vocab/v", ["prepare=prepare/p"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(upstream: Path) -> dict[str, Any]:
+    code = run_stage("train", manifest(upstream, "run"), str(upstream / "art"), "train/t", UPSTREAM)
+    assert code == 0
+    result: dict[str, Any] = json.loads((upstream / "art" / "train" / "t" / "result.json").read_text())
+    return result
+
+
+@pytest.mark.timeout(300)
+def test_every_epoch_has_train_and_validation_loss_and_per_position_accuracy(
+    upstream: Path, trained: dict[str, Any]
+) -> None:
+    out = upstream / "art" / "train" / "t"
+    lines = read_epochs(out / "metrics.jsonl")
+    assert [e["epoch"] for e in lines] == [e["epoch"] for e in trained["epochs"]] == list(range(EPOCHS))
+    for e in trained["epochs"]:
+        assert e["trainLoss"] > 0 and e["valLoss"] > 0 and e["trainSteps"] > 0 and e["trainTokens"] > 0
+        for key in ("trainAccuracyByPosition", "valAccuracyByPosition", "valFullAccuracyByPosition"):
+            assert len(e[key]) == TTT and all(0.0 <= a <= 1.0 for a in e[key]), key
+        assert e["estimatedAcceptanceLength"] == acceptance_length(e["valAccuracyByPosition"])
+    best = min(trained["epochs"], key=lambda e: e["valLoss"])
+    assert trained["bestEpoch"] == best["epoch"] and trained["bestValLoss"] == best["valLoss"]
+    assert trained["valAccuracyByPosition"] == best["valAccuracyByPosition"]
+    assert trained["parameters"] > 0 and trained["trainTokensPerSecond"] > 0 and trained["seconds"] > 0
+    assert trained["device"] == "cpu" and trained["resumedFromEpoch"] is None
+    assert trained["epochs"][-1]["valLoss"] < trained["epochs"][0]["valLoss"], "the draft learns"
+
+
+@pytest.mark.timeout(300)
+def test_the_best_checkpoint_loads_as_an_eagle3_draft_with_the_vocab_stages_mapping(
+    upstream: Path, trained: dict[str, Any]
+) -> None:
+    from speculators import SpeculatorModel
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    out = upstream / "art" / "train" / "t"
+    best = out / trained["checkpoint"]
+    assert trained["checkpoint"] == "checkpoints/checkpoint_best"
+    assert best.resolve() == (out / "checkpoints" / str(trained["bestEpoch"])).resolve()
+    assert (best / "config.json").is_file() and (best / "model.safetensors").is_file()
+    for epoch in range(EPOCHS):  # every epoch as speculators writes it
+        assert (out / "checkpoints" / str(epoch) / "optimizer_state_dict.pt").is_file()
+    model = SpeculatorModel.from_pretrained(str(best))
+    assert isinstance(model, Eagle3DraftModel)
+    assert model.config.eagle_aux_hidden_state_layer_ids == [1, 2, 3] == trained["auxLayers"]
+    vocab = upstream / "art" / "vocab" / "v"
+    n = trained["draftVocabSize"]
+    assert model.d2t is not None and model.t2d is not None
+    assert np.array_equal(model.d2t.numpy(), np.load(vocab / f"d2t-{n}.npy"))
+    assert np.array_equal(model.t2d.numpy(), np.load(vocab / f"t2d-{n}.npy"))
+    config = json.loads((best / "config.json").read_text())
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == TTT
+
+
+@pytest.mark.timeout(300)
+def test_speculators_run_yaml_reproduces_the_training_config(upstream: Path, trained: dict[str, Any]) -> None:
+    """The torchrun workers train from run.yaml: it must be the very config the stage resolved."""
+    out = upstream / "art" / "train" / "t"
+    reloaded = load_config(out / "checkpoints" / "run.yaml").flatten()
+    assert reloaded["on_missing"] == "raise", "never speculators' default: asking a vLLM on localhost"
+    assert reloaded["hidden_states_path"] == str(upstream / "art" / "extract" / "x")
+    assert (reloaded["draft_attn_impl"], reloaded["loss_implementation"]) == ("sdpa", "eager")
+    assert (reloaded["epochs"], reloaded["lr"], reloaded["ttt_steps"]) == (EPOCHS, 3e-3, TTT)
+    assert reloaded["total_seq_len"] == 128 and reloaded["target_layer_ids"] == [1, 2, 3]
+
+
+def signal_after_first_epoch(spec_path: str, art: Path, output: str, sig: signal.Signals, log: Path) -> int:
+    """Run `eagle3 stage train` as a subprocess, send `sig` once an epoch is complete; its exit code."""
+    argv = [sys.executable, "-m", "eagle3_operator.cli", "stage", "train", "--spec", spec_path]
+    argv += ["--artifacts", str(art), "--output", output] + [f"--input={i}" for i in UPSTREAM]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    metrics = work_dir_of(art / output) / "metrics.jsonl"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 200
+            while not read_epochs(metrics):
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no epoch finished in time"
+                time.sleep(0.05)
+            proc.send_signal(sig)
+        finally:
+            proc.wait(timeout=120)
+    return proc.returncode
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_stage_resumes_after_its_last_complete_epoch(upstream: Path, tmp_path: Path) -> None:
+    epochs = 6
+    spec_path = manifest(upstream, "resume", epochs=epochs)
+    art = upstream / "art"
+    work = work_dir_of(art / "train" / "r")
+    code = signal_after_first_epoch(spec_path, art, "train/r", signal.SIGKILL, tmp_path / "stage.log")
+    assert code == -signal.SIGKILL and not (art / "train" / "r").exists()
+    before = read_epochs(work / "metrics.jsonl")
+    assert 1 <= len(before) < epochs
+
+    assert run_stage("train", spec_path, str(art), "train/r", UPSTREAM) == 0
+    result = json.loads((art / "train" / "r" / "result.json").read_text())
+    assert result["resumedFromEpoch"] == len(before), "it starts after the last complete epoch"
+    assert [e["epoch"] for e in result["epochs"]] == list(range(epochs))
+    lines = (art / "train" / "r" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == list(range(epochs)), "one line per epoch"
+    assert read_epochs(art / "train" / "r" / "metrics.jsonl")[: len(before)] == before, "kept, not redone"
+    lrs = [e["learningRate"]["AdamW"] for e in result["epochs"]]
+    assert lrs == sorted(lrs, reverse=True) and len(set(lrs)) == epochs, "the schedule went on, not over"
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_is_an_interrupted_attempt_not_a_finished_one(upstream: Path, tmp_path: Path) -> None:
+    """speculators saves `interrupted/` on SIGTERM and returns normally: the stage must not commit."""
+    art = upstream / "art"
+    log = tmp_path / "stage.log"
+    code = signal_after_first_epoch(
+        manifest(upstream, "term", epochs=6), art, "train/term", signal.SIGTERM, log
+    )
+    assert code == 1 and not (art / "train" / "term").exists()
+    assert "training stopped after epochs" in log.read_text() and "next attempt resumes" in log.read_text()
+    assert (work_dir_of(art / "train" / "term") / "checkpoints" / "0" / "model.safetensors").is_file()
+
+
+def test_an_attempts_incomplete_epochs_are_dropped_and_the_best_link_repaired(tmp_path: Path) -> None:
+    save, metrics = tmp_path / "checkpoints", tmp_path / "metrics.jsonl"
+    for epoch in (0, 1, 2):
+        (save / str(epoch)).mkdir(parents=True)
+    (save / "interrupted").mkdir()
+    for epoch in (0, 1):
+        (save / str(epoch) / "model.safetensors").write_bytes(b"x")
+    (save / "checkpoint_best").symlink_to("0", target_is_directory=True)
+    (save / "epoch2_end").symlink_to("2")
+    write_epochs(metrics, [line(0, 2.0), line(1, 1.5), line(2, 1.0)])  # epoch 2's weights never landed
+    with metrics.open("a") as f:
+        f.write('{"epoch": 3, "valL')  # a torn line
+    assert train_stage.keep_complete_epochs(save, metrics) == 2
+    assert sorted(p.name for p in save.iterdir()) == ["0", "1", "checkpoint_best"]
+    assert os.readlink(save / "checkpoint_best") == "1", "the lower validation loss of the kept epochs"
+    assert json.loads((save / "1" / "val_metrics.json").read_text()) == {"loss_epoch": 1.5}
+    assert [e["epoch"] for e in read_epochs(metrics)] == [0, 1]
+    assert metrics.read_text().count("\n") == 2
+
+
+def line(epoch: int, loss: float) -> dict[str, Any]:
+    acc = [0.5, 0.4, 0.3]
+    return {
+        "epoch": epoch,
+        "valLoss": loss,
+        "valAccuracyByPosition": acc,
+        "estimatedAcceptanceLength": acceptance_length(acc),
+        "trainTokens": 100,
+        "trainSeconds": 2.0,
+        "speculatorsVal": {"loss_epoch": loss},
+    }
+
+
+def test_the_summary_names_the_best_epoch_and_the_acceptance_estimate() -> None:
+    assert acceptance_length([0.5, 0.5, 0.5]) == 1.875
+    summary = summarize([line(0, 2.0), line(1, 1.0), line(2, 1.0)])
+    assert (summary["bestEpoch"], summary["bestValLoss"]) == (1, 1.0), "the earliest on a tie"
+    assert summary["trainTokensPerSecond"] == 50.0
+    assert all("speculatorsVal" not in e for e in summary["epochs"])
+
+
+# --- failures ---------------------------------------------------------------------------------------------
+
+
+def test_a_missing_vocab_input_fails_naming_it(upstream: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inputs = ["prepare=prepare/p", "extract=extract/x"]
+    assert run_stage("train", manifest(upstream, "run"), str(upstream / "art"), "train/nv", inputs) == 1
+    assert "needs the output of stage vocab" in capsys.readouterr().err
+    assert not (upstream / "art" / "train" / "nv").exists()
+
+
+def test_missing_hidden_states_fail_before_training_and_never_ask_a_server(
+    upstream: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import openai
+
+    def no_server(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the train stage tried to reach a vLLM server")
+
+    monkeypatch.setattr(openai, "OpenAI", no_server)
+    art = upstream / "art"
+    shutil.copytree(art / "extract" / "x", art / "extract" / "gap")
+    (art / "extract" / "gap" / "hs_3.safetensors").unlink()
+    inputs = ["prepare=prepare/p", "extract=extract/gap", "vocab=vocab/v"]
+    assert run_stage("train", manifest(upstream, "run"), str(art), "train/gap", inputs) == 1
+    err = capsys.readouterr().err
+    assert "no hidden states for 1 rows (e.g. hs_3.safetensors)" in err and "re-run stage extract" in err
+    assert not work_dir_of(art / "train" / "gap").exists()
+
+
+def test_a_vocab_made_for_another_draft_size_is_refused(
+    upstream: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = spec(upstream)
+    doc["draft"]["vocabSize"] = 64
+    path = str(write_manifest(upstream / "v64.yaml", doc))
+    assert run_stage("train", path, str(upstream / "art"), "train/v64", UPSTREAM) == 1
+    assert "draft.vocabSize 64" in capsys.readouterr().err
+
+
+# --- the CPU adaptation and the launch -------------------------------------------------------------------
+
+
+def test_the_cpu_adaptation_matches_the_installed_speculators() -> None:
+    """Fails when speculators changes under the patches: re-check speculators_cpu against the new version."""
+    assert speculators_cpu.installed_version() == speculators_cpu.SUPPORTED_VERSION == "0.9.0"
+    speculators_cpu.verify_library()
+
+
+def test_another_speculators_version_or_changed_source_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(speculators_cpu, "installed_version", lambda: "0.10.0")
+    with pytest.raises(speculators_cpu.UnsupportedSpeculators, match=r"speculators==0\.9\.0"):
+        speculators_cpu.verify_library()
+    monkeypatch.undo()
+    changed = speculators_cpu.Expectation(
+        "speculators.train.trainer", "Trainer.setup_model", ("self.model.to(device)",), "test"
+    )
+    monkeypatch.setattr(speculators_cpu, "EXPECTED", (changed,))
+    with pytest.raises(speculators_cpu.UnsupportedSpeculators, match=r"Trainer\.setup_model no longer"):
+        speculators_cpu.verify_library()
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="patches only without an accelerator")
+def test_the_cpu_patches_hold_only_inside_the_block() -> None:
+    from speculators.train import checkpointer, trainer
+
+    originals = trainer.get_local_rank, checkpointer.get_current_device, torch.accelerator.synchronize
+    with speculators_cpu.cpu_adapted() as on_cpu:
+        assert on_cpu
+        assert trainer.get_local_rank() == "cpu" and checkpointer.get_current_device() == "cpu"
+        torch.accelerator.synchronize()  # raises without an accelerator, outside the block
+    after = trainer.get_local_rank, checkpointer.get_current_device, torch.accelerator.synchronize
+    assert after == originals
+
+
+def test_torchrun_runs_the_worker_once_per_gpu_from_run_yaml(tmp_path: Path) -> None:
+    argv = torchrun_argv(8, tmp_path / "run.yaml", tmp_path / "m.jsonl", tmp_path / "t.json", python="py")
+    assert argv == [
+        "py", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "8",
+        "-m", "eagle3_pipeline.train_draft",
+        "--config", str(tmp_path / "run.yaml"), "--metrics", str(tmp_path / "m.jsonl"),
+        "--info", str(tmp_path / "t.json"),
+    ]  # fmt: skip
+    help_text = subprocess.run(
+        [sys.executable, "-m", "eagle3_pipeline.train_draft", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--config" in help_text and "--metrics" in help_text
+
+
+def test_threads_grow_with_the_drafts_hidden_size() -> None:
+    assert [cpu_threads(h, 16) for h in (32, 128, 1024, 4096, 16384)] == [1, 1, 2, 8, 16]
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "expected"),
+    [("linear", ("linear", 0.5)), ("cosine", ("cosine", 0.5)), ("constant", ("cosine", 0.0))],
+)
+def test_the_schedulers_map_onto_speculators(
+    upstream: Path, scheduler: str, expected: tuple[str, float], tmp_path: Path
+) -> None:
+    from eagle3_operator.api.manifest import load_manifest
+
+    doc = spec(upstream, scheduler=scheduler, warmupRatio=0.1)
+    run = load_manifest(write_manifest(tmp_path / "s.yaml", doc))
+    art = upstream / "art"
+    sources = DraftSources(
+        verifier=str(upstream / "verifier"),
+        trust_remote_code=False,
+        dataset=art / "prepare" / "p" / "data",
+        hidden_states=art / "extract" / "x",
+        transfer="file",
+        aux_layers=[1, 2, 3],
+        hidden_size=32,
+        d2t=art / "vocab" / "v" / "d2t-32.npy",
+        t2d=art / "vocab" / "v" / "t2d-32.npy",
+        vocab_size=32,
+        train_ratio=0.8,
+    )
+    cfg = train_config(run.spec, sources, tmp_path / "ckpt", cpu=False)
+    flat = cfg.flatten()
+    assert (flat["scheduler_type"], flat["scheduler_num_cosine_cycles"]) == expected
+    assert flat["scheduler_warmup_ratio"] == 0.1
+    assert flat["draft_attn_impl"] == "simple_flex_attention", "stock settings with an accelerator"
+    assert yaml.safe_load(cfg.dump_yaml())["train"]["generation"]["on_missing"] == "raise"

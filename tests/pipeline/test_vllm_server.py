@@ -1,0 +1,222 @@
+"""The vLLM server a stage starts: its command line (read by vLLM's parser), start-up failures, cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_operator.api.spec import Eagle3RunSpec, Verifier
+from eagle3_pipeline.context import StageContext
+from eagle3_pipeline.errors import OutOfMemory, StageError
+from eagle3_pipeline.vllm_server import (
+    ENV_VLLM,
+    VllmServer,
+    build_serve_argv,
+    find_vllm,
+    group_members,
+    looks_out_of_memory,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = ROOT / "scripts" / "build-vllm-cpu.sh"
+
+
+def built_vllm() -> str | None:
+    """$EAGLE3_VLLM, else the env `scripts/build-vllm-cpu.sh` built (asked with --check: nothing is built)."""
+    configured = os.environ.get(ENV_VLLM)
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "--check"], capture_output=True, text=True, check=False)
+    lines = proc.stdout.strip().splitlines()
+    return lines[-1] if proc.returncode == 0 and lines else None
+
+
+def vllm_or_skip() -> str:
+    path = built_vllm()
+    if path is None:
+        pytest.skip(
+            "no vLLM CPU environment: run scripts/build-vllm-cpu.sh (make test builds it) or set $EAGLE3_VLLM"
+        )
+    return path
+
+
+# Builds `vllm serve`'s parser as vLLM 0.32's CLI does, parses each argv after `vllm`, prints chosen fields.
+PARSE_SCRIPT = """
+import json, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+FIELDS = ("model", "tensor_parallel_size", "max_model_len", "max_num_batched_tokens", "served_model_name",
+          "seed", "port", "host", "enforce_eager", "revision", "trust_remote_code", "speculative_config",
+          "dtype")
+out = []
+for argv in json.loads(sys.argv[1]):
+    parser = FlexibleArgumentParser(prog="vllm")
+    make_arg_parser(parser.add_subparsers(dest="subparser").add_parser("serve"))
+    args = parser.parse_args(argv)
+    args.model = args.model_tag or args.model
+    validate_parsed_serve_args(args)
+    out.append({f: getattr(args, f) for f in FIELDS})
+print(json.dumps(out))
+"""
+
+
+def vllm_parse(vllm: str, argvs: list[list[str]]) -> list[dict[str, Any]]:
+    python = Path(vllm).with_name("python")
+    proc = subprocess.run(
+        [str(python), "-c", PARSE_SCRIPT, json.dumps([a[1:] for a in argvs])],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return parsed
+
+
+SPECULATIVE = {"method": "eagle3", "model": "/artifacts/train/abc", "num_speculative_tokens": 3}
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(360)
+def test_vllms_own_parser_reads_our_command_line() -> None:
+    vllm = vllm_or_skip()
+    full = Verifier(
+        model="/models/big",
+        revision="0123abcd",
+        trust_remote_code=True,
+        tensor_parallel_size=8,
+        max_model_len=4096,
+        vllm_args=["--dtype", "float32", "--max-model-len", "2048"],
+    )
+    argvs = [
+        build_serve_argv(
+            vllm,
+            full,
+            model_path="/local/big",
+            port=8123,
+            seed=7,
+            max_num_batched_tokens=8192,
+            served_model_name="verifier",
+            enforce_eager=True,
+            extra_args=["--speculative-config", json.dumps(SPECULATIVE)],
+        ),
+        build_serve_argv(vllm, Verifier(model="m"), model_path="/local/m", port=9000, seed=0),
+    ]
+    full_args, plain = vllm_parse(vllm, argvs)
+    assert full_args == {
+        "model": "/local/big",
+        "tensor_parallel_size": 8,
+        "max_model_len": 2048,  # verifier.vllmArgs come last: they override ours
+        "max_num_batched_tokens": 8192,
+        "served_model_name": ["verifier"],
+        "seed": 7,
+        "port": 8123,
+        "host": "127.0.0.1",
+        "enforce_eager": True,
+        "revision": "0123abcd",
+        "trust_remote_code": True,
+        "speculative_config": SPECULATIVE,
+        "dtype": "float32",
+    }
+    assert plain["model"] == "/local/m" and plain["tensor_parallel_size"] == 1
+    assert plain["max_model_len"] is None and plain["max_num_batched_tokens"] is None
+    assert (plain["trust_remote_code"], plain["enforce_eager"], plain["revision"]) == (False, False, None)
+    assert plain["speculative_config"] is None
+
+
+def test_argv_order_spec_args_then_extra_args() -> None:
+    verifier = Verifier(model="m", vllm_args=["--max-num-seqs", "4"])
+    argv = build_serve_argv("vllm", verifier, model_path="/m", port=1, seed=2, extra_args=["--x", "y"])
+    assert argv[:3] == ["vllm", "serve", "/m"]
+    assert argv[-4:] == ["--max-num-seqs", "4", "--x", "y"]
+    for absent in ("--revision", "--trust-remote-code", "--max-model-len", "--max-num-batched-tokens"):
+        assert absent not in argv
+    assert "--enforce-eager" not in argv
+
+
+def test_find_vllm_says_how_to_get_one(tmp_path: Path) -> None:
+    with pytest.raises(StageError, match=r"scripts/build-vllm-cpu.sh"):
+        find_vllm({"PATH": str(tmp_path)})
+    with pytest.raises(StageError, match=r"EAGLE3_VLLM=.*not an executable"):
+        find_vllm({ENV_VLLM: str(tmp_path / "missing")})
+    exe = fake_vllm(tmp_path, "exit 0")
+    assert find_vllm({"PATH": str(tmp_path)}) == str(exe)
+    assert find_vllm({ENV_VLLM: str(exe), "PATH": ""}) == str(exe)
+
+
+def test_out_of_memory_lines() -> None:
+    assert looks_out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert looks_out_of_memory("ValueError: No available memory for the cache blocks. Try increasing")
+    assert not looks_out_of_memory("ValueError: unknown model architecture")
+
+
+# --- start-up failures with a fake `vllm` -------------------------------------------------------------------
+
+
+def fake_vllm(directory: Path, body: str) -> Path:
+    exe = directory / "vllm"
+    exe.write_text(f"#!/usr/bin/env bash\n{body}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe
+
+
+def context(tmp_path: Path) -> StageContext:
+    spec = Eagle3RunSpec.model_validate(
+        {"verifier": {"model": "/artifacts/models/v"}, "dataset": {"source": "d.jsonl", "seed": 5}}
+    )
+    ctx = StageContext("generate", "t", spec, tmp_path / "art", tmp_path / "art" / "generate" / "h")
+    ctx.begin()
+    return ctx
+
+
+def test_early_exit_reports_the_log_tail_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env_file = tmp_path / "env.txt"
+    exe = fake_vllm(tmp_path, f'env > {env_file}; echo "$@"; echo "ValueError: no such model" >&2; exit 3')
+    monkeypatch.setenv(ENV_VLLM, str(exe))
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    ctx = context(tmp_path)
+    with (
+        pytest.raises(StageError, match=r"exited with code 3") as info,
+        VllmServer(ctx, max_num_batched_tokens=64),
+    ):
+        pass
+    assert "ValueError: no such model" in str(info.value)
+    assert f"serve {tmp_path}/art/models/v" in str(info.value), "the model path is mapped onto this machine"
+    assert "--max-num-batched-tokens 64" in str(info.value) and "--seed 5" in str(info.value)
+    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    assert env["HF_HUB_OFFLINE"] == "1", "set when unset"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4", "kept when set"
+    assert (ctx.work / "vllm.log").read_text().startswith("==> eagle3: ")
+
+
+def test_out_of_memory_at_start_is_an_oom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    exe = fake_vllm(tmp_path, 'echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"; exit 1')
+    monkeypatch.setenv(ENV_VLLM, str(exe))
+    with pytest.raises(OutOfMemory, match=r"ran out of memory"), VllmServer(context(tmp_path)):
+        pass
+
+
+def test_a_server_that_never_answers_times_out_and_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ignores SIGTERM, and so does its child in the same process group: SIGKILL must follow
+    exe = fake_vllm(tmp_path, "trap '' TERM; sleep 300 & sleep 300 & wait")
+    monkeypatch.setenv(ENV_VLLM, str(exe))
+    server = VllmServer(context(tmp_path), startup_timeout_s=2.0, stop_grace_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(StageError, match=r"did not answer /health within 2 s"):
+        server.start()
+    assert time.monotonic() - started < 20
+    assert server.pid is not None
+    assert group_members(server.pid) == [], "no live process of the server's group is left"
