@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 ## demo: the main job on CPU: build the tiny verifier (cached), then `eagle3 run examples/tiny/eagle3run.yaml`
 demo: $(STAMP) vllm
 	$(VENV)/bin/eagle3 tiny
-	$(VENV)/bin/eagle3 run examples/tiny/eagle3run.yaml --until train --vllm "$$(bash scripts/build-vllm-cpu.sh | tail -n1)"
+	$(VENV)/bin/eagle3 run examples/tiny/eagle3run.yaml --vllm "$$(bash scripts/build-vllm-cpu.sh | tail -n1)"
 
 ## operator-demo: the operator at work against the API mock: the tiny run from creation to a serving Deployment
 operator-demo: $(STAMP)

@@ -136,12 +136,20 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
 
 
 def gate_failure(plan: StagePlan, result: dict[str, Any], required: float | None) -> str | None:
-    """Why the run stops after evaluate (the draft missed the gate: it is not exported), or None."""
+    """Why the run stops after evaluate (the draft missed the gate: it is not exported), or None.
+
+    The gate is not part of evaluate's content hash, so a reused evaluate output may have been judged
+    against another gate: its acceptance length is checked against this spec's, as the operator does; a
+    draft whose d2t/t2d disagree fails whatever the gate.
+    """
     if plan.stage != Stage.EVALUATE or plan.skipped:
         return None
     measured = result.get("acceptanceLength")
-    below = isinstance(measured, int | float) and required is not None and measured < required
-    if result.get("gatePassed") is not False and not below:
+    if isinstance(measured, int | float) and not isinstance(measured, bool):
+        failed = (required is not None and measured < required) or result.get("mappingConsistent") is False
+    else:
+        failed = result.get("gatePassed") is False or required is not None
+    if not failed:
         return None
     shown = f"{measured:.3f}" if isinstance(measured, int | float) else "unknown"
     gate = "unset" if required is None else required

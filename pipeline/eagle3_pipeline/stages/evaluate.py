@@ -1,0 +1,357 @@
+"""evaluate: the draft's acceptance in vLLM, with the verifier, on held-out prompts; the gate's input.
+
+The prompts are the first `evaluation.prompts` validation conversations of the data stage (`generate`'s
+when it ran, else `prepare`'s), each up to its first assistant turn. The stage writes train's best checkpoint
+in the shape export ships (`eagle3_pipeline.draft_checkpoint`: no embedding copy, bf16, the verifier as the
+spec names it) and serves the verifier with it as an Eagle-3 draft, then serves the verifier alone; both
+answer every prompt greedily (temperature 0, at most MAX_TOKENS new tokens, CONCURRENCY requests in flight).
+
+The draft server's speculative-decoding counters (`eagle3_pipeline.spec_metrics`), read from `/metrics` before
+and after the requests, give the acceptance rate, the mean acceptance length (tokens per verifier step) and
+the acceptance by draft position; the two runs give output tokens per second and the speedup. At temperature 0
+speculative decoding is lossless up to numerics: `outputsMatchingBaseline` counts the prompts whose answer
+with the draft is the verifier's own.
+
+The gate: `gatePassed` is true when the mean acceptance length reaches `evaluation.minAcceptanceLength` (or
+no gate is set) and the draft's d2t and t2d agree; `message` says why it failed. The stage succeeds either
+way: the operator (and `eagle3 run`) stop before export when the gate fails. The gate is not part of the
+stage's content hash, so they compare `acceptanceLength` with the spec's current gate, not `gatePassed`.
+A draft whose mapping is broken fails the gate whatever its speed, so the verifier is not served alone for
+it (the baseline figures are null); one whose d2t points outside the verifier's vocabulary cannot be served
+at all: a StageError. The result also says whether the draft's copy of the verifier's embeddings is the
+verifier's own (`embeddingsMatchVerifier`: a draft trained for another version of the verifier). The work
+directory keeps the vLLM logs; the slim draft is deleted after the run (export writes the one that ships).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.context import StageContext
+from eagle3_pipeline.draft_checkpoint import (
+    best_checkpoint,
+    foreign_embeddings,
+    mapping_problem,
+    read_config,
+    target_vocab_size,
+    unservable_mapping,
+    write_serving_checkpoint,
+)
+from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.spec_metrics import (
+    Acceptance,
+    SpecDecodeCounters,
+    consistency_problems,
+    parse_counters,
+)
+from eagle3_pipeline.vllm_server import VllmServer
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, str]
+CONVERSATIONS_FILE = "conversations.jsonl"
+DATA_STAGES = ("generate", "prepare")  # generate's output (the verifier's own answers) wins
+DRAFT_DIR = "draft"
+MAX_TOKENS = 128
+CONCURRENCY = 8
+REQUEST_TIMEOUT_S = 3600.0
+METRICS_POLL_S = 0.5
+METRICS_SETTLE_S = 30.0  # the server records a step's counters as it returns the step's tokens
+FAILED_EXAMPLES = 3
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    started = time.monotonic()
+    evaluation = ctx.spec.evaluation
+    prompts, held_out = held_out_prompts(data_input(ctx) / CONVERSATIONS_FILE, evaluation.prompts)
+    source = best_checkpoint(ctx.input("train"))
+    vocab = target_vocab_size(read_config(source))
+    slim = write_serving_checkpoint(source, ctx.work / DRAFT_DIR, ctx.spec.verifier.model)
+    d2t, t2d = slim.weights.tensors.get("d2t"), slim.weights.tensors.get("t2d")
+    unservable = unservable_mapping(d2t, vocab)
+    if unservable:
+        raise StageError(
+            f"the draft {source} cannot be served: {unservable}; its mapping is corrupt: re-run stages "
+            "vocab and train"
+        )
+    problem = mapping_problem(d2t, t2d, vocab)
+    foreign = foreign_embeddings(source, ctx.local_path(ctx.spec.verifier.model))
+    with_draft = measure(ctx, prompts, slim.path)
+    shutil.rmtree(slim.path, ignore_errors=True)
+    # a draft with a broken mapping fails the gate whatever its speed: no need to serve the verifier alone
+    baseline = measure(ctx, prompts, None) if problem is None else None
+    ev = Evaluation(prompts, held_out, with_draft, baseline, problem, source, foreign)
+    result = summarize(ctx, ev)
+    return result | {"seconds": round(time.monotonic() - started, 3)}
+
+
+# --- prompts ------------------------------------------------------------------------------------------------
+
+
+def data_input(ctx: StageContext) -> Path:
+    for name in DATA_STAGES:
+        if name in ctx.inputs:
+            return ctx.input(name)
+    raise StageError(
+        "stage evaluate needs the data stage's output: pass --input prepare=DIR (or generate=DIR)"
+    )
+
+
+def prompt_of(messages: list[dict[str, Any]]) -> list[Message] | None:
+    """The conversation up to its first assistant turn (role and content only); None if it has no user turn
+    to answer there."""
+    prompt: list[Message] = []
+    for message in messages:
+        if message.get("role") == "assistant":
+            break
+        prompt.append({"role": str(message.get("role")), "content": str(message.get("content", ""))})
+    if not prompt or prompt[-1]["role"] != "user":
+        return None
+    return prompt
+
+
+def held_out_prompts(path: Path, wanted: int) -> tuple[list[list[Message]], int]:
+    """Up to `wanted` prompts from the validation rows of `path`, in file order, and how many there are."""
+    from eagle3_pipeline.prepared import VAL
+    from eagle3_pipeline.stages.generate import read_input
+
+    rows = [row for row in read_input(path) if row.get("split") == VAL]
+    prompts = [p for p in (prompt_of(row.get("messages") or []) for row in rows) if p is not None]
+    if not prompts:
+        raise StageError(
+            f"{path} has no validation conversation with a user turn to answer ({len(rows)} validation "
+            "rows): evaluation needs held-out prompts; set dataset.validationFraction above 0"
+        )
+    if len(prompts) < wanted:
+        logger.warning("only %d held-out prompts for evaluation.prompts %d", len(prompts), wanted)
+    return prompts[:wanted], len(prompts)
+
+
+# --- one server: requests and counters ----------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """One server's run over the prompts."""
+
+    outputs: list[str | None]
+    output_tokens: int = 0
+    seconds: float = 0.0
+    server_start_s: float = 0.0
+    failures: list[str] = field(default_factory=list)
+    counters: SpecDecodeCounters | None = None  # the difference over the run; None without a draft
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.output_tokens / self.seconds if self.seconds > 0 else None
+
+
+def speculative_config(ctx: StageContext, draft: Path) -> dict[str, Any]:
+    return {
+        "method": "eagle3",
+        "model": str(draft),
+        "num_speculative_tokens": ctx.spec.evaluation.num_speculative_tokens,
+    }
+
+
+def measure(ctx: StageContext, prompts: list[list[Message]], draft: Path | None) -> Measurement:
+    """Serve the verifier (with `draft` when given), answer every prompt, and read the counters around it."""
+    label = "draft" if draft is not None else "baseline"
+    extra = [] if draft is None else ["--speculative-config", json.dumps(speculative_config(ctx, draft))]
+    with VllmServer(ctx, extra_args=extra, log_path=ctx.work / f"vllm-{label}.log") as server:
+        before = read_counters(server)
+        result = asyncio.run(answer_all(server, prompts))
+        result.server_start_s = server.started_s
+        if draft is not None:
+            after = settled_counters(server, before, result.output_tokens)
+            result.counters = after - before if before is not None else after
+        server.check()
+    tokens, seconds = result.output_tokens, result.seconds
+    logger.info("%s: %d prompts, %d output tokens in %.1f s", label, len(prompts), tokens, seconds)
+    if len(result.failures) == len(prompts):
+        raise StageError(
+            f"every request to the {label} server failed, e.g. {result.failures[0]} "
+            f"(log: {ctx.work / f'vllm-{label}.log'})"
+        )
+    return result
+
+
+def read_counters(server: VllmServer) -> SpecDecodeCounters | None:
+    import httpx
+
+    try:
+        response = httpx.get(server.root_url + "/metrics", timeout=30.0)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        server.check()
+        raise StageError(f"cannot read the vLLM server's /metrics ({exc})") from None
+    return parse_counters(response.text, server.model_name)
+
+
+def settled_counters(
+    server: VllmServer, before: SpecDecodeCounters | None, tokens: int
+) -> SpecDecodeCounters:
+    """The counters once they count every token returned (the server records them as it returns tokens)."""
+    deadline = time.monotonic() + METRICS_SETTLE_S
+    while True:
+        after = read_counters(server)
+        if after is None:
+            raise StageError(
+                "the vLLM server with the draft exports no vllm:spec_decode_* counters at /metrics: "
+                "speculative decoding is not active (see its log for the speculative config it read)"
+            )
+        generated = after.generation_tokens - (before.generation_tokens if before else 0.0)
+        if generated >= tokens or time.monotonic() > deadline:
+            return after
+        time.sleep(METRICS_POLL_S)
+
+
+async def answer_all(server: VllmServer, prompts: list[list[Message]]) -> Measurement:
+    """Greedy answers to every prompt, CONCURRENCY in flight; a failed request is recorded, not raised."""
+    import openai
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=2, timeout=REQUEST_TIMEOUT_S)
+    semaphore = asyncio.Semaphore(CONCURRENCY)
+    result = Measurement(outputs=[None] * len(prompts))
+
+    async def one(index: int, messages: list[Message]) -> None:
+        async with semaphore:
+            try:
+                response = await client.chat.completions.create(
+                    model=server.model_name,
+                    messages=messages,  # type: ignore[arg-type]
+                    max_tokens=MAX_TOKENS,
+                    temperature=0.0,
+                )
+            except openai.APIError as exc:
+                result.failures.append(f"prompt {index}: {type(exc).__name__}: {exc}")
+                return
+        result.outputs[index] = response.choices[0].message.content or ""
+        result.output_tokens += response.usage.completion_tokens if response.usage else 0
+
+    started = time.monotonic()
+    try:
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    finally:
+        await client.close()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+# --- the result ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    prompts: list[list[Message]]
+    held_out: int
+    draft: Measurement
+    baseline: Measurement | None  # None when the draft's mapping is broken
+    mapping_problem: str | None
+    source: Path
+    foreign_embeddings: str | None = None
+
+
+def summarize(ctx: StageContext, ev: Evaluation) -> dict[str, Any]:
+    k = ctx.spec.evaluation.num_speculative_tokens
+    counters = ev.draft.counters
+    assert counters is not None  # measure() sets them for a draft server
+    problems = consistency_problems(counters, k)
+    if problems:
+        raise StageError(f"vLLM's speculative-decoding counters contradict each other: {'; '.join(problems)}")
+    try:
+        acceptance = Acceptance.from_counters(counters)
+    except ValueError as exc:
+        raise StageError(f"the draft was never asked for tokens: {exc}; are all answers 1 token?") from None
+    gate_passed, message = gate(ctx, acceptance.length, ev)
+    base = ev.baseline
+    speed, base_speed = ev.draft.tokens_per_second, base.tokens_per_second if base else None
+    return {
+        "prompts": len(ev.prompts),
+        "promptsRequested": ctx.spec.evaluation.prompts,
+        "heldOutPrompts": ev.held_out,
+        "failedPrompts": len(failures(ev)),
+        "numSpeculativeTokens": k,
+        "maxTokens": MAX_TOKENS,
+        "drafts": int(counters.drafts),
+        "draftTokens": int(counters.draft_tokens),
+        "acceptedTokens": int(counters.accepted),
+        "acceptedTokensByPosition": [int(a) for a in counters.accepted_per_position],
+        "acceptanceRate": round(acceptance.rate, 6),
+        "acceptanceLength": round(acceptance.length, 6),
+        "acceptanceByPosition": [round(a, 6) for a in acceptance.by_position],
+        "outputTokens": ev.draft.output_tokens,
+        "outputTokensPerSecond": round(speed, 2) if speed else None,
+        "baselineOutputTokens": base.output_tokens if base else None,
+        "baselineOutputTokensPerSecond": round(base_speed, 2) if base_speed else None,
+        "speedup": round(speed / base_speed, 4) if speed and base_speed else None,
+        "outputsMatchingBaseline": matching(ev.draft.outputs, base.outputs) if base else None,
+        "gatePassed": gate_passed,
+        "minAcceptanceLength": ctx.spec.evaluation.min_acceptance_length,
+        "message": message,
+        "mappingConsistent": ev.mapping_problem is None,
+        "embeddingsMatchVerifier": ev.foreign_embeddings is None,
+        "draftCheckpoint": relative_to(ev.source, ctx.artifacts),
+        "serverStartSeconds": {
+            "draft": round(ev.draft.server_start_s, 1),
+            "baseline": round(base.server_start_s, 1) if base else None,
+        },
+    }
+
+
+def relative_to(path: Path, root: Path) -> str:
+    """`path` relative to the artifacts root where it lies there (as the cluster volume names it)."""
+    try:
+        return str(path.relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def failures(ev: Evaluation) -> list[str]:
+    return ev.draft.failures + (ev.baseline.failures if ev.baseline else [])
+
+
+def matching(outputs: list[str | None], baseline: list[str | None]) -> int:
+    return sum(1 for a, b in zip(outputs, baseline, strict=True) if a is not None and a == b)
+
+
+def gate(ctx: StageContext, length: float, ev: Evaluation) -> tuple[bool, str]:
+    """(passed, message): the gate on the mean acceptance length and on the draft's vocabulary mapping."""
+    evaluation = ctx.spec.evaluation
+    required = evaluation.min_acceptance_length
+    measured = f"mean acceptance length {length:.3f}"
+    if required is None:
+        passed, notes = True, [f"{measured} (no gate: evaluation.minAcceptanceLength is unset)"]
+    elif length >= required:
+        passed, notes = True, [f"{measured} reaches evaluation.minAcceptanceLength {required}"]
+    else:
+        passed = False
+        notes = [f"{measured} is below evaluation.minAcceptanceLength {required}: the draft is not exported"]
+    if ev.mapping_problem is not None:
+        passed = False
+        notes.append(
+            f"the draft's d2t and t2d disagree ({ev.mapping_problem}): its proposals land on the wrong "
+            "tokens; re-run stages vocab and train (the verifier was not measured alone)"
+        )
+    if ev.foreign_embeddings is not None:
+        notes.append(
+            f"{ev.foreign_embeddings}: the draft was trained for another version of verifier.model "
+            f"{ctx.spec.verifier.model}; re-run the pipeline from extract for this verifier"
+        )
+    if len(ev.prompts) < evaluation.prompts:
+        notes.append(
+            f"measured on {len(ev.prompts)} held-out prompts, fewer than evaluation.prompts "
+            f"{evaluation.prompts} (the validation split has no more)"
+        )
+    failed = failures(ev)
+    if failed:
+        notes.append(f"{len(failed)} requests failed, e.g. {'; '.join(failed[:FAILED_EXAMPLES])}")
+    return passed, "; ".join(notes)

@@ -1,0 +1,352 @@
+"""The evaluate stage: vLLM's spec-decode counters, the acceptance arithmetic, prompts, the gate, and the
+local executor stopping at a failed gate.
+
+Most tests use Prometheus text and results written by hand; the `vllm` tests serve the tiny verifier with a
+quickly fitted draft (three vLLM servers in all: the draft and the verifier alone, then a draft whose d2t is
+shuffled, which fails the gate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_operator.api.manifest import load_manifest
+from eagle3_operator.stages import Stage, plan_stages
+from eagle3_pipeline.context import StageContext
+from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.local import LocalOptions, LocalRunError, gate_failure, run_local
+from eagle3_pipeline.spec_metrics import (
+    Acceptance,
+    SpecDecodeCounters,
+    consistency_problems,
+    parse_counters,
+)
+from eagle3_pipeline.stage_main import run_stage
+from eagle3_pipeline.stages.evaluate import Evaluation, Measurement, held_out_prompts, prompt_of, summarize
+from tests.pipeline.draft_support import (
+    evaluate_spec,
+    shared_draft,
+    shuffle_mapping,
+    write_data_stage,
+    write_train_stage,
+)
+from tests.pipeline.manifests import write_manifest
+from tests.pipeline.test_vllm_server import vllm_or_skip
+
+Row = dict[str, Any]
+
+
+def metrics_page(
+    drafts: float, tokens: float, accepted: float, per_pos: list[float], engine: str = "0"
+) -> str:
+    """A /metrics page as vLLM writes it: counters with `_total` and `_created` samples, labels per engine."""
+    labels = f'engine="{engine}",model_name="verifier"'
+    lines = []
+    for name, value in (("drafts", drafts), ("draft_tokens", tokens), ("accepted_tokens", accepted)):
+        metric = f"vllm:spec_decode_num_{name}"
+        lines += [f"# HELP {metric}_total x", f"# TYPE {metric}_total counter"]
+        lines += [f"{metric}_total{{{labels}}} {value}", f"{metric}_created{{{labels}}} 1.7e9"]
+    metric = "vllm:spec_decode_num_accepted_tokens_per_pos"
+    lines += [f"# HELP {metric}_total x", f"# TYPE {metric}_total counter"]
+    lines += [f'{metric}_total{{{labels},position="{i}"}} {v}' for i, v in enumerate(per_pos)]
+    lines += ["# HELP vllm:generation_tokens_total x", "# TYPE vllm:generation_tokens_total counter"]
+    lines += [f"vllm:generation_tokens_total{{{labels}}} {tokens + drafts}"]
+    return "\n".join(lines) + "\n"
+
+
+BASELINE_PAGE = """# HELP vllm:num_requests_running x
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="verifier"} 0.0
+"""
+
+
+# --- counters and acceptance --------------------------------------------------------------------------------
+
+
+def test_counters_are_summed_over_engines_for_the_served_model_only() -> None:
+    text = metrics_page(10, 30, 12, [8, 3, 1]) + metrics_page(5, 15, 3, [3, 0, 0], engine="1")
+    text += metrics_page(100, 300, 300, [100, 100, 100]).replace(
+        'model_name="verifier"', 'model_name="other"'
+    )
+    counters = parse_counters(text, "verifier")
+    assert counters == SpecDecodeCounters(15, 45, 15, (11, 3, 1), generation_tokens=60)
+
+
+def test_a_page_without_spec_decode_counters_has_none() -> None:
+    assert parse_counters(BASELINE_PAGE, "verifier") is None
+
+
+def test_acceptance_from_the_difference_of_two_pages() -> None:
+    before = parse_counters(metrics_page(4, 12, 2, [2, 0, 0]), "verifier")
+    after = parse_counters(metrics_page(104, 312, 152, [82, 50, 20]), "verifier")
+    assert before is not None and after is not None
+    delta = after - before
+    assert delta == SpecDecodeCounters(100, 300, 150, (80, 50, 20), generation_tokens=400)
+    assert consistency_problems(delta, 3) == []
+    acceptance = Acceptance.from_counters(delta)
+    assert acceptance.rate == pytest.approx(150 / 300)
+    assert acceptance.length == pytest.approx(1 + 150 / 100)  # tokens per verifier step, not k
+    assert acceptance.by_position == pytest.approx((0.8, 0.5, 0.2))
+    assert 1 + sum(acceptance.by_position) == pytest.approx(acceptance.length)
+
+
+def test_acceptance_without_drafts_is_undefined() -> None:
+    with pytest.raises(ValueError, match="no drafts were verified"):
+        Acceptance.from_counters(SpecDecodeCounters())
+
+
+@pytest.mark.parametrize(
+    ("counters", "problem"),
+    [
+        (SpecDecodeCounters(10, 31, 5, (3, 2, 0)), "> drafts 10 x k 3"),
+        (SpecDecodeCounters(10, 30, 5, (3, 1, 0)), "does not sum to 5"),
+        (SpecDecodeCounters(10, 30, 5, (2, 3, 0)), "grows with the position"),
+        (SpecDecodeCounters(10, 30, 5, (3, 2)), "2 draft positions counted, expected k = 3"),
+        (SpecDecodeCounters(10, 6, 9, (6, 3, 0)), "accepted 9 > draft tokens 6"),
+    ],
+)
+def test_contradictory_counters_are_named(counters: SpecDecodeCounters, problem: str) -> None:
+    assert any(problem in p for p in consistency_problems(counters, 3))
+
+
+# --- prompts ------------------------------------------------------------------------------------------------
+
+
+def test_a_prompt_is_the_conversation_up_to_its_first_answer() -> None:
+    system, user, answer = (
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi", "extra": "x"},
+        {"role": "assistant", "content": "hello"},
+    )
+    assert prompt_of([system, user, answer, user, answer]) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+    assert prompt_of([user]) == [{"role": "user", "content": "hi"}]  # a prompt-only row
+    assert prompt_of([answer, user]) is None and prompt_of([system]) is None
+
+
+def test_held_out_prompts_come_from_validation_rows(tmp_path: Path) -> None:
+    def row(i: int, split: str) -> Row:
+        messages = [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+        return {"id": str(i), "split": split, "messages": messages}
+
+    path = tmp_path / "conversations.jsonl"
+    path.write_text("".join(json.dumps(row(i, "val" if i % 3 == 0 else "train")) + "\n" for i in range(10)))
+    prompts, available = held_out_prompts(path, 2)
+    assert available == 4 and prompts == [
+        [{"role": "user", "content": "q0"}],
+        [{"role": "user", "content": "q3"}],
+    ]
+    assert len(held_out_prompts(path, 64)[0]) == 4
+    path.write_text(json.dumps(row(1, "train")) + "\n")
+    with pytest.raises(StageError, match=r"validationFraction above 0"):
+        held_out_prompts(path, 2)
+
+
+# --- the result and the gate --------------------------------------------------------------------------------
+
+
+def context(tmp_path: Path, **evaluation: Any) -> StageContext:
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", evaluate_spec(**evaluation)))
+    return StageContext("evaluate", manifest.name, manifest.spec, tmp_path, tmp_path / "evaluate" / "h")
+
+
+def evaluation(prompts: int, accepted: float, mapping: str | None = None, base: bool = True) -> Evaluation:
+    counters = SpecDecodeCounters(100, 300, accepted, (accepted * 0.7, accepted * 0.3, 0.0))
+    outputs: list[str | None] = ["a", "b", "c"]
+    draft = Measurement(outputs[:prompts], 300, 2.0, 30.0, counters=counters)
+    baseline = Measurement([*outputs[:2], "x"][:prompts], 300, 3.0, 20.0) if base else None
+    return Evaluation(
+        [[{"role": "user", "content": "q"}]] * prompts, prompts, draft, baseline, mapping, Path("/d")
+    )
+
+
+def test_the_result_carries_the_figures_and_passes_the_gate(tmp_path: Path) -> None:
+    ctx = context(tmp_path, prompts=3, numSpeculativeTokens=3, minAcceptanceLength=1.5)
+    result = summarize(ctx, evaluation(3, accepted=60))
+    assert result["acceptanceLength"] == 1.6 and result["acceptanceRate"] == 0.2
+    assert result["acceptanceByPosition"] == [0.42, 0.18, 0.0]
+    assert result["drafts"] == 100 and result["acceptedTokensByPosition"] == [42, 18, 0]
+    assert result["outputTokensPerSecond"] == 150 and result["baselineOutputTokensPerSecond"] == 100
+    assert result["speedup"] == 1.5 and result["outputsMatchingBaseline"] == 2
+    assert result["gatePassed"] is True and result["minAcceptanceLength"] == 1.5
+    assert result["message"] == "mean acceptance length 1.600 reaches evaluation.minAcceptanceLength 1.5"
+    assert len(json.dumps(result)) < 4096  # it is the container's termination message too
+
+
+def test_below_the_gate_the_message_names_both_lengths(tmp_path: Path) -> None:
+    ctx = context(tmp_path, prompts=8, numSpeculativeTokens=3, minAcceptanceLength=1.7)
+    result = summarize(ctx, evaluation(3, accepted=60))
+    assert result["gatePassed"] is False
+    assert "mean acceptance length 1.600 is below evaluation.minAcceptanceLength 1.7" in result["message"]
+    assert "3 held-out prompts, fewer than evaluation.prompts 8" in result["message"]
+
+
+def test_without_a_gate_it_passes_and_says_so(tmp_path: Path) -> None:
+    result = summarize(context(tmp_path, prompts=3), evaluation(3, accepted=0))
+    assert result["gatePassed"] is True and result["minAcceptanceLength"] is None
+    assert "no gate" in result["message"]
+
+
+def test_a_broken_mapping_fails_the_gate_whatever_the_acceptance(tmp_path: Path) -> None:
+    ctx = context(tmp_path, prompts=3, minAcceptanceLength=1.1)
+    result = summarize(ctx, evaluation(3, accepted=90, mapping="d2t maps 5 of 8 draft tokens", base=False))
+    assert result["gatePassed"] is False and result["mappingConsistent"] is False
+    assert "d2t and t2d disagree (d2t maps 5 of 8 draft tokens)" in result["message"]
+    assert result["speedup"] is None and result["outputsMatchingBaseline"] is None
+
+
+def test_embeddings_of_another_verifier_are_named(tmp_path: Path) -> None:
+    ev = evaluation(3, accepted=9)
+    ev = Evaluation(ev.prompts, 3, ev.draft, ev.baseline, None, ev.source, "2 of 1024 rows ... differ")
+    result = summarize(context(tmp_path, prompts=3, minAcceptanceLength=1.5), ev)
+    assert result["embeddingsMatchVerifier"] is False and result["gatePassed"] is False
+    assert (
+        "2 of 1024 rows ... differ: the draft was trained for another version of verifier.model"
+        in (result["message"])
+    )
+
+
+def test_contradictory_counters_fail_the_stage(tmp_path: Path) -> None:
+    ev = evaluation(3, accepted=60)
+    ev.draft.counters = SpecDecodeCounters(100, 300, 60, (10, 20, 30))
+    with pytest.raises(StageError, match="contradict each other"):
+        summarize(context(tmp_path, prompts=3), ev)
+
+
+def test_the_local_run_stops_before_export_when_the_gate_fails(tmp_path: Path) -> None:
+    spec = evaluate_spec(prompts=4, minAcceptanceLength=2.0)
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", spec))
+    art = tmp_path / "art"
+    for plan in plan_stages(manifest.spec):
+        if plan.stage == Stage.EXPORT or plan.skipped:
+            continue
+        (art / plan.output_dir).mkdir(parents=True)
+        result = {"acceptanceLength": 1.25, "gatePassed": False, "message": "below"}
+        (art / plan.output_dir / "result.json").write_text(
+            json.dumps(result if plan.stage == Stage.EVALUATE else {})
+        )
+    with pytest.raises(LocalRunError) as failed:
+        run_local(manifest, LocalOptions(artifacts=art, python="/nonexistent"))  # no stage program runs
+    message, outcomes = failed.value.args
+    assert "mean acceptance length 1.250, evaluation.minAcceptanceLength 2.0" in message
+    assert "export and serving do not run" in message and "evaluate says: below" in message
+    assert outcomes[-1].stage == "evaluate" and outcomes[-1].note == "gate failed"
+    assert not (art / "export").exists()
+
+
+@pytest.mark.parametrize(
+    ("result", "required", "stops"),
+    [
+        ({"acceptanceLength": 1.25, "gatePassed": False}, 1.2, False),  # judged at a stricter gate before
+        ({"acceptanceLength": 1.25, "gatePassed": True}, 1.5, True),  # the gate was raised since
+        ({"acceptanceLength": 3.0, "gatePassed": False, "mappingConsistent": False}, None, True),
+        ({"acceptanceLength": 3.0, "gatePassed": True, "mappingConsistent": True}, None, False),
+        ({}, 1.5, True),
+    ],
+)
+def test_the_gate_is_the_current_specs(
+    tmp_path: Path, result: dict[str, Any], required: float | None, stops: bool
+) -> None:
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", evaluate_spec(prompts=4)))
+    plan = next(p for p in plan_stages(manifest.spec) if p.stage == Stage.EVALUATE)
+    assert (gate_failure(plan, result, required) is not None) is stops
+
+
+# --- with vLLM ----------------------------------------------------------------------------------------------
+
+PROMPTS = 16
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    result: dict[str, Any]
+    output: Path
+
+
+def evaluate_in(root: Path, models: Path, draft: Path, **evaluation: Any) -> Run:
+    from tests.pipeline.draft_support import DATASET, conversations
+
+    art = root / "art"
+    inputs = [
+        f"prepare={write_data_stage(art, conversations(models / DATASET))}",
+        f"train={write_train_stage(art, draft)}",
+    ]
+    manifest = write_manifest(root / "run.yaml", evaluate_spec(**evaluation))
+    code = run_stage("evaluate", str(manifest), str(art), "evaluate/h", inputs)
+    output = art / "evaluate" / "h"
+    result = json.loads((output / "result.json").read_text()) if code == 0 else {}
+    return Run(code, result, output)
+
+
+@pytest.fixture(scope="module")
+def vllm_env(tiny_models: Path) -> Iterator[Path]:
+    vllm = vllm_or_skip()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EAGLE3_VLLM", vllm)
+        mp.setenv("EAGLE3_MODELS_ROOT", str(tiny_models))
+        yield tiny_models
+
+
+@pytest.fixture(scope="module")
+def good_run(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    draft = shared_draft(vllm_env, tmp_path_factory.getbasetemp())
+    gate = {"minAcceptanceLength": 1.3}
+    return evaluate_in(tmp_path_factory.mktemp("good"), vllm_env, draft, prompts=PROMPTS, **gate)
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_acceptance_follows_from_vllms_raw_counters(good_run: Run) -> None:
+    r = good_run.result
+    assert good_run.code == 0
+    assert r["prompts"] == PROMPTS and r["failedPrompts"] == 0
+    assert r["draftTokens"] <= r["drafts"] * r["numSpeculativeTokens"]
+    assert sum(r["acceptedTokensByPosition"]) == r["acceptedTokens"]
+    assert r["acceptanceRate"] == pytest.approx(r["acceptedTokens"] / r["draftTokens"], abs=1e-6)
+    assert r["acceptanceLength"] == pytest.approx(1 + r["acceptedTokens"] / r["drafts"], abs=1e-6)
+    by_position = [a / r["drafts"] for a in r["acceptedTokensByPosition"]]
+    assert r["acceptanceByPosition"] == pytest.approx(by_position, abs=1e-6)
+    # the fitted draft is a working one: 1.5 to 1.75 tokens per step, most of them at position 0
+    assert r["acceptanceLength"] > 1.3 and r["gatePassed"] is True and r["embeddingsMatchVerifier"] is True
+    assert r["acceptanceByPosition"][0] > 0.4
+    assert r["outputTokens"] == r["baselineOutputTokens"]
+    assert r["outputsMatchingBaseline"] >= PROMPTS - 1  # greedy decoding is lossless up to numerics
+    assert r["outputTokensPerSecond"] > 0 and r["speedup"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_the_slim_draft_shares_the_verifiers_embeddings(good_run: Run) -> None:
+    log = (good_run.output / "vllm-draft.log").read_text()
+    assert "EAGLE model without its own embed_tokens" in log  # vLLM shares the verifier's embeddings
+    assert not (good_run.output / "draft").exists()  # export writes the draft that ships
+    assert good_run.result["serverStartSeconds"]["draft"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_a_shuffled_mapping_fails_the_gate_with_a_clear_message(
+    good_run: Run, vllm_env: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("shuffled")
+    draft = shuffle_mapping(shared_draft(vllm_env, tmp_path_factory.getbasetemp()), root / "draft")
+    run = evaluate_in(root, vllm_env, draft, prompts=PROMPTS, minAcceptanceLength=1.3)
+    r = run.result
+    assert run.code == 0  # the stage measured the draft; the gate is the operator's decision
+    assert r["gatePassed"] is False and r["mappingConsistent"] is False
+    assert (
+        "the draft's d2t and t2d disagree" in r["message"] and "re-run stages vocab and train" in r["message"]
+    )
+    assert r["acceptanceLength"] < good_run.result["acceptanceLength"] - 0.3  # acceptance collapses
+    assert r["baselineOutputTokensPerSecond"] is None and not (run.output / "vllm-baseline.log").exists()
+    assert os.path.exists(run.output / "vllm-draft.log")
