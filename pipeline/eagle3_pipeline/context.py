@@ -21,6 +21,8 @@ from eagle3_operator.stages import ARTIFACTS_MOUNT
 from eagle3_pipeline.errors import StageError
 
 RESULT_FILE = "result.json"
+# Stages whose output is a prepared dataset; generate's (the verifier's own answers) wins when both are given.
+DATA_STAGES = ("generate", "prepare")
 # Locally, where the cluster's model cache volume (/models) lives; unset in a pod.
 ENV_MODELS_ROOT = "EAGLE3_MODELS_ROOT"
 
@@ -77,6 +79,15 @@ class StageContext:
                 f"(no {RESULT_FILE}); run stage {name} first"
             )
         return path
+
+    def data_input(self) -> Path:
+        """The upstream data stage's complete output directory (generate's, else prepare's)."""
+        for name in DATA_STAGES:
+            if name in self.inputs:
+                return self.input(name)
+        raise StageError(
+            f"stage {self.stage} needs the data stage's output: pass --input prepare=DIR (or generate=DIR)"
+        )
 
     def local_path(self, path: str) -> str:
         """A path as written in the spec, mapped onto this machine (the cluster mounts, locally)."""

@@ -57,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 Message = dict[str, str]
 CONVERSATIONS_FILE = "conversations.jsonl"
-DATA_STAGES = ("generate", "prepare")  # generate's output (the verifier's own answers) wins
 DRAFT_DIR = "draft"
 MAX_TOKENS = 128
 CONCURRENCY = 8
@@ -70,7 +69,7 @@ FAILED_EXAMPLES = 3
 def run(ctx: StageContext) -> dict[str, Any]:
     started = time.monotonic()
     evaluation = ctx.spec.evaluation
-    prompts, held_out = held_out_prompts(data_input(ctx) / CONVERSATIONS_FILE, evaluation.prompts)
+    prompts, held_out = held_out_prompts(ctx.data_input() / CONVERSATIONS_FILE, evaluation.prompts)
     source = best_checkpoint(ctx.input("train"))
     vocab = target_vocab_size(read_config(source))
     slim = write_serving_checkpoint(source, ctx.work / DRAFT_DIR, ctx.spec.verifier.model)
@@ -93,15 +92,6 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 # --- prompts ------------------------------------------------------------------------------------------------
-
-
-def data_input(ctx: StageContext) -> Path:
-    for name in DATA_STAGES:
-        if name in ctx.inputs:
-            return ctx.input(name)
-    raise StageError(
-        "stage evaluate needs the data stage's output: pass --input prepare=DIR (or generate=DIR)"
-    )
 
 
 def prompt_of(messages: list[dict[str, Any]]) -> list[Message] | None:

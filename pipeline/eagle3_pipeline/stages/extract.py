@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from eagle3_operator.api.spec import Eagle3RunSpec, ExtractionBackend
@@ -33,24 +32,12 @@ from eagle3_pipeline.hidden_states import (
 
 logger = logging.getLogger(__name__)
 
-DATA_STAGES = ("generate", "prepare")  # generate's output (regenerated answers) wins when both are given
-
 
 @dataclass(frozen=True)
 class VerifierShape:
     num_hidden_layers: int
     hidden_size: int
     vocab_size: int | None
-
-
-def data_input(ctx: StageContext) -> Path:
-    """The upstream data stage's complete output directory."""
-    for name in DATA_STAGES:
-        if name in ctx.inputs:
-            return ctx.input(name)
-    raise StageError(
-        "stage extract needs the data stage's output: pass --input prepare=DIR (or generate=DIR)"
-    )
 
 
 def verifier_shape(ref: VerifierRef) -> VerifierShape:
@@ -77,7 +64,7 @@ def verifier_shape(ref: VerifierRef) -> VerifierShape:
 def run(ctx: StageContext) -> dict[str, Any]:
     started = time.monotonic()
     spec = ctx.spec
-    source = data_input(ctx)
+    source = ctx.data_input()
     v = spec.verifier
     ref = VerifierRef(ctx.local_path(v.model), v.revision, v.trust_remote_code)
     shape = verifier_shape(ref)

@@ -22,13 +22,13 @@ from typing import IO, Any
 
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.prepared import CONVERSATIONS_FILE, write_conversations
 from eagle3_pipeline.vllm_server import VllmServer
 
 logger = logging.getLogger(__name__)
 
 Conversation = dict[str, Any]
 Message = dict[str, str]
-CONVERSATIONS_FILE = "conversations.jsonl"
 FAILED_FILE = "failed.jsonl"
 FSYNC_INTERVAL_S = 1.0
 FAILED_EXAMPLES = 5
@@ -55,7 +55,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
             progress.generation_s = time.monotonic() - generation_started
     finished = read_done(done_file, ids)
     ordered = [finished[c["id"]] for c in conversations if c["id"] in finished]
-    rewrite_atomically(done_file, ordered)
+    write_conversations(done_file, ordered)
     from eagle3_pipeline.prepared import write_prepared  # torch, transformers: imported when needed
 
     stats = write_prepared(ctx.work, ordered, ctx)
@@ -216,16 +216,6 @@ def read_done(path: Path, known: set[str]) -> dict[str, Conversation]:
     if good_bytes != path.stat().st_size:
         os.truncate(path, good_bytes)
     return done
-
-
-def rewrite_atomically(path: Path, conversations: list[Conversation]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for conv in conversations:
-            f.write(json.dumps(conv, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class Appender:

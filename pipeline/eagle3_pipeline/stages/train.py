@@ -62,7 +62,6 @@ CHECKPOINTS = "checkpoints"
 BEST = "checkpoint_best"
 INFO_FILE = "trainer.json"
 WEIGHTS = "model.safetensors"
-DATA_STAGES = ("generate", "prepare")  # generate's output (regenerated answers) wins when both are given
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -132,16 +131,9 @@ def launch(ctx: StageContext, cfg: Any, hidden_size: int, metrics: Path, on_cpu:
         raise RuntimeError(f"torchrun exited with code {code} (its workers' errors are above)")
 
 
-def data_input(ctx: StageContext) -> Path:
-    for name in DATA_STAGES:
-        if name in ctx.inputs:
-            return ctx.input(name)
-    raise StageError("stage train needs the data stage's output: pass --input prepare=DIR (or generate=DIR)")
-
-
 def sources(ctx: StageContext) -> DraftSources:
     """The upstream outputs, checked against each other before anything is trained."""
-    extract, vocab, data = ctx.input("extract"), ctx.input("vocab"), data_input(ctx)
+    extract, vocab, data = ctx.input("extract"), ctx.input("vocab"), ctx.data_input()
     metadata = read_metadata(extract)
     rows, n_train = dataset_split(data / DATA_DIR)
     check_hidden_states(extract, metadata, rows)

@@ -64,7 +64,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     import numpy as np
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    data_dir = ctx.input("generate") if "generate" in ctx.inputs else ctx.input("prepare")
+    data_dir = ctx.data_input()
     freq = load_frequencies(data_dir)
     n = ctx.spec.draft.vocab_size
     target = target_vocab_size(ctx)
