@@ -8,6 +8,7 @@ build takes a few minutes on a small CPU: tests that use the fixture get a timeo
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,14 @@ def tiny_models() -> Path:
     root = build(models_root())
     log.info("tiny verifier in %s", root)
     return root
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Tiny matmuls on a shared CI machine: more threads only wait for each other (10x slower under load)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +44,7 @@ from tests.pipeline.extract_support import (
     write_prepared,
 )
 
-pytestmark = pytest.mark.pipeline
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny matmuls on a shared CI machine: more threads only wait for each other (10x slower under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.pipeline, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from eagle3_pipeline.train_metrics import acceptance_length, read_epochs, summar
 from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
 
-pytestmark = pytest.mark.pipeline
+pytestmark = [pytest.mark.pipeline, pytest.mark.usefixtures("one_torch_thread")]
 
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = ["prepare=prepare/p", "extract=extract/x", "vocab=vocab/v"]
@@ -44,15 +43,6 @@ def spec(root: Path, **training: Any) -> dict[str, Any]:
 
 def manifest(root: Path, name: str, **training: Any) -> str:
     return str(write_manifest(root / f"{name}.yaml", spec(root, **training)))
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """A hidden-32 draft: one thread, as the stage itself picks (more only wait for each other)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
