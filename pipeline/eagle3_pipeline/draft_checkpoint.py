@@ -13,7 +13,8 @@ named as the spec names it. vLLM 0.32 loads it: its Eagle-3 loader (`llama_eagle
 missing `embed_tokens`, and the proposer then shares the verifier's embedding (`_maybe_share_embeddings`);
 with `--speculative-config` it never reads `verifier.name_or_path` (only `vllm serve DRAFT_DIR` does, to find
 the verifier). speculators' `from_pretrained` reads the verifier at `name_or_path` (its layer count, and
-`embed_tokens` to fill the missing copy), so loading it there needs the verifier at that path.
+`embed_tokens` to fill the missing copy), so loading it there needs the verifier at that path; use
+`load_serving_draft`, which names the verifier and fills the embeddings reliably.
 """
 
 from __future__ import annotations
@@ -265,3 +266,24 @@ def write_manifest(directory: Path, extra: dict[str, Any]) -> dict[str, Any]:
 
 def directory_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def load_serving_draft(checkpoint: Path, verifier: str) -> Any:
+    """The serving checkpoint as a speculators model, its embeddings the verifier's at `verifier`.
+
+    speculators 0.9 marks a missing `embed_tokens` with NaN and fills it from the verifier only if it still
+    holds a NaN after `from_pretrained`; transformers 5 materialises missing weights with `torch.empty_like`
+    (uninitialised memory, seen as 3e38 and 5e-17 in a test run), so the embeddings were sometimes left as
+    garbage. Here they are always copied from the verifier, with speculators' own weight reader.
+    """
+    from speculators import SpeculatorModel
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.utils.loading import load_model_layers
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(checkpoint))
+    config.speculators_config.verifier.name_or_path = verifier
+    model: Any = SpeculatorModel.from_pretrained(str(checkpoint), config=config)
+    if not read_config(checkpoint).get("embed_requires_grad"):  # trained embeddings are in the checkpoint
+        weight = load_model_layers([EMBEDDINGS], verifier)[EMBEDDINGS]
+        model.embed_tokens.load_state_dict({"weight": weight})
+    return model
