@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm crds bench clean
+.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm crds gpu bench clean
 
 # speculators is installed without its declared torchvision/torchaudio (CUDA builds that break the CPU torch);
 # torch==2.13.0 first, so pip takes the local CPU wheel instead of a CUDA build.
@@ -61,6 +61,10 @@ apiserver: $(STAMP) kube
 ## crds: regenerate the committed CRD from the pydantic models
 crds: $(STAMP)
 	$(VENV)/bin/eagle3 crd > crds/eagle3runs.eagle3.dev.yaml
+
+## gpu: the gpu tier (each module skips itself without an NVIDIA GPU); the GPU benchmark: see docs/gpu.md
+gpu: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m gpu tests/gpu
 
 ## bench: the operator scale benchmark (figures go to docs/benchmarks.md)
 bench: $(STAMP)

@@ -1,0 +1,142 @@
+"""`benchmarks/gpu_pipeline.py` without a GPU: its arithmetic, its reading of speculators' step records, and a
+CPU smoke run of the whole script (tiny verifier, a few steps; the stock `speculators train` adapted to the
+CPU). The GPU runs are tests/gpu's."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+
+
+def bench(name: str) -> ModuleType:
+    """A module of benchmarks/ (they import each other as top-level modules, as scripts do)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
+
+
+def step_record(step: int, step_ms: float, tokens_per_s: float, loss: float) -> dict[str, Any]:
+    """A training-step record as speculators' trainer logs it to `speculators.metrics`."""
+    return {
+        "train": {"loss_0": loss / 3, "cond_acc_0": 0.25, "loss": loss, "error_records": 0.0},
+        "profile": {
+            "fetch_ms": 1.5,
+            "step_ms": step_ms,
+            "tokens_per_s": tokens_per_s,
+            "memory_mb": {"fwd": 2e3},
+        },
+        "epoch": 0,
+        "lr": {"Muon": 0.02, "AdamW": 1e-4},
+        "global_step": step,
+    }
+
+
+def test_the_1b_verifier_has_about_a_billion_parameters_and_a_roofline_from_its_matmuls() -> None:
+    roofline = bench("gpu_roofline")
+    shape = roofline.SIZES["1b"]
+    assert 1.0e9 < shape.total_params() < 1.2e9 and shape.matmul_params() == 16 * 60_821_504 + 2048
+    flops = roofline.prefill_flops_per_token(shape, 640)
+    assert flops == 2 * shape.matmul_params() + 2 * 16 * 640 * 2048
+    peak = roofline.peak_flops("NVIDIA H200", None)
+    assert peak == 989e12 and roofline.roofline_tokens_per_s(shape, 640, peak) == pytest.approx(peak / flops)
+    assert (
+        roofline.peak_flops("NVIDIA H100 PCIe", None)
+        == 756e12
+        != roofline.peak_flops("NVIDIA H100 80GB", None)
+    )
+    assert roofline.peak_flops("NVIDIA A100-SXM4-80GB", None) == 312e12
+    assert roofline.peak_flops("Some GPU", None) is None and roofline.peak_flops("Some GPU", 2.0) == 2e12
+    assert roofline.fraction(100.0, None) is None and roofline.fraction(50.0, 200.0) == 0.25
+
+
+@pytest.mark.parametrize("width", [100, 2000])
+def test_speculators_console_reads_as_the_records_it_prints(width: int) -> None:
+    """The stock command is read from its console: records as speculators' own handler and filter print them,
+    one line each on a wide console, wrapped over several on a narrow one."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+    from speculators.train.logger import FormatDictFilter
+
+    train_bench = bench("gpu_train_bench")
+    out = io.StringIO()
+    handler = RichHandler(console=Console(file=out, width=width))
+    handler.addFilter(FormatDictFilter())
+    log = logging.getLogger(f"test.gpu_pipeline.console{width}")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    records = [step_record(7, 45.123, 45_400.0, 2.5), step_record(8, 1234.5, 512.25, 0.125)]
+    log.info("Training epoch 1/1 started")
+    for record in records:
+        log.info(dict(record))
+    log.info({"val": {"loss_epoch": 0.151}, "epoch": 0})
+    log.removeHandler(handler)
+    assert (out.getvalue().count("\n") > 4 * len(records)) == (width < 1000), "wrapped only when narrow"
+    reader = train_bench.ConsoleReader()
+    for line in [*out.getvalue().splitlines(keepends=True), f"{train_bench.PEAK_PREFIX}1073741824\n"]:
+        reader.feed(line, 1.0)
+    direct = [train_bench.step_from_record(r, 1.0) for r in records]
+    assert (
+        [(s.step, s.loss) for s in reader.steps]
+        == [(d.step, d.loss) for d in direct]
+        == [(7, 2.5), (8, 0.125)]
+    )
+    for parsed, expected in zip(reader.steps, direct, strict=True):
+        assert parsed.step_ms == pytest.approx(expected.step_ms, rel=5e-3)  # 3 digits above 999 ms
+        assert parsed.tokens == pytest.approx(expected.tokens, rel=1e-2)
+    assert reader.peak == 2**30
+
+
+def test_rates_count_the_steps_after_the_warmup_between_their_records() -> None:
+    train_bench = bench("gpu_train_bench")
+    steps = [train_bench.Step(i, 10.0 + i * 0.5, 400.0, 1000.0, 3.0 - i) for i in range(5)]
+    figures = train_bench.summarize(steps, warmup=1, started=8.0, ended=20.0, peak_bytes=2**30)
+    assert (figures.steps, figures.measured_steps) == (5, 3)
+    assert figures.steps_per_s == pytest.approx(3 / 1.5) and figures.tokens_per_s == pytest.approx(3000 / 1.5)
+    assert (figures.first_loss, figures.last_loss, figures.first_step_s, figures.wall_s) == (
+        3.0,
+        -1.0,
+        2.0,
+        12.0,
+    )
+    assert figures.peak_memory_gib == 1.0
+
+
+@pytest.mark.pipeline
+@pytest.mark.timeout(300)
+def test_the_benchmark_runs_on_the_cpu_with_the_tiny_verifier(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_pipeline.json"
+    argv = [sys.executable, str(BENCHMARKS / "gpu_pipeline.py"), "--size", "tiny", "--device", "cpu"]
+    argv += ["--steps", "5", "--peak-tflops", "1", "--json", str(out), "--workdir", str(tmp_path / "work")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "pipeline"))}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=280)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "| ratio ours / stock |" in done.stdout and "in cpu_adapted()" in done.stdout
+    report = json.loads(out.read_text())
+    x = report["extraction"]
+    assert x["tokens"] == report["data"]["tokens"] > 0
+    assert x["stageTokensPerSecond"] > 0 and x["forwardTokensPerSecond"] > 0
+    assert 0 < x["stageRooflineFraction"] <= 1 and 0 < x["forwardRooflineFraction"] <= 1
+    t = report["training"]
+    assert (t["settings"]["draft_attn_impl"], t["settings"]["loss_implementation"]) == ("sdpa", "eager")
+    assert t["stockAdaptedToCpu"] and t["stageResult"]["device"] == "cpu"
+    ours, stock = t["ours"], t["stock"]
+    assert ours["steps"] == stock["steps"] >= 5, "the same data: as many steps"
+    assert ours["first_loss"] == pytest.approx(stock["first_loss"], abs=1e-3), "the same seed, the same batch"
+    for run in (ours, stock):
+        assert run["steps_per_s"] > 0 and run["tokens_per_s"] > 0 and run["peak_memory_gib"] is None
+    assert t["ratio"]["stepsPerSecond"] > 0 and t["ratio"]["tokensPerSecond"] > 0 and t["ratio"]["wall"] > 0
+    assert not list((tmp_path / "work").iterdir()), "the run directory is removed"
