@@ -28,6 +28,7 @@ from eagle3_operator.reconcile.observe import (
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
 from eagle3_operator.reconcile.status_patch import merge_patch
+from eagle3_operator.run_metrics import run_report
 
 RUN = (GROUP, VERSION, PLURAL)
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
@@ -240,10 +241,9 @@ async def reconcile(
         await _carry_out(memo, ref, key, known, plan, logger)
         memo.statuses[key] = plan.status
         _announce(body, known.get("phase"), plan)
-        memo.metrics.reconciles.labels("ok").inc()
+        memo.metrics.observe(run_report(ref, plan, observed.jobs, time.time()))
+        memo.metrics.reconciles.labels("ok").inc()  # last: a scrape that sees it sees the run's series
         memo.metrics.latency.observe(time.perf_counter() - started)
-        accepted = plan.status.get("acceptanceLength")
-        memo.metrics.observe_run(ref.namespace, ref.name, plan.phase, accepted, plan.finished)
     if plan.problems:
         raise kopf.PermanentError("invalid spec: " + "; ".join(plan.problems))
 

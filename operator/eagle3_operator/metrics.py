@@ -1,78 +1,222 @@
-"""The operator's Prometheus metrics. One registry per operator process, held in kopf's memo."""
+"""The operator's Prometheus metrics (docs/metrics.md): one registry per operator process, in kopf's memo.
+
+Counters count transitions the operator sees, once each: a stage attempt when its Job is created or first
+seen, a failure when its Job is first seen failed. `OperatorMetrics` remembers, per run, the Job names it
+counted; what a run already had when this process first reconciled it (Jobs started, Jobs failed, a draft
+serving) happened before the process started and is remembered without being counted, so a restarted
+operator starts its counters at zero (as Prometheus expects of a restart) and never counts an old failure
+again. Per-run gauges are read from the status each reconcile writes, so a restart rebuilds them.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client.metrics import MetricWrapperBase
 
-from eagle3_operator.api.status import RunPhase
+from eagle3_operator.api.status import RunPhase, StagePhase
+from eagle3_operator.builders import names
+from eagle3_operator.run_metrics import (
+    FAILURE_REASONS,
+    RunReport,
+    failure_reason,
+    number,
+    rolled_out_before,
+    running_stages,
+    serving_draft,
+    stage_results,
+    tokens_processed,
+)
 
 STAGE_BUCKETS = (10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 172800, float("inf"))
+M = TypeVar("M", bound=MetricWrapperBase)
+RUN = ("namespace", "run")
 
 
 @dataclass
+class RunMemory:
+    """What the metrics remember of one run between reconciles."""
+
+    phase: RunPhase | None = None
+    jobs: set[str] = field(default_factory=set)  # Jobs whose attempt is counted (or predates this process)
+    failed: set[str] = field(default_factory=set)  # Jobs whose failure is counted (or predates this process)
+    stages: set[str] = field(default_factory=set)  # stages whose counters exist (at zero at least)
+    series: dict[str, tuple[MetricWrapperBase, tuple[str, ...]]] = field(default_factory=dict)
+    rollout: tuple[str, str, float] | None = None  # (checkpoint, sha256, unix time first seen serving)
+
+
 class OperatorMetrics:
-    """Reconcile count and latency, runs by phase, stage durations and per-run acceptance length."""
+    """Every metric of the operator, in its own registry; `observe` records one reconcile of one run."""
 
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    phases: dict[tuple[str, str], RunPhase] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        r = self.registry
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry if registry is not None else CollectorRegistry()
+        self.memory: dict[tuple[str, str], RunMemory] = {}
+        self.namespaces: set[str] = set()
         self.reconciles = Counter(
             "eagle3_operator_reconciles", "Reconciliations of Eagle3Runs, by result.", ["result"], registry=r
         )
         self.latency = Histogram(
             "eagle3_operator_reconcile_duration_seconds", "Time to reconcile one Eagle3Run.", registry=r
         )
-        self.runs = Gauge("eagle3_operator_runs", "Eagle3Runs by phase.", ["phase"], registry=r)
+        self.runs = Gauge("eagle3_operator_runs", "Eagle3Runs by phase.", ["namespace", "phase"], registry=r)
         self.stage_seconds = Histogram(
-            "eagle3_operator_stage_duration_seconds",
-            "Wall-clock duration of finished stage Jobs.",
-            ["stage"],
-            buckets=STAGE_BUCKETS,
-            registry=r,
+            "eagle3_operator_stage_duration_seconds", "Wall-clock duration of the stage Jobs that succeeded.",
+            ["namespace", "stage"], buckets=STAGE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.attempts = Counter(
+            "eagle3_operator_stage_attempts", "Stage Jobs started (out-of-memory retries included).",
+            [*RUN, "stage"], registry=r,
+        )  # fmt: skip
+        self.failures = Counter(
+            "eagle3_operator_stage_failures", "Stage Jobs that failed, by reason: OutOfMemory, "
+            "DeadlineExceeded or Error.", [*RUN, "stage", "reason"], registry=r,
+        )  # fmt: skip
+        self._run_gauges(r)
+
+    def _run_gauges(self, r: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(name, doc, [*RUN, *labels], registry=r)
+
+        self.started = gauge(
+            "eagle3_run_stage_started_timestamp_seconds", "When the running stage's attempt started.", "stage"
         )
-        self.acceptance = Gauge(
-            "eagle3_run_acceptance_length",
-            "Mean acceptance length measured by the evaluate stage.",
-            ["namespace", "run"],
-            registry=r,
+        self.expected = gauge(
+            "eagle3_run_stage_expected_seconds", "How long the running stage is expected to take.", "stage"
         )
-        for phase in RunPhase:
-            self.runs.labels(phase.value).set(0)
+        self.acceptance = gauge("eagle3_run_acceptance_length", "Evaluated mean acceptance length.", "model")
+        self.acceptance_rate = gauge("eagle3_run_acceptance_rate", "Evaluated acceptance rate.", "model")
+        self.validation_loss = gauge("eagle3_run_validation_loss", "Best validation loss of training.")
+        self.hidden_bytes = gauge("eagle3_run_hidden_state_bytes", "Bytes of extracted hidden states.")
+        self.tokens = gauge("eagle3_run_tokens_processed", "Tokens a stage processed.", "stage")
+        self.draft = Info("eagle3_serving_draft", "The draft a run serves.", list(RUN), registry=r)
+        self.rollout = gauge(
+            "eagle3_serving_draft_rollout_timestamp_seconds", "When the run's serving draft was rolled out.",
+            "sha256",
+        )  # fmt: skip
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
 
-    def observe_run(
-        self,
-        namespace: str,
-        name: str,
-        phase: RunPhase,
-        acceptance: float | None,
-        finished: Iterable[tuple[str, float | None]],
-    ) -> None:
-        """Record a run's reconciled state; `finished` are stages that finished in this reconciliation."""
-        key = (namespace, name)
-        old = self.phases.get(key)
-        if old != phase:
-            if old is not None:
-                self.runs.labels(old.value).dec()
-            self.runs.labels(phase.value).inc()
-            self.phases[key] = phase
-        if acceptance is not None:
-            self.acceptance.labels(namespace, name).set(acceptance)
-        for stage, seconds in finished:
+    def observe(self, report: RunReport) -> None:
+        """Record one reconcile of one run."""
+        first = (report.namespace, report.run) not in self.memory
+        memory = self.memory.setdefault((report.namespace, report.run), RunMemory())
+        self._phase(report, memory)
+        for stage, seconds in report.finished:
             if seconds is not None:
-                self.stage_seconds.labels(stage).observe(seconds)
+                self.stage_seconds.labels(report.namespace, stage).observe(seconds)
+        self._attempts(report, memory, first)
+        self._results(report, memory)
+        self._running(report, memory)
+        self._serving(report, memory, first)
 
     def forget_run(self, namespace: str, name: str) -> None:
-        old = self.phases.pop((namespace, name), None)
+        """A deleted run: every series with its `run` label goes, and it leaves its phase."""
+        memory = self.memory.pop((namespace, names.run_label(name)), None)
+        if memory is None:
+            return
+        if memory.phase is not None:
+            self.runs.labels(namespace, memory.phase.value).dec()
+        for slot in list(memory.series):
+            self._drop(memory, slot)
+
+    def _series(self, memory: RunMemory, slot: str, metric: M, *labels: str) -> M:
+        """The child of `metric` the run's `slot` holds now; the slot's previous labels, if others, go."""
+        old = memory.series.get(slot)
+        if old is not None and (old[0] is not metric or old[1] != labels):
+            self._drop(memory, slot)
+        memory.series[slot] = (metric, labels)
+        return metric.labels(*labels)
+
+    def _drop(self, memory: RunMemory, slot: str) -> None:
+        old = memory.series.pop(slot, None)
         if old is not None:
-            self.runs.labels(old.value).dec()
-        with contextlib.suppress(KeyError):
-            self.acceptance.remove(namespace, name)
+            with contextlib.suppress(KeyError):
+                old[0].remove(*old[1])
+
+    def _phase(self, report: RunReport, memory: RunMemory) -> None:
+        if report.namespace not in self.namespaces:  # every phase of a namespace exists, at zero at least
+            self.namespaces.add(report.namespace)
+            for phase in RunPhase:
+                self.runs.labels(report.namespace, phase.value).inc(0)
+        if memory.phase != report.phase:
+            if memory.phase is not None:
+                self.runs.labels(report.namespace, memory.phase.value).dec()
+            self.runs.labels(report.namespace, report.phase.value).inc()
+            memory.phase = report.phase
+
+    def _attempts(self, report: RunReport, memory: RunMemory, first: bool) -> None:
+        """Count each Job once as an attempt and, if it failed, once as a failure (see the module doc)."""
+        ns, run = report.namespace, report.run
+        for stage, st in (report.status.get("stages") or {}).items():
+            if stage not in memory.stages and st.get("phase") != StagePhase.SKIPPED.value:
+                memory.stages.add(stage)  # zero first: an increase() over the first failure sees it
+                self._series(memory, f"attempts/{stage}", self.attempts, ns, run, stage).inc(0)
+                for reason in FAILURE_REASONS:
+                    self._series(memory, f"failures/{stage}/{reason}", self.failures, ns, run, stage, reason)
+        if first:
+            memory.jobs |= {job.name for job in report.jobs}
+            memory.failed |= {job.name for job in report.jobs if job.phase == StagePhase.FAILED}
+        for name, stage in [*report.created, *((job.name, job.stage) for job in report.jobs)]:
+            if name not in memory.jobs:
+                memory.jobs.add(name)
+                self._series(memory, f"attempts/{stage}", self.attempts, ns, run, stage).inc()
+        for job in report.jobs:
+            if job.phase == StagePhase.FAILED and job.name not in memory.failed:
+                memory.failed.add(job.name)
+                labels = (ns, run, job.stage, failure_reason(job))
+                self._series(memory, "failures/" + "/".join(labels[2:]), self.failures, *labels).inc()
+
+    def _results(self, report: RunReport, memory: RunMemory) -> None:
+        """Per-run figures from the stages' results; a figure stays until a new result replaces it."""
+        ns, run = report.namespace, report.run
+        results = stage_results(report.status)
+        evaluate, train, extract = (results.get(s, {}) for s in ("evaluate", "train", "extract"))
+        if report.model is not None:
+            for slot, metric, value in (
+                ("acceptance_length", self.acceptance, number(evaluate.get("acceptanceLength"))),
+                ("acceptance_rate", self.acceptance_rate, number(evaluate.get("acceptanceRate"))),
+            ):
+                if value is not None:
+                    self._series(memory, slot, metric, ns, run, report.model).set(value)
+        for slot, gauge, value in (
+            ("validation_loss", self.validation_loss, number(train.get("bestValLoss"))),
+            ("hidden_state_bytes", self.hidden_bytes, number(extract.get("bytes"))),
+        ):
+            if value is not None:
+                self._series(memory, slot, gauge, ns, run).set(value)
+        for stage, result in results.items():
+            tokens = tokens_processed(stage, result)
+            if tokens is not None:
+                self._series(memory, f"tokens/{stage}", self.tokens, ns, run, stage).set(tokens)
+
+    def _running(self, report: RunReport, memory: RunMemory) -> None:
+        """Started and expected seconds of the running stages; the series of the others go."""
+        ns, run = report.namespace, report.run
+        running = running_stages(report.status, report.deadlines)
+        for stage, (started, expected) in running.items():
+            self._series(memory, f"started/{stage}", self.started, ns, run, stage).set(started)
+            self._series(memory, f"expected/{stage}", self.expected, ns, run, stage).set(expected)
+        for slot in [s for s in memory.series if s.startswith(("started/", "expected/"))]:
+            if slot.split("/", 1)[1] not in running:
+                self._drop(memory, slot)
+
+    def _serving(self, report: RunReport, memory: RunMemory, first: bool) -> None:
+        """The draft the serving Deployment points at, and when the operator first saw it there."""
+        draft = serving_draft(report.status)
+        if draft is None:
+            self._drop(memory, "draft")
+            self._drop(memory, "rollout")
+            memory.rollout = None
+            return
+        if report.model is not None:
+            info = {"model": report.model, "checkpoint": draft.checkpoint, "sha256": draft.sha256}
+            self._series(memory, "draft", self.draft, report.namespace, report.run).info(info)
+        if memory.rollout is None or memory.rollout[:2] != (draft.checkpoint, draft.sha256):
+            seen = (rolled_out_before(report.status, draft) if first else None) or report.now
+            memory.rollout = (draft.checkpoint, draft.sha256, seen)
+        rollout = self._series(memory, "rollout", self.rollout, report.namespace, report.run, draft.sha256)
+        rollout.set(memory.rollout[2])

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.stages import OOM_EXIT_CODE
 from eagle3_operator.testing.cluster import declare_resources, eventually
 from eagle3_operator.testing.scenario import complete, drive_to_serving, status, tiny, wait_job, wait_phase
@@ -53,8 +54,8 @@ async def test_a_pod_failure_within_the_backoff_limit_is_retried_by_the_job(back
 
 @pytest.mark.parametrize(("reason", "exit_code"), [("OOMKilled", 137), ("Error", OOM_EXIT_CODE)])
 async def test_out_of_memory_in_extraction_retries_with_half_the_token_budget(backend, reason, exit_code):
-    cluster, player = backend.cluster, backend.player
-    async with backend.operator():
+    cluster, player, metrics = backend.cluster, backend.player, OperatorMetrics()
+    async with backend.operator(metrics):
         await cluster.apply_run("tiny", tiny(stages={"extract": {"backoffLimit": 0}}))
         await complete(cluster, player, "tiny", ("prepare",))
         first = await wait_job(cluster, "tiny", "extract")
@@ -72,6 +73,11 @@ async def test_out_of_memory_in_extraction_retries_with_half_the_token_budget(ba
     extract = st["stages"]["extract"]
     assert extract["tokenBudget"] == 512
     assert "ran out of memory at a token budget of 1024; retrying with 512" in extract["message"]
+    labels = {"namespace": cluster.ns, "run": "tiny", "stage": "extract"}
+    sample = metrics.registry.get_sample_value
+    assert sample("eagle3_operator_stage_attempts_total", labels) == 2, "two Jobs, each counted once"
+    assert sample("eagle3_operator_stage_failures_total", labels | {"reason": "OutOfMemory"}) == 1
+    assert sample("eagle3_operator_stage_failures_total", labels | {"reason": "Error"}) == 0
 
 
 async def test_out_of_memory_at_the_smallest_budget_fails_with_advice(backend):

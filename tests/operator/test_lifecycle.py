@@ -63,8 +63,16 @@ async def test_run_goes_from_prepare_to_serving(backend):
     claim = await cluster.get("v1", "persistentvolumeclaims", "tiny-artifacts")
     assert "ownerReferences" not in claim["metadata"], "the artifacts volume outlives the run by default"
     backend.assert_content_types()
-    assert metrics.acceptance.labels(cluster.ns, "tiny")._value.get() == 1.6
-    assert metrics.stage_seconds.labels("prepare")._sum.get() >= 0
+    sample, run = metrics.registry.get_sample_value, {"namespace": cluster.ns, "run": "tiny"}
+    assert sample("eagle3_run_acceptance_length", run | {"model": "/models/tiny"}) == 1.6
+    prepare = {"namespace": cluster.ns, "stage": "prepare"}
+    assert sample("eagle3_operator_stage_duration_seconds_count", prepare) == 1
+    attempts = {s: sample("eagle3_operator_stage_attempts_total", run | {"stage": s}) for s in ORDER}
+    assert attempts == dict.fromkeys(ORDER, 1.0), "one Job per stage, each counted once"
+    assert sample("eagle3_operator_runs", {"namespace": cluster.ns, "phase": "Serving"}) == 1
+    draft = {"model": "/models/tiny", "checkpoint": final["checkpoint"]["path"], "sha256": "ab" * 32}
+    assert sample("eagle3_serving_draft_info", run | draft) == 1
+    assert sample("eagle3_serving_draft_rollout_timestamp_seconds", run | {"sha256": "ab" * 32}) > 0
 
 
 async def test_spec_edit_reruns_only_affected_stages_and_rolls_the_deployment(backend):
@@ -139,7 +147,7 @@ async def test_deleting_a_run_stops_everything_and_keeps_the_artifacts(backend):
         job = await wait_job(cluster, "tiny", "prepare")
         await wait_phase(cluster, "tiny", "Running")
         await cluster.delete("eagle3.dev/v1alpha1", "eagle3runs", "tiny")
-        assert (cluster.ns, "tiny") in metrics.phases
+        assert (cluster.ns, "tiny") in metrics.memory
         await eventually(lambda: _forgotten(metrics, cluster.ns), what="metrics forget the run")
         if backend.real:
             await eventually(lambda: _gone(cluster, "tiny"), timeout=60, what="the garbage collector's work")
@@ -159,7 +167,8 @@ async def test_operator_restart_mid_run_creates_no_duplicates(backend):
         await cluster.apply_run("tiny", tiny())
         await complete(cluster, player, "tiny", ("prepare",))
         await wait_job(cluster, "tiny", "extract")
-    async with backend.operator():
+    restarted = OperatorMetrics()
+    async with backend.operator(restarted):
         await _settle()
         await complete(cluster, player, "tiny", ("extract",))
         await wait_job(cluster, "tiny", "vocab")
@@ -167,6 +176,12 @@ async def test_operator_restart_mid_run_creates_no_duplicates(backend):
     assert {s: len(await cluster.jobs("tiny", s)) for s in ("prepare", "extract", "vocab")} == {
         "prepare": 1, "extract": 1, "vocab": 1,
     }  # fmt: skip
+    run = {"namespace": cluster.ns, "run": "tiny"}
+    attempts = {
+        s: restarted.registry.get_sample_value("eagle3_operator_stage_attempts_total", run | {"stage": s})
+        for s in ("prepare", "extract", "vocab")
+    }
+    assert attempts == {"prepare": 0, "extract": 0, "vocab": 1}, "Jobs older than the process are not counted"
 
 
 async def test_the_resync_loop_reconciles_runs_without_any_event(backend):
@@ -196,7 +211,10 @@ async def _gone(cluster, run):
 
 
 async def _forgotten(metrics: OperatorMetrics, namespace: str) -> bool:
-    return (namespace, "tiny") not in metrics.phases
+    labels = {"namespace": namespace, "run": "tiny", "stage": "prepare"}
+    return (namespace, "tiny") not in metrics.memory and (
+        metrics.registry.get_sample_value("eagle3_operator_stage_attempts_total", labels) is None
+    )
 
 
 async def _settle() -> None:

@@ -58,7 +58,8 @@ async def test_the_operator_process_serves_health_and_metrics_and_reconciles(bac
             job = await wait_job(cluster, "tiny", "prepare")
             text = await eventually(lambda: _reconciled(get, metrics), timeout=10, what="reconcile metric")
         assert job["metadata"]["ownerReferences"][0]["name"] == "tiny"
-        assert 'eagle3_operator_runs{phase="Running"} 1.0' in text or 'phase="Pending"} 1.0' in text
+        assert 'phase="Running"} 1.0' in text or 'phase="Pending"} 1.0' in text
+        assert 'eagle3_operator_stage_attempts_total{namespace="' in text
         tokens = {r.headers.get("Authorization") for r in mock if "kopf" in r.headers.get("User-Agent", "")}
         assert tokens == {"Bearer operator-token"}
     finally:

@@ -1,97 +1,109 @@
-"""OperatorMetrics: runs by phase without double counting, stage durations, per-run acceptance length."""
+"""OperatorMetrics: the series each reconcile leaves, counted once per transition, forgotten with the run."""
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planner_world import RUN, World, tiny, ts
 
-from eagle3_operator.api.status import RunPhase
+from eagle3_operator.api.status import RunPhase, StagePhase
 from eagle3_operator.metrics import STAGE_BUCKETS, OperatorMetrics
+from eagle3_operator.reconcile.observe import JobView, Termination
+from eagle3_operator.run_metrics import EXPECTED_SECONDS, RunReport, run_report, unix_time
+from eagle3_operator.stages import OOM_EXIT_CODE
 
 RUNS = "eagle3_operator_runs"
-ACCEPTANCE = "eagle3_run_acceptance_length"
 STAGE = "eagle3_operator_stage_duration_seconds"
+ATTEMPTS = "eagle3_operator_stage_attempts_total"
+FAILURES = "eagle3_operator_stage_failures_total"
+NOW = 1_750_000_000.0
+
+# Stage results with the keys the stage programs write (eagle3_pipeline.stages.<stage>.run()).
+EVALUATE = {
+    "prompts": 8, "numSpeculativeTokens": 3, "drafts": 120, "draftTokens": 360, "acceptedTokens": 198,
+    "acceptedTokensByPosition": [90, 66, 42], "acceptanceRate": 0.55, "acceptanceLength": 2.65,
+    "acceptanceByPosition": [0.75, 0.55, 0.35], "outputTokens": 512, "gatePassed": True, "seconds": 41.2,
+}  # fmt: skip
+TRAIN = {
+    "epochs": [
+        {"epoch": 0, "trainTokens": 4096, "valLoss": 5.1}, {"epoch": 1, "trainTokens": 4096, "valLoss": 4.2},
+    ],
+    "bestEpoch": 1, "bestValLoss": 4.2, "estimatedAcceptanceLength": 1.9, "trainTokensPerSecond": 812.5,
+    "checkpoint": "checkpoints/best", "seconds": 12.0,
+}  # fmt: skip
+EXTRACT = {
+    "samples": 3, "tokens": 1536, "extractedTokens": 1536, "bytes": 3145728, "bytesPerToken": 2048.0,
+    "layers": [1, 2, 3], "tokenBudget": 1024, "seconds": 2.5,
+}  # fmt: skip
+PREPARE = {"format": "conversations", "conversations": 3, "samples": 3, "tokens": 1600, "seconds": 0.4}
+GENERATE = {"rows": 3, "regenerated": 3, "outputTokens": 900, "tokens": 1700, "seconds": 30.0}
 
 
-def runs_in(metrics: OperatorMetrics, phase: RunPhase) -> float | None:
-    return metrics.registry.get_sample_value(RUNS, {"phase": phase.value})
+def sample(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
 
 
-def acceptance(metrics: OperatorMetrics, namespace: str, run: str) -> float | None:
-    return metrics.registry.get_sample_value(ACCEPTANCE, {"namespace": namespace, "run": run})
+def runs_in(metrics: OperatorMetrics, phase: RunPhase, namespace: str = "ns") -> float | None:
+    return sample(metrics, RUNS, namespace=namespace, phase=phase.value)
 
 
-def test_every_phase_starts_at_zero() -> None:
+def series(metrics: OperatorMetrics, run: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    """Every sample carrying `run="<run>"`."""
+    return {
+        (s.name, tuple(sorted(s.labels.items())))
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.labels.get("run") == run and not s.name.endswith("_created")
+    }
+
+
+def stage(phase: StagePhase, result: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    return {"phase": phase.value, **({"result": result} if result is not None else {}), **fields}
+
+
+def report(
+    phase: RunPhase = RunPhase.RUNNING, run: str = "a", namespace: str = "ns", **fields: Any
+) -> RunReport:
+    fields.setdefault("status", {"phase": phase.value})
+    fields.setdefault("model", "Qwen/Qwen3-8B")
+    return RunReport(namespace=namespace, run=run, phase=phase, now=fields.pop("now", NOW), **fields)
+
+
+def job(name: str, phase: StagePhase, stage_: str = "extract", **fields: Any) -> JobView:
+    return JobView(name=name, stage=stage_, hash="h", attempt=0, phase=phase, **fields)
+
+
+# --- runs by phase ------------------------------------------------------------------------------------
+
+
+def test_every_phase_of_a_namespace_starts_at_zero() -> None:
     metrics = OperatorMetrics()
-    assert {phase: runs_in(metrics, phase) for phase in RunPhase} == dict.fromkeys(RunPhase, 0.0)
+    assert metrics.registry.get_sample_value(RUNS, {"namespace": "ns", "phase": "Pending"}) is None
+    metrics.observe(report(RunPhase.PENDING))
+    assert {p: runs_in(metrics, p) for p in RunPhase} == dict.fromkeys(RunPhase, 0.0) | {RunPhase.PENDING: 1}
 
 
-def test_a_run_moves_between_phases_and_is_counted_once() -> None:
+def test_a_run_moves_between_phases_and_is_counted_once_per_namespace() -> None:
     metrics = OperatorMetrics()
-    metrics.observe_run("ns", "a", RunPhase.PENDING, None, [])
-    metrics.observe_run("ns", "a", RunPhase.PENDING, None, [])
+    metrics.observe(report(RunPhase.PENDING))
+    metrics.observe(report(RunPhase.PENDING))
     assert runs_in(metrics, RunPhase.PENDING) == 1
-    metrics.observe_run("ns", "a", RunPhase.RUNNING, None, [])
-    metrics.observe_run("ns", "b", RunPhase.RUNNING, None, [])
-    metrics.observe_run("other", "a", RunPhase.SERVING, None, [])  # same name, another namespace
+    metrics.observe(report(RunPhase.RUNNING))
+    metrics.observe(report(RunPhase.RUNNING, run="b"))
+    metrics.observe(report(RunPhase.SERVING, namespace="other"))  # same name, another namespace
     assert runs_in(metrics, RunPhase.PENDING) == 0
     assert runs_in(metrics, RunPhase.RUNNING) == 2
-    assert runs_in(metrics, RunPhase.SERVING) == 1
+    assert runs_in(metrics, RunPhase.SERVING) == 0
+    assert runs_in(metrics, RunPhase.SERVING, "other") == 1
     metrics.forget_run("ns", "a")
     metrics.forget_run("ns", "a")  # a second delete event changes nothing
     metrics.forget_run("ns", "never-seen")
     assert runs_in(metrics, RunPhase.RUNNING) == 1
-    assert sum(runs_in(metrics, p) or 0 for p in RunPhase) == 2
-
-
-def test_acceptance_length_per_run_is_forgotten_with_the_run() -> None:
-    metrics = OperatorMetrics()
-    metrics.observe_run("ns", "a", RunPhase.RUNNING, 1.6, [])
-    metrics.observe_run("ns", "b", RunPhase.RUNNING, 2.4, [])
-    assert acceptance(metrics, "ns", "a") == pytest.approx(1.6)
-    metrics.observe_run("ns", "a", RunPhase.SERVING, None, [])  # no new measurement: the last one stays
-    assert acceptance(metrics, "ns", "a") == pytest.approx(1.6)
-    metrics.observe_run("ns", "a", RunPhase.SERVING, 1.9, [])
-    assert acceptance(metrics, "ns", "a") == pytest.approx(1.9)
-    metrics.forget_run("ns", "a")
-    assert acceptance(metrics, "ns", "a") is None
-    assert acceptance(metrics, "ns", "b") == pytest.approx(2.4)
-    metrics.forget_run("ns", "a")  # no series left: no error
-
-
-def test_finished_stages_are_observed_once_each() -> None:
-    metrics = OperatorMetrics()
-    metrics.observe_run("ns", "a", RunPhase.RUNNING, None, [("prepare", 90.0), ("extract", None)])
-    metrics.observe_run("ns", "b", RunPhase.RUNNING, None, [("prepare", 4000.0)])
-    sample = metrics.registry.get_sample_value
-    assert sample(f"{STAGE}_count", {"stage": "prepare"}) == 2
-    assert sample(f"{STAGE}_sum", {"stage": "prepare"}) == 4090.0
-    assert sample(f"{STAGE}_bucket", {"stage": "prepare", "le": "300.0"}) == 1
-    assert sample(f"{STAGE}_bucket", {"stage": "prepare", "le": "7200.0"}) == 2
-    assert sample(f"{STAGE}_bucket", {"stage": "prepare", "le": "+Inf"}) == 2
-    assert sample(f"{STAGE}_count", {"stage": "extract"}) is None  # no duration: nothing observed
-    assert STAGE_BUCKETS[-1] == float("inf") and list(STAGE_BUCKETS) == sorted(STAGE_BUCKETS)
-
-
-def test_reconciles_and_latency() -> None:
-    metrics = OperatorMetrics()
-    metrics.reconciles.labels("ok").inc()
-    metrics.reconciles.labels("ok").inc()
-    metrics.reconciles.labels("error").inc()
-    metrics.latency.observe(0.02)
-    sample = metrics.registry.get_sample_value
-    assert sample("eagle3_operator_reconciles_total", {"result": "ok"}) == 2
-    assert sample("eagle3_operator_reconciles_total", {"result": "error"}) == 1
-    assert sample("eagle3_operator_reconcile_duration_seconds_count") == 1
-
-
-def test_registries_are_per_instance() -> None:
-    one, two = OperatorMetrics(), OperatorMetrics()
-    one.observe_run("ns", "a", RunPhase.FAILED, 1.0, [])
-    assert runs_in(one, RunPhase.FAILED) == 1 and runs_in(two, RunPhase.FAILED) == 0
+    assert sum(runs_in(metrics, p) or 0 for p in RunPhase) == 1
 
 
 EVENTS = st.lists(
@@ -110,7 +122,345 @@ def test_the_phase_gauge_counts_the_runs_in_each_phase(events: list[tuple[str, R
             metrics.forget_run("ns", run)
             model.pop(run, None)
         else:
-            metrics.observe_run("ns", run, phase, None, [])
+            metrics.observe(report(phase, run=run))
             model[run] = phase
         counts = Counter(model.values())
-        assert {p: runs_in(metrics, p) for p in RunPhase} == {p: float(counts[p]) for p in RunPhase}
+        assert {p: runs_in(metrics, p) or 0 for p in RunPhase} == {p: float(counts[p]) for p in RunPhase}
+
+
+# --- stage durations, reconciles ----------------------------------------------------------------------
+
+
+def test_finished_stages_are_observed_by_namespace_and_stage() -> None:
+    metrics = OperatorMetrics()
+    metrics.observe(report(finished=(("prepare", 90.0), ("extract", None))))
+    metrics.observe(report(run="b", finished=(("prepare", 4000.0),)))
+    labels = {"namespace": "ns", "stage": "prepare"}
+    assert sample(metrics, f"{STAGE}_count", **labels) == 2
+    assert sample(metrics, f"{STAGE}_sum", **labels) == 4090.0
+    assert sample(metrics, f"{STAGE}_bucket", **labels, le="300.0") == 1
+    assert sample(metrics, f"{STAGE}_bucket", **labels, le="7200.0") == 2
+    assert sample(metrics, f"{STAGE}_count", namespace="ns", stage="extract") is None  # no duration
+    assert STAGE_BUCKETS[-1] == float("inf") and list(STAGE_BUCKETS) == sorted(STAGE_BUCKETS)
+
+
+def test_reconciles_and_latency() -> None:
+    metrics = OperatorMetrics()
+    metrics.reconciles.labels("ok").inc()
+    metrics.reconciles.labels("ok").inc()
+    metrics.reconciles.labels("error").inc()
+    metrics.latency.observe(0.02)
+    assert sample(metrics, "eagle3_operator_reconciles_total", result="ok") == 2
+    assert sample(metrics, "eagle3_operator_reconciles_total", result="error") == 1
+    assert sample(metrics, "eagle3_operator_reconcile_duration_seconds_count") == 1
+
+
+def test_registries_are_per_instance() -> None:
+    one, two = OperatorMetrics(), OperatorMetrics()
+    one.observe(report(RunPhase.FAILED))
+    assert runs_in(one, RunPhase.FAILED) == 1 and runs_in(two, RunPhase.FAILED) is None
+
+
+# --- attempts and failures ----------------------------------------------------------------------------
+
+
+def attempts(metrics: OperatorMetrics, stage_: str, run: str = "a") -> float | None:
+    return sample(metrics, ATTEMPTS, namespace="ns", run=run, stage=stage_)
+
+
+def failures(metrics: OperatorMetrics, stage_: str, reason: str, run: str = "a") -> float | None:
+    return sample(metrics, FAILURES, namespace="ns", run=run, stage=stage_, reason=reason)
+
+
+def test_counters_of_a_planned_stage_exist_at_zero_before_its_first_attempt() -> None:
+    metrics = OperatorMetrics()
+    status = {"stages": {"prepare": stage(StagePhase.PENDING), "generate": stage(StagePhase.SKIPPED)}}
+    metrics.observe(report(status=status))
+    assert attempts(metrics, "prepare") == 0
+    assert {r: failures(metrics, "prepare", r) for r in ("OutOfMemory", "DeadlineExceeded", "Error")} == {
+        "OutOfMemory": 0,
+        "DeadlineExceeded": 0,
+        "Error": 0,
+    }
+    assert attempts(metrics, "generate") is None  # skipped stages run nothing
+
+
+def test_a_job_is_one_attempt_however_often_it_is_reconciled() -> None:
+    metrics = OperatorMetrics()
+    metrics.observe(report(created=(("a-extract-h", "extract"),)))
+    for phase in (StagePhase.PENDING, StagePhase.RUNNING, StagePhase.RUNNING, StagePhase.SUCCEEDED):
+        metrics.observe(report(jobs=(job("a-extract-h", phase),)))
+    assert attempts(metrics, "extract") == 1
+    assert failures(metrics, "extract", "Error") is None  # no status stages here: no zero series either
+
+
+def test_an_oom_retry_counts_two_attempts_and_one_oom_failure_across_reconciles() -> None:
+    metrics = OperatorMetrics()
+    oomed = job("a-extract-h", StagePhase.FAILED, termination=Termination("OOMKilled", 137, None))
+    first = job("a-extract-h", StagePhase.RUNNING)
+    metrics.observe(report(created=(("a-extract-h", "extract"),)))
+    metrics.observe(report(jobs=(first,)))
+    metrics.observe(report(jobs=(oomed,), created=(("a-extract-h-r1", "extract"),)))
+    for _ in range(3):  # the retry's reconciles see the failed Job again
+        metrics.observe(report(jobs=(oomed, job("a-extract-h-r1", StagePhase.RUNNING))))
+    assert attempts(metrics, "extract") == 2
+    assert failures(metrics, "extract", "OutOfMemory") == 1
+    assert failures(metrics, "extract", "Error") is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"termination": Termination("OOMKilled", 137, None)}, "OutOfMemory"),
+        ({"termination": Termination("Error", OOM_EXIT_CODE, "CUDA out of memory")}, "OutOfMemory"),
+        (
+            {
+                "failure_reason": "PodFailurePolicy",
+                "failure_message": f"Container extract for pod ns/p failed with exit code {OOM_EXIT_CODE} "
+                "matching FailJob rule at index 1",
+            },
+            "OutOfMemory",
+        ),  # the pod is not seen (yet): the Job's condition names the exit code
+        (
+            {"failure_reason": "DeadlineExceeded", "termination": Termination("Error", 143, None)},
+            "DeadlineExceeded",
+        ),
+        ({"failure_reason": "BackoffLimitExceeded", "termination": Termination("Error", 1, "boom")}, "Error"),
+        ({"failure_reason": "PodFailurePolicy", "failure_message": "exit code 1"}, "Error"),
+        ({}, "Error"),
+    ],
+)
+def test_failure_reasons(fields: dict[str, Any], reason: str) -> None:
+    metrics = OperatorMetrics()
+    metrics.observe(report())  # the run is known before its Job fails
+    metrics.observe(report(jobs=(job("a-extract-h", StagePhase.FAILED, **fields),)))
+    assert failures(metrics, "extract", reason) == 1
+
+
+def test_a_restarted_operator_counts_nothing_that_happened_before_it_started() -> None:
+    """What a run has when the process first reconciles it predates the process: remembered, not counted."""
+    oomed = job("a-extract-h", StagePhase.FAILED, termination=Termination("OOMKilled", 137, None))
+    running = job("a-extract-h-r1", StagePhase.RUNNING)
+    metrics = OperatorMetrics()  # a fresh process
+    metrics.observe(report(jobs=(oomed, running)))
+    metrics.observe(report(jobs=(oomed, running)))
+    assert attempts(metrics, "extract") is None and failures(metrics, "extract", "OutOfMemory") is None
+    metrics.observe(report(jobs=(oomed, job("a-extract-h-r1", StagePhase.FAILED))))  # fails after the start
+    metrics.observe(report(jobs=(oomed, job("a-extract-h-r1", StagePhase.FAILED))))
+    assert failures(metrics, "extract", "Error") == 1
+    assert failures(metrics, "extract", "OutOfMemory") is None
+    assert attempts(metrics, "extract") is None  # r1 started before this process did
+
+
+def reconcile(world: World, metrics: OperatorMetrics, at: float = NOW) -> None:
+    """What the handler does: observe, plan, apply, write status, then record the reconcile."""
+    observed = world.observed()
+    plan = world.step()
+    metrics.observe(run_report(world.ref, plan, observed.jobs, at))
+
+
+def test_the_planner_driven_oom_retry_is_counted_once_per_attempt() -> None:
+    world, metrics = World(tiny()), OperatorMetrics()
+    world.run_to("extract")
+    reconcile(world, metrics)  # the operator's process starts here: prepare's Job predates it
+    reconcile(world, metrics)
+    world.fail("extract", "PodFailurePolicy", "exit code 86", OOM_EXIT_CODE, "Error", "CUDA out of memory")
+    for _ in range(3):
+        reconcile(world, metrics)
+    world.succeed("extract")
+    for _ in range(3):
+        reconcile(world, metrics)
+    run = {"namespace": RUN.namespace, "run": RUN.name}
+    assert sample(metrics, ATTEMPTS, **run, stage="extract") == 1  # the retry; the first predates the start
+    assert sample(metrics, ATTEMPTS, **run, stage="vocab") == 1
+    assert sample(metrics, ATTEMPTS, **run, stage="prepare") == 0
+    assert sample(metrics, FAILURES, **run, stage="extract", reason="OutOfMemory") == 1
+    assert sample(metrics, FAILURES, **run, stage="extract", reason="Error") == 0
+    assert sample(metrics, f"{STAGE}_count", namespace=RUN.namespace, stage="extract") == 1
+
+
+# --- per-run figures ----------------------------------------------------------------------------------
+
+
+def results_status() -> dict[str, Any]:
+    done = StagePhase.SUCCEEDED
+    return {
+        "stages": {
+            "prepare": stage(done, PREPARE),
+            "generate": stage(done, GENERATE),
+            "extract": stage(done, EXTRACT),
+            "vocab": stage(done, {"coverage": 0.97}),
+            "train": stage(done, TRAIN),
+            "evaluate": stage(done, EVALUATE),
+        }
+    }
+
+
+def test_per_run_figures_come_from_the_stage_results() -> None:
+    metrics = OperatorMetrics()
+    metrics.observe(report(status=results_status()))
+    run = {"namespace": "ns", "run": "a"}
+    model = run | {"model": "Qwen/Qwen3-8B"}
+    assert sample(metrics, "eagle3_run_acceptance_length", **model) == pytest.approx(2.65)
+    assert sample(metrics, "eagle3_run_acceptance_rate", **model) == pytest.approx(0.55)
+    assert sample(metrics, "eagle3_run_validation_loss", **run) == pytest.approx(4.2)
+    assert sample(metrics, "eagle3_run_hidden_state_bytes", **run) == 3145728
+    tokens = {
+        s: sample(metrics, "eagle3_run_tokens_processed", **run, stage=s)
+        for s in ("prepare", "generate", "extract", "vocab", "train", "evaluate")
+    }
+    assert tokens == {
+        "prepare": 1600,
+        "generate": 900,
+        "extract": 1536,
+        "vocab": None,
+        "train": 8192,
+        "evaluate": 512,
+    }
+
+
+def test_a_figure_stays_until_a_new_result_replaces_it_and_a_new_model_replaces_its_series() -> None:
+    metrics = OperatorMetrics()
+    metrics.observe(report(status=results_status()))
+    rerun = {"stages": {"evaluate": stage(StagePhase.RUNNING)}}  # a spec edit re-runs evaluate
+    metrics.observe(report(status=rerun, model="Qwen/Qwen3-14B"))
+    old = {"namespace": "ns", "run": "a", "model": "Qwen/Qwen3-8B"}
+    assert sample(metrics, "eagle3_run_acceptance_length", **old) == pytest.approx(2.65)
+    again = {"stages": {"evaluate": stage(StagePhase.SUCCEEDED, EVALUATE | {"acceptanceLength": 3.1})}}
+    metrics.observe(report(status=again, model="Qwen/Qwen3-14B"))
+    assert sample(metrics, "eagle3_run_acceptance_length", **old) is None
+    new = old | {"model": "Qwen/Qwen3-14B"}
+    assert sample(metrics, "eagle3_run_acceptance_length", **new) == pytest.approx(3.1)
+
+
+def test_a_failed_evaluation_or_a_text_result_sets_nothing() -> None:
+    metrics = OperatorMetrics()
+    status = {
+        "stages": {
+            "evaluate": stage(StagePhase.FAILED, {"error": "vLLM died"}),
+            "train": stage(StagePhase.SUCCEEDED, {"message": "not JSON"}),
+            "extract": stage(StagePhase.SUCCEEDED, {"bytes": "12", "tokens": True}),
+        }
+    }
+    metrics.observe(report(status=status))
+    assert {name for name, _ in series(metrics, "a") if name.startswith("eagle3_run_")} == set()
+
+
+def test_started_and_expected_seconds_exist_while_a_stage_runs() -> None:
+    metrics = OperatorMetrics()
+    labels = {"namespace": "ns", "run": "a", "stage": "train"}
+    started = "eagle3_run_stage_started_timestamp_seconds"
+    expected = "eagle3_run_stage_expected_seconds"
+    metrics.observe(report(status={"stages": {"train": stage(StagePhase.PENDING, jobName="a-train-h")}}))
+    assert sample(metrics, started, **labels) is None  # created, not started (queued, pulling)
+    running = {"stages": {"train": stage(StagePhase.RUNNING, startTime=ts(60))}}
+    metrics.observe(report(status=running))
+    assert sample(metrics, started, **labels) == unix_time(ts(60))
+    assert sample(metrics, expected, **labels) == EXPECTED_SECONDS["train"]
+    metrics.observe(report(status=running, deadlines={"train": 7200}))
+    assert sample(metrics, expected, **labels) == 7200
+    retried = {"stages": {"train": stage(StagePhase.RUNNING, startTime=ts(900))}}
+    metrics.observe(report(status=retried))
+    assert sample(metrics, started, **labels) == unix_time(ts(900))
+    metrics.observe(report(status={"stages": {"train": stage(StagePhase.SUCCEEDED, TRAIN)}}))
+    assert sample(metrics, started, **labels) is None and sample(metrics, expected, **labels) is None
+
+
+# --- the serving draft --------------------------------------------------------------------------------
+
+SHA = "ab" * 32
+
+
+def serving_status(draft: str, sha: str | None = SHA, **extra: Any) -> dict[str, Any]:
+    checkpoint = {"path": draft} | ({"sha256": sha} if sha else {})
+    serving = {"deployment": "a-vllm", "service": "a-vllm", "url": "http://a-vllm", "draft": draft}
+    return {"checkpoint": checkpoint, "serving": serving, **extra}
+
+
+def test_the_serving_draft_info_and_its_rollout_time() -> None:
+    metrics = OperatorMetrics()
+    draft = "export/0123456789ab"
+    metrics.observe(report(status={"checkpoint": {"path": draft, "sha256": SHA}}))
+    assert sample(metrics, "eagle3_serving_draft_info", namespace="ns", run="a") is None  # not serving yet
+    metrics.observe(report(RunPhase.SERVING, status=serving_status(draft), now=NOW))
+    metrics.observe(report(RunPhase.SERVING, status=serving_status(draft), now=NOW + 60))
+    info = {"namespace": "ns", "run": "a", "model": "Qwen/Qwen3-8B", "checkpoint": draft, "sha256": SHA}
+    assert sample(metrics, "eagle3_serving_draft_info", **info) == 1
+    rollout = "eagle3_serving_draft_rollout_timestamp_seconds"
+    assert sample(metrics, rollout, namespace="ns", run="a", sha256=SHA) == NOW  # first seen, kept
+    pinned = "/mnt/drafts/pinned"
+    metrics.observe(report(RunPhase.SERVING, status=serving_status(pinned, sha="cd" * 32), now=NOW + 120))
+    assert sample(metrics, "eagle3_serving_draft_info", **info) is None
+    new = info | {"checkpoint": pinned, "sha256": "cd" * 32}
+    assert sample(metrics, "eagle3_serving_draft_info", **new) == 1
+    assert sample(metrics, rollout, namespace="ns", run="a", sha256=SHA) is None
+    assert sample(metrics, rollout, namespace="ns", run="a", sha256="cd" * 32) == NOW + 120
+    metrics.observe(report(RunPhase.SUCCEEDED, status={"checkpoint": {"path": pinned}}))  # serving disabled
+    assert series(metrics, "a") == set()
+
+
+def test_a_draft_already_serving_at_the_start_keeps_its_rollout_time() -> None:
+    """A restarted operator must not mark a rollout: the export's completion time stands for it."""
+    draft = "export/0123456789ab"
+    export = stage(StagePhase.SUCCEEDED, {"sha256": SHA}, outputDir=draft, completionTime=ts(3600))
+    metrics = OperatorMetrics()
+    metrics.observe(report(RunPhase.SERVING, status=serving_status(draft, stages={"export": export})))
+    rollout = "eagle3_serving_draft_rollout_timestamp_seconds"
+    assert sample(metrics, rollout, namespace="ns", run="a", sha256=SHA) == unix_time(ts(3600))
+    ready = {"type": "Ready", "status": "True", "lastTransitionTime": ts(7200)}
+    pinned = serving_status("/mnt/pinned", sha=None, conditions=[ready])
+    other = OperatorMetrics()
+    other.observe(report(RunPhase.SERVING, status=pinned))
+    assert sample(other, rollout, namespace="ns", run="a", sha256="") == unix_time(ts(7200))
+    info = {
+        "namespace": "ns",
+        "run": "a",
+        "model": "Qwen/Qwen3-8B",
+        "checkpoint": "/mnt/pinned",
+        "sha256": "",
+    }
+    assert sample(other, "eagle3_serving_draft_info", **info) == 1
+
+
+# --- forget_run ---------------------------------------------------------------------------------------
+
+
+def test_forget_run_removes_every_series_of_the_run_and_only_those() -> None:
+    metrics = OperatorMetrics()
+    draft = "export/0123456789ab"
+    status = results_status() | serving_status(draft)
+    status["stages"]["export"] = stage(StagePhase.RUNNING, startTime=ts(10))
+    for run in ("a", "b"):
+        metrics.observe(report(status={"stages": {"extract": stage(StagePhase.PENDING)}}, run=run))
+        metrics.observe(
+            report(
+                RunPhase.SERVING,
+                run=run,
+                status=status,
+                jobs=(job(f"{run}-extract-h", StagePhase.FAILED),),
+                created=((f"{run}-export-h", "export"),),
+            )
+        )
+    kinds = {name for name, _ in series(metrics, "a")}
+    assert kinds >= {
+        ATTEMPTS, FAILURES, "eagle3_run_stage_started_timestamp_seconds", "eagle3_run_stage_expected_seconds",
+        "eagle3_run_acceptance_length", "eagle3_run_acceptance_rate", "eagle3_run_validation_loss",
+        "eagle3_run_hidden_state_bytes", "eagle3_run_tokens_processed", "eagle3_serving_draft_info",
+        "eagle3_serving_draft_rollout_timestamp_seconds",
+    }  # fmt: skip
+    before_b = series(metrics, "b")
+    metrics.forget_run("ns", "a")
+    assert series(metrics, "a") == set()
+    assert series(metrics, "b") == before_b
+    assert runs_in(metrics, RunPhase.SERVING) == 1
+
+
+def test_a_long_run_name_is_labelled_as_its_pods_are() -> None:
+    """`run` is the `eagle3.dev/run` label value, so the operator's and vLLM's series join on it."""
+    long = "a-" + "x" * 70
+    world, metrics = World(tiny(), ref=RUN.__class__(long, RUN.namespace, RUN.uid)), OperatorMetrics()
+    reconcile(world, metrics)
+    label = world.jobs[next(iter(world.jobs))]["metadata"]["labels"]["eagle3.dev/run"]
+    assert label != long and series(metrics, label) and not series(metrics, long)
+    metrics.forget_run(RUN.namespace, long)
+    assert series(metrics, label) == set()

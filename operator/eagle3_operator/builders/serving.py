@@ -131,9 +131,27 @@ def build_service(run: RunRef) -> dict[str, Any]:
     }
 
 
+def _pod_label(label: str) -> str:
+    """A pod label as service discovery names it: `eagle3.dev/run` is `..._pod_label_eagle3_dev_run`."""
+    return "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in label)
+
+
+def pod_monitor_relabelings() -> list[dict[str, Any]]:
+    """vLLM's series get `namespace` and `run`: the labels the dashboard, alerts and operator series use."""
+    return [
+        {"action": "replace", "sourceLabels": [_pod_label(names.LABEL_RUN)], "targetLabel": "run"},
+        {"action": "replace", "sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
+    ]
+
+
 def build_pod_monitor(run: RunRef) -> dict[str, Any]:
-    """A Prometheus Operator PodMonitor scraping vLLM's /metrics."""
-    endpoint = {"port": PORT_NAME, "path": METRICS_PATH, "interval": "15s"}
+    """A Prometheus Operator PodMonitor scraping vLLM's /metrics, labelling its series with the run."""
+    endpoint = {
+        "port": PORT_NAME,
+        "path": METRICS_PATH,
+        "interval": "15s",
+        "relabelings": pod_monitor_relabelings(),
+    }
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",

@@ -40,6 +40,7 @@ class Plan:
     phase: RunPhase
     finished: tuple[tuple[str, float | None], ...] = ()
     problems: tuple[str, ...] = ()
+    spec: Eagle3RunSpec | None = None  # the validated spec (None when invalid)
 
 
 def previous_status(document: dict[str, Any] | None) -> Eagle3RunStatus:
@@ -221,4 +222,10 @@ def plan_run(
         checkpoint=checkpoint,
         serving=serving,
     )
-    return Plan(actions=tuple(actions), status=_dump(status), phase=phase, finished=tuple(progress.finished))
+    return Plan(
+        actions=tuple(actions),
+        status=_dump(status),
+        phase=phase,
+        finished=tuple(progress.finished),
+        spec=spec,
+    )

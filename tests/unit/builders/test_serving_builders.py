@@ -129,9 +129,25 @@ def test_selectors_agree() -> None:
     assert service["spec"]["ports"] == [
         {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
     ]
-    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert {k: endpoint[k] for k in ("port", "path", "interval")} == {
+        "port": "http",
+        "path": "/metrics",
+        "interval": "15s",
+    }
     assert {o["metadata"]["name"] for o in (deployment, service, monitor)} == {"kimi-k2-5-vllm"}
 
 
 def test_serving_url() -> None:
     assert serving_url(KIMI_RUN) == "http://kimi-k2-5-vllm.llm.svc:8000"
+
+
+def test_the_pod_monitor_labels_vllm_series_with_the_run_and_namespace() -> None:
+    """Prometheus sees pod label `eagle3.dev/run` as `__meta_kubernetes_pod_label_eagle3_dev_run`."""
+    [endpoint] = build_pod_monitor(KIMI_RUN)["spec"]["podMetricsEndpoints"]
+    targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert targets == {
+        "run": ["__meta_kubernetes_pod_label_eagle3_dev_run"],
+        "namespace": ["__meta_kubernetes_namespace"],
+    }
+    assert all(r["action"] == "replace" for r in endpoint["relabelings"])

@@ -1,0 +1,185 @@
+"""What one reconcile tells the metrics about a run, read from the plan, the status and the observed Jobs.
+
+Pure: the readers here take plain data (the camelCase status document, JobViews) and return numbers;
+`OperatorMetrics` (metrics.py) turns them into Prometheus series and remembers what it counted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from eagle3_operator.api.status import RunPhase, StagePhase
+from eagle3_operator.builders import names
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.pod import stage_override
+from eagle3_operator.reconcile.observe import JobView
+from eagle3_operator.reconcile.planner import Plan
+from eagle3_operator.reconcile.progress import is_oom
+from eagle3_operator.stages import OOM_EXIT_CODE, Stage
+
+OUT_OF_MEMORY = "OutOfMemory"
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+ERROR = "Error"
+FAILURE_REASONS = (OUT_OF_MEMORY, DEADLINE_EXCEEDED, ERROR)
+
+# How long a stage is expected to run when spec.stages.<stage>.activeDeadlineSeconds is not set: generous
+# figures for a large verifier on one node, for the "stuck in a stage" alert (an override replaces them).
+EXPECTED_SECONDS: dict[str, int] = {
+    Stage.PREPARE.value: 2 * 3600,
+    Stage.GENERATE.value: 48 * 3600,
+    Stage.EXTRACT.value: 24 * 3600,
+    Stage.VOCAB.value: 2 * 3600,
+    Stage.TRAIN.value: 72 * 3600,
+    Stage.EVALUATE.value: 6 * 3600,
+    Stage.EXPORT.value: 2 * 3600,
+}
+
+# The key of each stage result that counts the tokens the stage processed (train: the sum over its epochs).
+TOKEN_KEYS: dict[str, str] = {
+    Stage.PREPARE.value: "tokens",  # tokenized conversation tokens
+    Stage.GENERATE.value: "outputTokens",  # tokens the verifier generated
+    Stage.EXTRACT.value: "tokens",  # tokens whose hidden states are stored
+    Stage.EVALUATE.value: "outputTokens",  # tokens generated with the draft
+}
+
+# A Job failed by its podFailurePolicy says which exit code matched the FailJob rule.
+_POLICY_OOM = re.compile(rf"\bexit code {OOM_EXIT_CODE}\b")
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """One reconcile of one run, as plain data. `run` is the `eagle3.dev/run` label value (the run's name
+    unless it is longer than 63 characters), so operator and vLLM series join on it."""
+
+    namespace: str
+    run: str
+    phase: RunPhase
+    status: Mapping[str, Any]
+    now: float
+    model: str | None = None
+    deadlines: Mapping[str, int] = field(default_factory=dict)
+    jobs: tuple[JobView, ...] = ()
+    created: tuple[tuple[str, str], ...] = ()  # (Job name, stage) of Jobs this reconcile creates
+    finished: tuple[tuple[str, float | None], ...] = ()
+
+
+def run_report(ref: RunRef, plan: Plan, jobs: tuple[JobView, ...], now: float) -> RunReport:
+    """The report of a reconcile that planned `plan` having observed `jobs`; `now` is unix time."""
+    created = tuple(
+        (a.body["metadata"]["name"], a.body["metadata"]["labels"][names.LABEL_STAGE])
+        for a in plan.actions
+        if a.verb == "create" and a.body.get("kind") == "Job"
+    )
+    deadlines: dict[str, int] = {}
+    if plan.spec is not None:
+        for stage in Stage:
+            override = stage_override(plan.spec, stage)
+            if override is not None and override.active_deadline_seconds is not None:
+                deadlines[stage.value] = override.active_deadline_seconds
+    return RunReport(
+        namespace=ref.namespace,
+        run=names.run_label(ref.name),
+        phase=plan.phase,
+        status=plan.status,
+        now=now,
+        model=plan.spec.verifier.model if plan.spec is not None else None,
+        deadlines=deadlines,
+        jobs=jobs,
+        created=created,
+        finished=plan.finished,
+    )
+
+
+def failure_reason(job: JobView) -> str:
+    """OutOfMemory (OOMKilled, or the stage's out-of-memory exit code), DeadlineExceeded, else Error."""
+    policy_oom = job.failure_reason == "PodFailurePolicy" and _POLICY_OOM.search(job.failure_message or "")
+    if is_oom(job) or policy_oom:
+        return OUT_OF_MEMORY
+    if job.failure_reason == DEADLINE_EXCEEDED:
+        return DEADLINE_EXCEEDED
+    return ERROR
+
+
+def number(value: Any) -> float | None:
+    """A JSON number as a float; anything else (bool, string, null) as None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def unix_time(value: Any) -> float | None:
+    """An RFC 3339 time of the API (`2025-01-02T03:04:05Z`) as unix time."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def stage_results(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The result of every stage that succeeded, by stage."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for stage, st in (status.get("stages") or {}).items():
+        result = st.get("result")
+        if st.get("phase") == StagePhase.SUCCEEDED.value and isinstance(result, Mapping):
+            out[stage] = result
+    return out
+
+
+def tokens_processed(stage: str, result: Mapping[str, Any]) -> float | None:
+    """Tokens a stage processed, from its result (see TOKEN_KEYS); train sums its epochs' trainTokens."""
+    if stage == Stage.TRAIN.value:
+        epochs = result.get("epochs")
+        if not isinstance(epochs, list) or not epochs:
+            return None  # a result over 4 KiB loses its lists (stage_main keeps the scalars)
+        counts = [number(e.get("trainTokens")) if isinstance(e, Mapping) else None for e in epochs]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+    key = TOKEN_KEYS.get(stage)
+    return number(result.get(key)) if key else None
+
+
+def running_stages(status: Mapping[str, Any], deadlines: Mapping[str, int]) -> dict[str, tuple[float, int]]:
+    """Stages whose current attempt runs now: (unix time it started, seconds it is expected to take)."""
+    out: dict[str, tuple[float, int]] = {}
+    for stage, st in (status.get("stages") or {}).items():
+        started = unix_time(st.get("startTime"))
+        if st.get("phase") == StagePhase.RUNNING.value and started is not None:
+            out[stage] = (started, deadlines.get(stage, EXPECTED_SECONDS.get(stage, 24 * 3600)))
+    return out
+
+
+@dataclass(frozen=True)
+class ServingDraft:
+    """The draft a run's vLLM Deployment points at: its directory and (when known) its sha256."""
+
+    checkpoint: str
+    sha256: str
+
+
+def serving_draft(status: Mapping[str, Any]) -> ServingDraft | None:
+    """The draft of status.serving; its sha256 from status.checkpoint when that is the same directory."""
+    draft = (status.get("serving") or {}).get("draft")
+    if not isinstance(draft, str) or not draft:
+        return None
+    checkpoint = status.get("checkpoint") or {}
+    sha = checkpoint.get("sha256") if checkpoint.get("path") == draft else None
+    return ServingDraft(draft, sha if isinstance(sha, str) else "")
+
+
+def rolled_out_before(status: Mapping[str, Any], draft: ServingDraft) -> float | None:
+    """When a draft that served before the operator started was rolled out, as far as status tells: when
+    the export that made it finished (the rollout follows at once), else when serving became Ready."""
+    export = (status.get("stages") or {}).get(Stage.EXPORT.value) or {}
+    if export.get("phase") == StagePhase.SUCCEEDED.value and export.get("outputDir") == draft.checkpoint:
+        done = unix_time(export.get("completionTime"))
+        if done is not None:
+            return done
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("status") == "True":
+            return unix_time(cond.get("lastTransitionTime"))
+    return None

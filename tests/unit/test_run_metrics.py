@@ -1,0 +1,159 @@
+"""run_metrics: the figures the metrics read from a reconcile (plan, status, Jobs), as plain data."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planner_world import RUN, World, tiny, ts
+
+from eagle3_operator.api.status import RunPhase, StagePhase
+from eagle3_operator.reconcile.observe import JobView, Termination
+from eagle3_operator.run_metrics import (
+    EXPECTED_SECONDS,
+    TOKEN_KEYS,
+    ServingDraft,
+    failure_reason,
+    number,
+    rolled_out_before,
+    run_report,
+    running_stages,
+    serving_draft,
+    stage_results,
+    tokens_processed,
+    unix_time,
+)
+from eagle3_operator.stages import OOM_EXIT_CODE, Stage
+
+
+def test_numbers_and_times() -> None:
+    assert [number(v) for v in (1, 2.5, True, "3", None, [1])] == [1.0, 2.5, None, None, None, None]
+    assert unix_time("2025-01-01T00:00:10Z") == 1735689610.0
+    assert [unix_time(v) for v in (None, "", "yesterday", 5)] == [None, None, None, None]
+
+
+def test_failure_reason_prefers_out_of_memory_then_the_deadline() -> None:
+    def job(**fields: Any) -> JobView:
+        return JobView(name="j", stage="train", hash="h", attempt=0, phase=StagePhase.FAILED, **fields)
+
+    assert failure_reason(job(termination=Termination("OOMKilled", 137, None))) == "OutOfMemory"
+    assert failure_reason(job(termination=Termination("Error", OOM_EXIT_CODE, None))) == "OutOfMemory"
+    deadline = job(failure_reason="DeadlineExceeded", termination=Termination("Error", 137, None))
+    assert failure_reason(deadline) == "DeadlineExceeded"
+    policy = (
+        f"Container train for pod ns/p failed with exit code {OOM_EXIT_CODE} matching FailJob rule at index 1"
+    )
+    assert failure_reason(job(failure_reason="PodFailurePolicy", failure_message=policy)) == "OutOfMemory"
+    other = policy.replace(f"code {OOM_EXIT_CODE}", f"code {OOM_EXIT_CODE}0")
+    assert failure_reason(job(failure_reason="PodFailurePolicy", failure_message=other)) == "Error"
+    assert failure_reason(job(failure_reason="BackoffLimitExceeded")) == "Error"
+
+
+def test_only_succeeded_stages_have_results() -> None:
+    status = {
+        "stages": {
+            "prepare": {"phase": "Succeeded", "result": {"tokens": 3}},
+            "extract": {"phase": "Failed", "result": {"error": "x"}},
+            "train": {"phase": "Running"},
+            "vocab": {"phase": "Succeeded"},
+        }
+    }
+    assert stage_results(status) == {"prepare": {"tokens": 3}}
+    assert stage_results({}) == {}
+
+
+def test_tokens_processed_per_stage() -> None:
+    assert tokens_processed("prepare", {"tokens": 1600, "samples": 3}) == 1600
+    assert tokens_processed("generate", {"tokens": 1700, "outputTokens": 900}) == 900
+    assert tokens_processed("extract", {"tokens": 1536, "extractedTokens": 512}) == 1536
+    assert tokens_processed("evaluate", {"outputTokens": 512}) == 512
+    assert tokens_processed("train", {"epochs": [{"trainTokens": 10}, {"trainTokens": 32}]}) == 42
+    assert tokens_processed("train", {"epochs": [{"trainTokens": 10}, {}]}) is None
+    assert tokens_processed("train", {"bestValLoss": 1.0}) is None  # a result cut to its scalars
+    assert tokens_processed("vocab", {"tokens": 7}) is None
+
+
+def test_running_stages_have_a_start_and_an_expected_duration() -> None:
+    status = {
+        "stages": {
+            "prepare": {"phase": "Succeeded", "startTime": ts(0)},
+            "extract": {"phase": "Running", "startTime": ts(60)},
+            "train": {"phase": "Running"},  # waiting for its result or not started: no start time
+        }
+    }
+    assert running_stages(status, {}) == {"extract": (unix_time(ts(60)), EXPECTED_SECONDS["extract"])}
+    assert running_stages(status, {"extract": 600}) == {"extract": (unix_time(ts(60)), 600)}
+    assert set(EXPECTED_SECONDS) == {s.value for s in Stage}
+
+
+def test_the_serving_draft_takes_the_checkpoint_sha_only_for_the_same_directory() -> None:
+    serving = {"serving": {"draft": "export/abc"}}
+    assert serving_draft({}) is None and serving_draft({"serving": {"deployment": "d"}}) is None
+    assert serving_draft(serving | {"checkpoint": {"path": "export/abc", "sha256": "ff"}}) == ServingDraft(
+        "export/abc", "ff"
+    )
+    # a new export whose gate failed: the Deployment still serves the previous draft, whose sha is unknown
+    assert serving_draft(serving | {"checkpoint": {"path": "export/def", "sha256": "ee"}}) == ServingDraft(
+        "export/abc", ""
+    )
+
+
+def test_rolled_out_before_reads_the_export_or_the_ready_condition() -> None:
+    draft = ServingDraft("export/abc", "ff")
+    export = {"phase": "Succeeded", "outputDir": "export/abc", "completionTime": ts(100)}
+    ready = {"type": "Ready", "status": "True", "lastTransitionTime": ts(200)}
+    assert rolled_out_before({"stages": {"export": export}, "conditions": [ready]}, draft) == unix_time(
+        ts(100)
+    )
+    other = export | {"outputDir": "export/old"}
+    assert rolled_out_before({"stages": {"export": other}, "conditions": [ready]}, draft) == unix_time(
+        ts(200)
+    )
+    assert rolled_out_before({"conditions": [ready | {"status": "False"}]}, draft) is None
+
+
+def test_run_report_of_a_reconcile() -> None:
+    world = World(tiny(stages={"extract": {"activeDeadlineSeconds": 900}}))
+    observed = world.observed()
+    plan = world.step()
+    report = run_report(RUN, plan, observed.jobs, 12.5)
+    [job] = world.jobs.values()
+    assert report.created == ((job["metadata"]["name"], "prepare"),)
+    assert (report.namespace, report.run, report.phase, report.now) == (
+        RUN.namespace,
+        RUN.name,
+        RunPhase.RUNNING,
+        12.5,
+    )
+    assert report.model == "/models/tiny" and report.deadlines == {"extract": 900}
+    assert report.status is plan.status and report.jobs == ()
+    invalid = World({"verifier": {}})
+    plan = invalid.step()
+    assert run_report(RUN, plan, (), 0).model is None
+
+
+def _source(module: str) -> str:
+    spec = importlib.util.find_spec(f"eagle3_pipeline.{module}")
+    if spec is None or spec.origin is None:
+        pytest.skip("eagle3_pipeline is not installed")
+    return Path(spec.origin).read_text()
+
+
+@pytest.mark.parametrize(
+    ("modules", "keys"),
+    [
+        (["stages.evaluate"], ["acceptanceLength", "acceptanceRate", TOKEN_KEYS["evaluate"]]),
+        (["stages.extract"], ["bytes", TOKEN_KEYS["extract"]]),
+        (["stages.generate"], [TOKEN_KEYS["generate"]]),
+        (["stages.prepare", "prepared"], [TOKEN_KEYS["prepare"]]),  # prepare returns write_prepared's stats
+        (["stages.export"], ["sha256"]),
+        (["stages.train", "train_metrics"], ["bestValLoss", "epochs", "trainTokens"]),
+    ],
+)
+def test_the_result_keys_read_are_those_the_stage_programs_write(modules: list[str], keys: list[str]) -> None:
+    """A guard against a renamed key: the metrics would silently stop showing the figure."""
+    source = "".join(_source(m) for m in modules)
+    for key in keys:
+        assert f'"{key}"' in source, f"eagle3_pipeline.{modules} writes no {key!r}"
