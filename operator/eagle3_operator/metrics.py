@@ -1,11 +1,13 @@
 """The operator's Prometheus metrics (docs/metrics.md): one registry per operator process, in kopf's memo.
 
 Counters count transitions the operator sees, once each: a stage attempt when its Job is created or first
-seen, a failure when its Job is first seen failed. `OperatorMetrics` remembers, per run, the Job names it
-counted; what a run already had when this process first reconciled it (Jobs started, Jobs failed, a draft
-serving) happened before the process started and is remembered without being counted, so a restarted
-operator starts its counters at zero (as Prometheus expects of a restart) and never counts an old failure
-again. Per-run gauges are read from the status each reconcile writes, so a restart rebuilds them.
+seen, a failure when its Job is first seen failed; each counted failure also sets its (run, stage, reason)'s
+last-failure timestamp, which the failure alerts read (a counter's first scrape can already hold the failure,
+and `increase()` does not see it). `OperatorMetrics` remembers, per run, the Job names it counted; what a run
+already had when this process first reconciled it (Jobs started, Jobs failed, a draft serving) happened
+before the process started and is remembered without being counted, so a restarted operator starts its
+counters at zero (as Prometheus expects of a restart), never counts an old failure again, nor alerts on one.
+Per-run gauges are read from the status each reconcile writes, so a restart rebuilds them.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ class OperatorMetrics:
         def gauge(name: str, doc: str, *labels: str) -> Gauge:
             return Gauge(name, doc, [*RUN, *labels], registry=r)
 
+        self.last_failure = gauge(
+            "eagle3_run_stage_last_failure_timestamp_seconds", "When this process last counted a failed Job "
+            "of the stage for the reason.", "stage", "reason",
+        )  # fmt: skip
         self.started = gauge(
             "eagle3_run_stage_started_timestamp_seconds", "When the running stage's attempt started.", "stage"
         )
@@ -153,7 +159,7 @@ class OperatorMetrics:
         ns, run = report.namespace, report.run
         for stage, st in (report.status.get("stages") or {}).items():
             if stage not in memory.stages and st.get("phase") != StagePhase.SKIPPED.value:
-                memory.stages.add(stage)  # zero first: an increase() over the first failure sees it
+                memory.stages.add(stage)  # zero first, for the dashboard's counts
                 self._series(memory, f"attempts/{stage}", self.attempts, ns, run, stage).inc(0)
                 for reason in FAILURE_REASONS:
                     self._series(memory, f"failures/{stage}/{reason}", self.failures, ns, run, stage, reason)
@@ -168,7 +174,9 @@ class OperatorMetrics:
             if job.phase == StagePhase.FAILED and job.name not in memory.failed:
                 memory.failed.add(job.name)
                 labels = (ns, run, job.stage, failure_reason(job))
-                self._series(memory, "failures/" + "/".join(labels[2:]), self.failures, *labels).inc()
+                slot = "/".join(labels[2:])
+                self._series(memory, f"failures/{slot}", self.failures, *labels).inc()
+                self._series(memory, f"last_failure/{slot}", self.last_failure, *labels).set(report.now)
 
     def _results(self, report: RunReport, memory: RunMemory) -> None:
         """Per-run figures from the stages' results; a figure stays until a new result replaces it."""

@@ -20,6 +20,7 @@ RUNS = "eagle3_operator_runs"
 STAGE = "eagle3_operator_stage_duration_seconds"
 ATTEMPTS = "eagle3_operator_stage_attempts_total"
 FAILURES = "eagle3_operator_stage_failures_total"
+LAST_FAILURE = "eagle3_run_stage_last_failure_timestamp_seconds"
 NOW = 1_750_000_000.0
 
 # Stage results with the keys the stage programs write (eagle3_pipeline.stages.<stage>.run()).
@@ -172,6 +173,10 @@ def failures(metrics: OperatorMetrics, stage_: str, reason: str, run: str = "a")
     return sample(metrics, FAILURES, namespace="ns", run=run, stage=stage_, reason=reason)
 
 
+def last_failure(metrics: OperatorMetrics, stage_: str, reason: str, run: str = "a") -> float | None:
+    return sample(metrics, LAST_FAILURE, namespace="ns", run=run, stage=stage_, reason=reason)
+
+
 def test_counters_of_a_planned_stage_exist_at_zero_before_its_first_attempt() -> None:
     metrics = OperatorMetrics()
     status = {"stages": {"prepare": stage(StagePhase.PENDING), "generate": stage(StagePhase.SKIPPED)}}
@@ -183,6 +188,9 @@ def test_counters_of_a_planned_stage_exist_at_zero_before_its_first_attempt() ->
         "Error": 0,
     }
     assert attempts(metrics, "generate") is None  # skipped stages run nothing
+    assert [
+        r for r in ("OutOfMemory", "DeadlineExceeded", "Error") if last_failure(metrics, "prepare", r)
+    ] == []
 
 
 def test_a_job_is_one_attempt_however_often_it_is_reconciled() -> None:
@@ -237,6 +245,28 @@ def test_failure_reasons(fields: dict[str, Any], reason: str) -> None:
     assert failures(metrics, "extract", reason) == 1
 
 
+def test_each_counted_failure_sets_its_last_failure_time_once() -> None:
+    """The failure alerts read this gauge: set to the reconcile's time when a failure is counted, kept while
+    later reconciles see the same failed Job, moved on by the next failure of the stage for that reason."""
+    metrics = OperatorMetrics()
+    metrics.observe(report(status={"stages": {"extract": stage(StagePhase.RUNNING)}}))
+    assert last_failure(metrics, "extract", "OutOfMemory") is None  # no failure, no series (not even 0)
+    oomed = job("a-extract-h", StagePhase.FAILED, termination=Termination("OOMKilled", 137, None))
+    metrics.observe(report(jobs=(oomed,), now=NOW + 10))
+    metrics.observe(report(jobs=(oomed, job("a-extract-h-r1", StagePhase.RUNNING)), now=NOW + 20))
+    assert last_failure(metrics, "extract", "OutOfMemory") == NOW + 10
+    again = job("a-extract-h-r1", StagePhase.FAILED, termination=Termination("OOMKilled", 137, None))
+    metrics.observe(report(jobs=(oomed, again), now=NOW + 300))
+    metrics.observe(report(jobs=(oomed, again), now=NOW + 400))
+    assert last_failure(metrics, "extract", "OutOfMemory") == NOW + 300
+    assert failures(metrics, "extract", "OutOfMemory") == 2
+    assert last_failure(metrics, "extract", "Error") is None
+    timed_out = job("a-train-h", StagePhase.FAILED, "train", failure_reason="DeadlineExceeded")
+    metrics.observe(report(jobs=(oomed, again, timed_out), now=NOW + 500))
+    assert last_failure(metrics, "train", "DeadlineExceeded") == NOW + 500
+    assert last_failure(metrics, "extract", "OutOfMemory") == NOW + 300
+
+
 def test_a_restarted_operator_counts_nothing_that_happened_before_it_started() -> None:
     """What a run has when the process first reconciles it predates the process: remembered, not counted."""
     oomed = job("a-extract-h", StagePhase.FAILED, termination=Termination("OOMKilled", 137, None))
@@ -245,10 +275,13 @@ def test_a_restarted_operator_counts_nothing_that_happened_before_it_started() -
     metrics.observe(report(jobs=(oomed, running)))
     metrics.observe(report(jobs=(oomed, running)))
     assert attempts(metrics, "extract") is None and failures(metrics, "extract", "OutOfMemory") is None
-    metrics.observe(report(jobs=(oomed, job("a-extract-h-r1", StagePhase.FAILED))))  # fails after the start
-    metrics.observe(report(jobs=(oomed, job("a-extract-h-r1", StagePhase.FAILED))))
+    assert last_failure(metrics, "extract", "OutOfMemory") is None  # an old failure raises no alert
+    metrics.observe(report(jobs=(oomed, job("a-extract-h-r1", StagePhase.FAILED)), now=NOW + 60))
+    metrics.observe(report(jobs=(oomed, job("a-extract-h-r1", StagePhase.FAILED)), now=NOW + 90))
     assert failures(metrics, "extract", "Error") == 1
+    assert last_failure(metrics, "extract", "Error") == NOW + 60  # this one failed after the start
     assert failures(metrics, "extract", "OutOfMemory") is None
+    assert last_failure(metrics, "extract", "OutOfMemory") is None
     assert attempts(metrics, "extract") is None  # r1 started before this process did
 
 
@@ -276,6 +309,8 @@ def test_the_planner_driven_oom_retry_is_counted_once_per_attempt() -> None:
     assert sample(metrics, ATTEMPTS, **run, stage="prepare") == 0
     assert sample(metrics, FAILURES, **run, stage="extract", reason="OutOfMemory") == 1
     assert sample(metrics, FAILURES, **run, stage="extract", reason="Error") == 0
+    assert sample(metrics, LAST_FAILURE, **run, stage="extract", reason="OutOfMemory") == NOW
+    assert sample(metrics, LAST_FAILURE, **run, stage="extract", reason="Error") is None
     assert sample(metrics, f"{STAGE}_count", namespace=RUN.namespace, stage="extract") == 1
 
 
@@ -443,7 +478,8 @@ def test_forget_run_removes_every_series_of_the_run_and_only_those() -> None:
         )
     kinds = {name for name, _ in series(metrics, "a")}
     assert kinds >= {
-        ATTEMPTS, FAILURES, "eagle3_run_stage_started_timestamp_seconds", "eagle3_run_stage_expected_seconds",
+        ATTEMPTS, FAILURES, LAST_FAILURE, "eagle3_run_stage_started_timestamp_seconds",
+        "eagle3_run_stage_expected_seconds",
         "eagle3_run_acceptance_length", "eagle3_run_acceptance_rate", "eagle3_run_validation_loss",
         "eagle3_run_hidden_state_bytes", "eagle3_run_tokens_processed", "eagle3_serving_draft_info",
         "eagle3_serving_draft_rollout_timestamp_seconds",

@@ -1,0 +1,238 @@
+"""The dashboard, the alerting rules and the acceptance arithmetic, checked on a real Prometheus.
+
+Prometheus scrapes two vLLM CPU servers (runs `good` and `bad`) and the operator's metrics endpoint (four
+runs driven through their lifecycles, see operator_stack.py); see tier.py for the sequence. Every instant
+query is evaluated at `tier.end`, the moment Prometheus holds a sample of the final raw counters.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_pipeline.spec_metrics import Acceptance
+from tests.observability import expressions as ex
+from tests.observability.operator_stack import NAMESPACE
+from tests.observability.prometheus import PromQLError, wait_for
+from tests.observability.render import main_panels, panel_data, render
+from tests.observability.tier import Tier
+from tests.observability.vllm_stack import MODEL
+from tests.pipeline.conftest import BUILD_TIMEOUT_S
+
+# the tiny verifier may be built first (tests/pipeline's allowance for a cold build)
+pytestmark = [pytest.mark.prometheus, pytest.mark.vllm, pytest.mark.timeout(BUILD_TIMEOUT_S)]
+
+ROOT = Path(__file__).resolve().parents[2]
+RATE_INTERVAL = "1m"  # covers all the traffic at `end`
+RUNS = ("good", "bad", "stuck", "broken")
+ALL_SELECTED = {"namespace": ex.ALL, "model": ex.ALL, "run": ex.ALL}
+# What Grafana sends with concrete selections (a multi-value variable becomes a regex alternation): a
+# variable applied to a label its series do not have matches nothing here, while ".*" would hide it.
+CONCRETE = {"namespace": NAMESPACE, "model": MODEL, "run": "(" + "|".join(RUNS) + ")"}
+
+
+def empty_queries(tier: Tier, dashboard: dict[str, Any], selected: dict[str, str]) -> list[str]:
+    """Each dashboard query that Prometheus refuses or answers with nothing, by panel, as sent."""
+    values = selected | ex.builtin_values(RATE_INTERVAL)
+    problems = []
+    for query in ex.dashboard_queries(dashboard):
+        expr = ex.substitute(query.expr, values)
+        if ex.unresolved(expr):
+            problems.append(f"{query.where}: unknown variables {ex.unresolved(expr)} in {expr}")
+            continue
+        try:
+            result = tier.prometheus.query(expr, at=tier.end)
+        except PromQLError as err:
+            problems.append(f"{query.where}: refused: {err}")
+            continue
+        if not result:
+            problems.append(f"{query.where} returned nothing: {expr}")
+    return problems
+
+
+def test_prometheus_scrapes_the_operator_and_both_vllm_servers(tier: Tier) -> None:
+    health = tier.prometheus.targets_up()
+    assert len(health) == 3 and set(health.values()) == {"up"}, health
+    runs = tier.prometheus.query('count by (run) (vllm:num_requests_running{namespace="e3"})', at=tier.end)
+    assert sorted(r["metric"]["run"] for r in runs) == ["bad", "good"]
+
+
+def test_every_dashboard_query_returns_data(tier: Tier, dashboard: dict[str, Any]) -> None:
+    queries = ex.dashboard_queries(dashboard)
+    assert len(queries) >= 20, "the dashboard's queries were not found"
+    problems = empty_queries(tier, dashboard, ALL_SELECTED)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_dashboard_query_returns_data_for_a_concrete_selection(
+    tier: Tier, dashboard: dict[str, Any]
+) -> None:
+    problems = empty_queries(tier, dashboard, CONCRETE)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_variables_list_the_namespace_the_model_and_the_runs(
+    tier: Tier, dashboard: dict[str, Any]
+) -> None:
+    found: dict[str, set[str]] = {}
+    for name, query in ex.variable_queries(dashboard):
+        selector, label = ex.label_values_query(ex.substitute(query, ALL_SELECTED))
+        assert selector is not None, f"variable {name}: label_values({label}) without a selector"
+        result = tier.prometheus.query(f"count by ({label}) ({selector})", at=tier.end)
+        found[name] = {r["metric"].get(label, "") for r in result}
+    assert found.get("namespace") == {NAMESPACE}
+    assert found.get("model") == {MODEL}
+    assert found.get("run", set()) >= {"good", "bad"}
+
+
+def test_every_rule_expression_returns_data(tier: Tier, rules_path: Path) -> None:
+    rules = ex.rules(rules_path)
+    assert {r.kind for r in rules} >= {"alert"}
+    loaded = {r["name"]: r for group in tier.prometheus.rule_groups() for r in group["rules"]}
+    assert loaded.keys() == {r.name for r in rules}, "Prometheus did not load every rule of the file"
+    assert [(n, r.get("lastError")) for n, r in loaded.items() if r.get("health") == "err"] == []
+    problems = []
+    for rule in rules:
+        try:
+            if not tier.prometheus.query(rule.expr, at=tier.end):
+                problems.append(f"{rule.kind} {rule.name} (group {rule.group}) returned nothing: {rule.expr}")
+        except PromQLError as err:
+            problems.append(f"{rule.kind} {rule.name}: refused: {err}")
+    assert not problems, "\n".join(problems)
+
+
+def active_alerts(tier: Tier) -> dict[str, set[str]]:
+    """Alert name to the runs it is pending or firing for."""
+    out: dict[str, set[str]] = {}
+    for alert in tier.prometheus.alerts():
+        if alert["state"] in ("pending", "firing"):
+            out.setdefault(alert["labels"]["alertname"], set()).add(alert["labels"].get("run", ""))
+    return out
+
+
+def test_each_alert_is_active_for_the_troubled_runs_and_none_for_good(tier: Tier, rules_path: Path) -> None:
+    alerts = [r for r in ex.rules(rules_path) if r.kind == "alert"]
+    names = {r.name for r in alerts}
+
+    def every_alert_active() -> dict[str, set[str]] | None:
+        active = active_alerts(tier)
+        return active if set(active) >= names else None
+
+    active = wait_for(every_alert_active, 30, f"every alert of {sorted(names)} pending or firing")
+    assert not [n for n, runs in active.items() if "good" in runs], active
+    for rule in alerts:
+        if "vllm:" in rule.expr:  # the live acceptance alerts: the wrong draft serves in run `bad`
+            assert "bad" in active[rule.name], (rule.name, active[rule.name])
+    assert active.keys() >= names
+    assert {run for runs in active.values() for run in runs} == {"bad", "stuck", "broken"}
+    assert active["Eagle3StageFailed"] == {"broken"}, active
+    assert active["Eagle3StageOOMRetry"] == {"bad"}, active
+
+
+def test_a_failure_before_the_first_scrape_fires_the_failure_alert(tier: Tier) -> None:
+    """broken's Job failed before Prometheus first scraped the operator: its failures counter was 1 from its
+    first sample, so increase() of it shows nothing, and Eagle3StageFailed fires from the timestamp."""
+    counter = 'eagle3_operator_stage_failures_total{run="broken", stage="prepare", reason="Error"}'
+    assert tier.scalar(f"min_over_time({counter}[1h])") == 1  # never seen at 0
+    assert tier.scalar(f"increase({counter}[10m])") == 0  # what the counter-based alert missed
+    firing = [
+        a["labels"]
+        for a in tier.prometheus.alerts()
+        if a["labels"]["alertname"] == "Eagle3StageFailed" and a["state"] == "firing"
+    ]
+    assert firing and all(
+        (x["run"], x["stage"], x["reason"]) == ("broken", "prepare", "Error") for x in firing
+    ), firing
+
+
+def test_prometheus_computes_the_acceptance_length_of_the_raw_counters(tier: Tier) -> None:
+    """Same counters, same arithmetic: the values are equal, not close."""
+    for run in ("good", "bad"):
+        raw = Acceptance.from_counters(tier.raw[run])
+        sel = f'{{namespace="{NAMESPACE}", run="{run}"}}'
+        accepted, drafts = "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_drafts_total"
+        length = tier.scalar(f"1 + sum({accepted}{sel}) / sum({drafts}{sel})")
+        rate = tier.scalar(f"sum({accepted}{sel}) / sum(vllm:spec_decode_num_draft_tokens_total{sel})")
+        assert (length, rate) == (raw.length, raw.rate), run
+    assert Acceptance.from_counters(tier.raw["bad"]).length == 1.0  # not a single token accepted
+    assert Acceptance.from_counters(tier.raw["good"]).length > 1.3
+
+
+def panel_expr(dashboard: dict[str, Any], title: str) -> str:
+    """The first target of the first panel whose title starts with `title` (case-insensitive)."""
+    for panel in ex.panels(dashboard):
+        if str(panel.get("title", "")).lower().startswith(title.lower()) and panel.get("targets"):
+            return ex.panel_queries(panel)[0].expr
+    raise AssertionError(f"no panel titled {title!r}")
+
+
+def test_the_dashboards_acceptance_panels_agree_with_the_raw_counters(
+    tier: Tier, dashboard: dict[str, Any]
+) -> None:
+    """The panels' rate() ratios over a window holding every sample of the servers are the counters' ratios
+    (both rates extrapolate alike: the same scrapes, from zero), up to rounding."""
+    window = f"{math.ceil(tier.end - tier.serving_since) + 5}s"
+    values = CONCRETE | ex.builtin_values(window)
+    panels: dict[str, Callable[[Acceptance], tuple[float, ...]]] = {
+        "mean acceptance length": lambda a: (a.length,),
+        "acceptance rate": lambda a: (a.rate,),
+        "acceptance by": lambda a: a.by_position,
+    }
+    for title, expected in panels.items():
+        expr = ex.substitute(panel_expr(dashboard, title), values)
+        for run in ("good", "bad"):
+            series = [r for r in tier.prometheus.query(expr, at=tier.end) if r["metric"].get("run") == run]
+            series.sort(key=lambda r: int(r["metric"].get("position", 0)))
+            got = [float(r["value"][1]) for r in series]
+            want = list(expected(Acceptance.from_counters(tier.raw[run])))
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-12), (title, run, expr)
+
+
+def test_the_evaluated_acceptance_is_beside_the_live_one(tier: Tier) -> None:
+    assert tier.evaluated is not None
+    for run in ("good", "bad"):
+        evaluated = tier.scalar(f'eagle3_run_acceptance_length{{run="{run}", model="{MODEL}"}}')
+        assert evaluated == tier.evaluated.length
+        info = tier.prometheus.query(f'eagle3_serving_draft_info{{run="{run}"}}', at=tier.end)
+        assert len(info) == 1 and len(info[0]["metric"]["sha256"]) == 64
+
+
+def is_png(path: Path) -> tuple[int, int]:
+    """The PNG's width and height (asserting it is one)."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", head[16:24])
+    return int(width), int(height)
+
+
+def test_the_dashboards_main_panels_render_to_a_png(
+    tier: Tier, dashboard: dict[str, Any], tmp_path: Path
+) -> None:
+    start, end = tier.serving_since - 5, tier.end + 2
+    values = ALL_SELECTED | ex.builtin_values("10s")
+
+    def fetch(expr: str) -> list[dict[str, Any]]:
+        return tier.prometheus.query_range(ex.substitute(expr, values), start, end, 1)
+
+    panels = main_panels(dashboard)
+    assert len(panels) >= 8, [p.get("title") for p in panels]
+    data = [panel_data(p, fetch) for p in panels]
+    assert [d.title for d in data if not d.series] == []
+    subtitle = (
+        f"Rendered from a real Prometheus scraping vLLM CPU servers (tiny verifier; run good: fitted draft, "
+        f"run bad: a draft that never matches) and the operator; {time.strftime('%Y-%m-%d')}"
+    )
+    outputs = [tmp_path / "dashboard.png"]
+    if os.environ.get("EAGLE3_WRITE_DOCS") == "1":
+        outputs.append(ROOT / "docs" / "dashboard.png")
+    for out in outputs:
+        render(data, out, str(dashboard.get("title", "EAGLE-3")), subtitle, span=(start, end))
+        width, height = is_png(out)
+        assert width >= 1200 and height >= 800 and out.stat().st_size > 50_000

@@ -1,0 +1,160 @@
+"""The tier's whole stack, in the order a cluster would see it, and the moment every check looks at.
+
+1. The operator (against kmock) starts, and run `broken` fails at once; then Prometheus starts, scraping the
+   operator's metrics endpoint (its first scrape already holds broken's failure), and the operator takes the
+   other three runs (see operator_stack) as far as they go before evaluation.
+2. The two vLLM CPU servers start (concurrently); Prometheus reloads its config with them as targets.
+3. "Evaluation": held-out prompts to `good`'s server; the acceptance its counters show (before/after, as the
+   evaluate stage measures) becomes the evaluate result of `good` and of `bad`, whose export then ships the
+   muted draft. Both runs roll out and reach Serving.
+4. Live traffic to both servers in a few waves; then the raw counters, once settled, and the moment `end`
+   at which Prometheus holds a sample of exactly those counters. Instant queries are evaluated at `end`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.draft_checkpoint import sha256_of
+from eagle3_pipeline.spec_metrics import ACCEPTED, DRAFTS, GENERATION_TOKENS, Acceptance, SpecDecodeCounters
+from tests.observability import vllm_stack
+from tests.observability.operator_stack import NAMESPACE, OperatorStack
+from tests.observability.prometheus import PrometheusServer, Target, every_second, wait_for
+from tests.observability.vllm_stack import MODEL, Served
+
+EVALUATION_PROMPTS = 8
+WAVES, WAVE_PROMPTS, WAVE_PAUSE_S = 6, 8, 3.0
+SCRAPE_WAIT_S = 30.0
+OPERATOR_NAMESPACE = "eagle3-system"
+
+
+@dataclass
+class Tier:
+    prometheus: PrometheusServer
+    operator: OperatorStack
+    servers: dict[str, Served]
+    evaluated: Acceptance | None = None
+    raw: dict[str, SpecDecodeCounters] = field(default_factory=dict)
+    started: float = 0.0  # unix time Prometheus started
+    serving_since: float = 0.0  # unix time the vLLM targets were first scraped
+    end: float = 0.0  # unix time at which Prometheus's latest samples are the raw counters
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def scalar(self, expr: str) -> float:
+        """An instant query at `end` that must return exactly one series."""
+        result = self.prometheus.query(expr, at=self.end)
+        assert len(result) == 1, f"{expr}: expected one series, got {result}"
+        return float(result[0]["value"][1])
+
+
+def vllm_targets(servers: dict[str, Served]) -> list[Target]:
+    """The labels the cluster's PodMonitor gives vLLM series: the pod's namespace and eagle3.dev/run."""
+    return [
+        Target(f"vllm-{run}", s.metrics_target, {"namespace": NAMESPACE, "run": run})
+        for run, s in servers.items()
+    ]
+
+
+def evaluate(tier: Tier, models: Path) -> dict[str, Any]:
+    """Held-out prompts to `good`, measured as the evaluate stage measures: counters after minus before."""
+    good = tier.servers["good"]
+    before = good.settled_counters()
+    tokens_before = good.completion_tokens
+    vllm_stack.send_chats({"good": good}, vllm_stack.held_out_prompts(models, EVALUATION_PROMPTS))
+    delta = good.settled_counters() - before
+    tier.evaluated = acceptance = Acceptance.from_counters(delta)
+    return {
+        "acceptanceLength": acceptance.length,
+        "acceptanceRate": acceptance.rate,
+        "acceptanceByPosition": list(acceptance.by_position),
+        "drafts": delta.drafts,
+        "outputTokens": good.completion_tokens - tokens_before,
+        "gatePassed": True,
+    }
+
+
+def exports(servers: dict[str, Served]) -> dict[str, dict[str, Any]]:
+    """Each run's export result: the sha256 and size of the draft its server serves."""
+    out = {}
+    for run, s in servers.items():
+        weights = s.draft / "model.safetensors"
+        out[run] = {"sha256": sha256_of(weights), "bytes": weights.stat().st_size}
+    return out
+
+
+def live_traffic(tier: Tier, models: Path) -> None:
+    """WAVES waves of WAVE_PROMPTS prompts to every server, WAVE_PAUSE_S apart (held-out prompts, from the
+    first again when they run out)."""
+    prompts = vllm_stack.held_out_prompts(models, WAVES * WAVE_PROMPTS)
+    for wave in range(WAVES):
+        batch = [prompts[(wave * WAVE_PROMPTS + i) % len(prompts)] for i in range(WAVE_PROMPTS)]
+        vllm_stack.send_chats(tier.servers, batch)
+        time.sleep(WAVE_PAUSE_S)
+
+
+def settle(tier: Tier) -> None:
+    """Raw counters of every server, then wait for a scrape that saw exactly them; `end` = that moment."""
+    tier.raw = {run: s.settled_counters() for run, s in tier.servers.items()}
+
+    def scraped() -> bool:
+        for run, raw in tier.raw.items():
+            for metric, value in (
+                (DRAFTS, raw.drafts),
+                (ACCEPTED, raw.accepted),
+                (GENERATION_TOKENS, raw.generation_tokens),
+            ):
+                result = tier.prometheus.query(f'sum({metric}{{run="{run}"}})')
+                if not result or float(result[0]["value"][1]) != value:
+                    return False
+        return True
+
+    wait_for(scraped, SCRAPE_WAIT_S, "a scrape of the settled counters")
+    tier.end = time.time()
+
+
+@contextlib.contextmanager
+def tier_stack(
+    prometheus_bin: Path, models: Path, work: Path, rules: Path, drafts_base: Path
+) -> Iterator[Tier]:
+    """The whole stack (see the module doc); everything is stopped on exit, whatever happened. The drafts are
+    made under `drafts_base` (the session's temp root: tests/pipeline's fitted draft is made once there)."""
+    marks = {"start": time.monotonic()}
+    with ExitStack() as stack:
+        drafts = vllm_stack.make_drafts(models, drafts_base)
+        marks["drafts"] = time.monotonic()
+        fast_rules = every_second(rules, work / "rules.yaml")
+        operator = OperatorStack()
+        operator.start()
+        stack.callback(operator.close)
+        operator.call(operator.fail_fast(MODEL))  # before Prometheus's first scrape of the operator
+        # scraped as docs/metrics.md says: the operator pod's namespace, and honor_labels for the runs' own
+        target = Target("eagle3-operator", operator.metrics_target, {"namespace": OPERATOR_NAMESPACE}, True)
+        prometheus = stack.enter_context(
+            PrometheusServer(prometheus_bin, work / "prometheus", [], [fast_rules])
+        )
+        prometheus.add_targets([target])  # the other runs' series are seen before they exist
+        started = time.time()
+        scenario = operator.submit(operator.before_evaluation(MODEL))  # while the vLLM servers start
+        servers = stack.enter_context(vllm_stack.serving(drafts, work / "vllm"))
+        scenario.result(timeout=60)
+        marks["vllm"] = time.monotonic()
+        tier = Tier(prometheus, operator, servers, started=started)
+        prometheus.add_targets(vllm_targets(servers))
+        tier.serving_since = time.time()
+        evaluation = evaluate(tier, models)
+        operator.call(operator.to_serving({"good": evaluation, "bad": evaluation}, exports(servers)))
+        live_traffic(tier, models)
+        settle(tier)
+        marks["traffic"] = time.monotonic()
+        tier.timings = {
+            "drafts_s": marks["drafts"] - marks["start"],
+            "vllm_start_s": marks["vllm"] - marks["drafts"],
+            "traffic_s": marks["traffic"] - marks["vllm"],
+        }
+        yield tier

@@ -1,0 +1,118 @@
+"""The dashboard has the panels, variables and annotations the issue asks for, each panel explained."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from obs_support import dashboard, panels
+
+from eagle3_operator.observability import queries as q
+from eagle3_operator.observability.dashboard import build_dashboard
+
+# title -> (type, unit, the queries it must show)
+REQUIRED: dict[str, tuple[str, str, list[str]]] = {
+    "Acceptance rate": ("timeseries", "percentunit", [q.acceptance_rate()]),
+    "Mean acceptance length: live vs evaluated": (
+        "timeseries",
+        "none",
+        [q.mean_acceptance_length(), q.evaluated_acceptance_length()],
+    ),
+    "Acceptance by draft position": ("timeseries", "percentunit", [q.acceptance_by_position()]),
+    "Accepted tokens/s": ("timeseries", "tps", [q.accepted_tokens_per_second()]),
+    "Generation tokens/s": ("timeseries", "tps", [q.generation_tokens_per_second()]),
+    "Time to first token (p50, p95)": ("timeseries", "s", [q.ttft_quantile(0.5), q.ttft_quantile(0.95)]),
+    "Inter-token latency (p50, p95)": ("timeseries", "s", [q.itl_quantile(0.5), q.itl_quantile(0.95)]),
+    "Running and waiting requests": ("timeseries", "short", [q.requests_running(), q.requests_waiting()]),
+    "KV-cache usage": ("timeseries", "percentunit", [q.kv_cache_usage()]),
+    "Runs by phase": ("timeseries", "short", [q.runs_by_phase()]),
+    "Stage duration (p50, p95) by stage": (
+        "timeseries",
+        "s",
+        [q.stage_duration_quantile(0.5), q.stage_duration_quantile(0.95)],
+    ),
+    "Live / evaluated acceptance length": ("timeseries", "percentunit", [q.live_over_evaluated()]),
+}
+
+
+def by_title(kind: str | None = None) -> dict[str, dict[str, Any]]:
+    return {p["title"]: p for p in panels() if kind is None or p["type"] == kind}
+
+
+@pytest.mark.parametrize("title", list(REQUIRED))
+def test_required_panel(title: str) -> None:
+    kind, unit, exprs = REQUIRED[title]
+    panel = by_title(kind).get(title)
+    assert panel is not None, f"no {kind} panel {title!r}"
+    assert panel["fieldConfig"]["defaults"]["unit"] == unit
+    assert [t["expr"] for t in panel["targets"]][: len(exprs)] == exprs
+    assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+
+
+def test_every_panel_has_a_title_description_unit_and_legend() -> None:
+    for panel in panels():
+        assert panel["title"] and len(panel["description"]) > 30, panel["title"]
+        assert panel["fieldConfig"]["defaults"].get("unit"), panel["title"]
+        assert all(t["legendFormat"] for t in panel["targets"]), panel["title"]
+        assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"]), panel["title"]
+
+
+def test_acceptance_panels_state_their_formula() -> None:
+    for panel in panels():
+        exprs = " ".join(t["expr"] for t in panel["targets"])
+        if q.ACCEPTED in exprs and q.DRAFTS in exprs and "/" in exprs:
+            assert "1 + accepted draft tokens / drafts" in panel["description"], panel["title"]
+        if q.DRAFT_TOKENS in exprs:
+            assert "accepted draft tokens / proposed draft tokens" in panel["description"], panel["title"]
+        if q.ACCEPTED_PER_POS in exprs:
+            assert "accepted tokens at position i / drafts" in panel["description"], panel["title"]
+
+
+def test_the_evaluated_acceptance_is_beside_the_live_one() -> None:
+    panel = by_title("timeseries")["Mean acceptance length: live vs evaluated"]
+    legends = [t["legendFormat"] for t in panel["targets"]]
+    assert legends == ["live {{namespace}}/{{run}}", "evaluated {{namespace}}/{{run}}"]
+
+
+def test_rows_and_layout() -> None:
+    rows = [p["title"] for p in dashboard()["panels"] if p["type"] == "row"]
+    assert rows == [
+        "Speculative decoding (live, vLLM)",
+        "Serving latency and load (vLLM)",
+        "Training pipeline (operator)",
+    ]
+    ids = [p["id"] for p in dashboard()["panels"]]
+    assert len(set(ids)) == len(ids)
+    titles = [p["title"] for p in dashboard()["panels"]]
+    assert len(set(titles)) == len(titles), "two panels with one title"
+    for panel in dashboard()["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+    cells = [(p["gridPos"]["x"], p["gridPos"]["y"]) for p in dashboard()["panels"]]
+    assert len(set(cells)) == len(cells), "two panels at the same place"
+
+
+def test_template_variables() -> None:
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "model", "run"]
+    assert (
+        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    )
+    for name, label in (("namespace", "namespace"), ("model", "model_name"), ("run", "run")):
+        variable = variables[name]
+        assert variable["type"] == "query"
+        assert variable["query"].startswith("label_values(") and variable["query"].endswith(f", {label})")
+        assert variable["datasource"]["uid"] == "${datasource}"
+        assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*"
+
+
+def test_rollout_annotations() -> None:
+    (annotation,) = dashboard()["annotations"]["list"]
+    assert annotation["expr"] == q.rollout_annotation()
+    assert annotation["enable"] and annotation["useValueForTime"]
+    assert annotation["datasource"]["uid"] == "${datasource}"
+    assert "{{checkpoint}}" in annotation["textFormat"] and "{{sha256}}" in annotation["textFormat"]
+
+
+def test_build_is_deterministic() -> None:
+    assert build_dashboard() == build_dashboard()
