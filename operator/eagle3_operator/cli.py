@@ -1,4 +1,5 @@
-"""`eagle3`: the command line of the project (the CRD, the operator; the pipeline adds `run` and `stage`)."""
+"""`eagle3`: the command line of the project (the CRD, the operator, promotion through git; the pipeline adds
+`run` and `stage`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -22,6 +25,65 @@ def _operator(args: argparse.Namespace) -> int:
         namespaces=args.namespace,
         liveness=f"http://0.0.0.0:{args.health_port}/healthz",
         metrics_port=args.metrics_port,
+    )
+    return 0
+
+
+def _read_run(args: argparse.Namespace) -> dict[str, Any]:
+    """The run to promote: from --from-file (`-` is stdin), else from the cluster through k8s.py."""
+    import asyncio
+
+    import yaml
+
+    from eagle3_operator.k8s import current_namespace, get_run
+    from eagle3_operator.promote import PromotionError, select_run
+
+    if args.from_file:
+        where = "stdin" if args.from_file == "-" else args.from_file
+        try:
+            text = sys.stdin.read() if args.from_file == "-" else Path(args.from_file).read_text()
+            documents = list(yaml.safe_load_all(text))
+        except OSError as exc:
+            raise PromotionError(f"{where}: cannot read it ({exc.strerror})") from None
+        except yaml.YAMLError as exc:
+            raise PromotionError(f"{where}: not YAML or JSON: {exc}") from None
+        return dict(select_run(documents, args.run))
+    namespace = args.namespace or current_namespace()
+    try:
+        return asyncio.run(get_run(namespace, args.run))
+    except Exception as exc:  # no kubeconfig, no route, refused: say so, with the offline way out
+        raise PromotionError(
+            f"cannot read Eagle3Run {namespace}/{args.run} from the cluster ({type(exc).__name__}: {exc}); "
+            f"check the context and -n, or pass `kubectl get e3r {args.run} -o yaml` with --from-file"
+        ) from None
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from eagle3_operator.promote import (
+        PromotionError,
+        build_promotion,
+        commit_message,
+        promotion_candidate,
+        render,
+    )
+
+    try:
+        run = _read_run(args)
+        document = build_promotion(run, args.format, args.values_key)
+        candidate = promotion_candidate(run)
+    except PromotionError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    text = render(document, candidate)
+    if args.output:
+        Path(args.output).write_text(text)
+        sys.stderr.write(f"wrote {args.output}\n")
+    else:
+        sys.stdout.write(text)
+    target = args.output or "<the file you saved it to>"
+    sys.stderr.write(
+        f"\n# Commit it for review, e.g.:\ngit add {target}\ngit commit -F- <<'EOF'\n"
+        f"{commit_message(candidate)}EOF\n"
     )
     return 0
 
@@ -93,8 +155,40 @@ def parser() -> argparse.ArgumentParser:
     op.add_argument("--health-port", type=int, default=8080, help="liveness endpoint port (/healthz)")
     op.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (/metrics)")
     op.set_defaults(func=_operator)
+    _add_promote_command(sub)
     _add_pipeline_commands(sub)
     return root
+
+
+def _add_promote_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    promote = sub.add_parser(
+        "promote",
+        help="write the git change that serves a run's evaluated draft (a pinned-draft manifest or values)",
+        description="Read an Eagle3Run's status.checkpoint (refused unless its gate passed and it exported "
+        "its current spec) and write the run's manifest with spec.serving.pinnedCheckpoint {path, sha256}, "
+        "or a values snippet with the pin, for a reviewed commit; a suggested commit message goes to stderr.",
+    )
+    promote.add_argument("run", help="the Eagle3Run's name")
+    promote.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's)")
+    promote.add_argument(
+        "--from-file",
+        metavar="FILE",
+        help="read the run from FILE (`kubectl get e3r RUN -o yaml` output; `-` is stdin), not the cluster",
+    )
+    promote.add_argument(
+        "--format",
+        choices=["manifest", "values"],
+        default="manifest",
+        help="manifest: the whole pinned-draft Eagle3Run (default); values: only the pin, for Helm values",
+    )
+    promote.add_argument(
+        "--values-key",
+        default="spec",
+        metavar="DOTTED.KEY",
+        help="where --format values nests the pin (default `spec`: spec.serving.pinnedCheckpoint)",
+    )
+    promote.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    promote.set_defaults(func=_promote)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

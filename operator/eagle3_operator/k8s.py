@@ -15,6 +15,7 @@ from eagle3_operator.reconcile.progress import Action
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # (apiVersion, kind) -> (API class, method suffix) of kubernetes_asyncio's typed APIs.
 TYPED: dict[tuple[str, str], tuple[type[Any], str]] = {
     ("batch/v1", "Job"): (client.BatchV1Api, "namespaced_job"),
@@ -122,6 +123,24 @@ class Kube:
         )  # type: ignore[call-arg]  # fmt: skip  (the stubs omit `_content_type`; the method takes it)
         await self._send("patch status of", f"Eagle3Run {namespace}/{name}", call)
 
+    async def get_run(self, namespace: str, name: str) -> dict[str, Any]:
+        """An Eagle3Run as `kubectl get e3r NAME -o json` prints it (spec, status and metadata)."""
+        call = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+        )
+        what = f"Eagle3Run {namespace}/{name}"
+        response = await call
+        try:
+            text = await response.text()
+            if response.status == 404:
+                raise ApiError(404, "get", what, "not found: check the run's name and namespace (-n)")
+            if response.status >= 300:
+                raise ApiError(response.status, "get", what, text)
+            body: dict[str, Any] = json.loads(text)
+            return body
+        finally:
+            response.release()
+
     async def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the cluster serves a resource (for optional integrations such as PodMonitor)."""
         try:
@@ -137,3 +156,25 @@ class Kube:
             return any(r.get("name") == plural for r in resources)
         finally:
             response.release()
+
+
+def current_namespace() -> str:
+    """The namespace a `kubectl` here would use: the pod's own in a cluster, else the kubeconfig context's."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
+        with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+            return f.read().strip() or "default"
+    try:
+        _, active = config.list_kube_config_contexts(config_file=os.environ.get("KUBECONFIG"))
+    except (OSError, config.ConfigException):
+        return "default"
+    namespace = ((active or {}).get("context") or {}).get("namespace")
+    return str(namespace) if namespace else "default"
+
+
+async def get_run(namespace: str, name: str) -> dict[str, Any]:
+    """Read one Eagle3Run with the credentials `Kube.connect` finds (for the command line)."""
+    kube = await Kube.connect()
+    try:
+        return await kube.get_run(namespace, name)
+    finally:
+        await kube.close()

@@ -36,6 +36,7 @@ EXPECTED_SECONDS: dict[str, int] = {
     Stage.TRAIN.value: 72 * 3600,
     Stage.EVALUATE.value: 6 * 3600,
     Stage.EXPORT.value: 2 * 3600,
+    Stage.VERIFY.value: 3600,  # hashing a draft of a few GiB
 }
 
 # The key of each stage result that counts the tokens the stage processed (train: the sum over its epochs).

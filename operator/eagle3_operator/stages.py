@@ -4,6 +4,9 @@ The Job builder puts `stage_argv(...)` into a container; the local executor runs
 subprocess. Each stage's identity is a content hash of the parameters that change its output and of its
 inputs' hashes, so a spec edit re-runs exactly the stages whose output it changes (the GitOps contract), and
 an output directory on the artifacts volume is reused by any run that asks for the same thing.
+
+`verify` is the one stage that trains nothing: with `serving.pinnedCheckpoint.sha256` set (a draft promoted
+through git), it hashes the pinned draft's files where they are; the Deployment rolls only after it passed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ SPEC_MOUNT = "/etc/eagle3/run.json"
 ARTIFACTS_MOUNT = "/artifacts"
 # Exit code a stage program uses when it ran out of (GPU) memory; the operator retries with half the budget.
 OOM_EXIT_CODE = 86
+# Exit code of a check that failed on what it checks (verify: a wrong digest, a missing file): the same files
+# give the same answer, so the Job fails at once (podFailurePolicy FailJob) and nothing retries it.
+CHECK_FAILED_EXIT_CODE = 87
+PINNED_SKIP = "serving.pinnedCheckpoint is set: the pinned draft is served, nothing trains"
+REGENERATION_OFF = "regeneration.enabled is false: training uses the dataset's own answers"
 
 
 class Stage(StrEnum):
@@ -34,6 +42,7 @@ class Stage(StrEnum):
     TRAIN = "train"
     EVALUATE = "evaluate"
     EXPORT = "export"
+    VERIFY = "verify"
 
 
 ORDER: tuple[Stage, ...] = tuple(Stage)
@@ -58,9 +67,32 @@ def _data_stage(spec: Eagle3RunSpec) -> Stage:
     return Stage.GENERATE if spec.regeneration.enabled else Stage.PREPARE
 
 
+def _trains(spec: Eagle3RunSpec) -> str | None:
+    """Why a training stage is skipped: a pinned draft trains nothing."""
+    return PINNED_SKIP if spec.serving.pinned_checkpoint is not None else None
+
+
+def _regenerates(spec: Eagle3RunSpec) -> str | None:
+    return _trains(spec) or (None if spec.regeneration.enabled else REGENERATION_OFF)
+
+
+def _verifies(spec: Eagle3RunSpec) -> str | None:
+    """verify checks a pinned draft's files against the digest in git; an export's digest is its own."""
+    pinned = spec.serving.pinned_checkpoint
+    if pinned is None:
+        return "no serving.pinnedCheckpoint: the exported draft's sha256 is the one export computed"
+    if pinned.sha256 is None:
+        return "serving.pinnedCheckpoint.sha256 is not set: the pinned draft is served unchecked"
+    return None
+
+
 @dataclass(frozen=True)
 class StageDef:
-    """A stage: GPUs it needs, whether it runs vLLM, its upstream stages and its content parameters."""
+    """A stage: GPUs it needs, whether it runs vLLM, its upstream stages and its content parameters.
+
+    `skip` says why the stage does not run for a spec (None: it runs); `reuses_output` false makes the
+    program run again even when its output exists (a check must look at the files as they are now).
+    """
 
     stage: Stage
     gpus: Callable[[Eagle3RunSpec], int]
@@ -68,7 +100,8 @@ class StageDef:
     upstream: Callable[[Eagle3RunSpec], tuple[Stage, ...]]
     params: Callable[[Eagle3RunSpec], dict[str, Any]]
     token_budget: Callable[[Eagle3RunSpec], int] | None = None
-    enabled: Callable[[Eagle3RunSpec], bool] = lambda spec: True
+    skip: Callable[[Eagle3RunSpec], str | None] = _trains
+    reuses_output: bool = True
 
 
 def _none(spec: Eagle3RunSpec) -> int:
@@ -98,7 +131,7 @@ DEFINITIONS: dict[Stage, StageDef] = {
             "seed": s.dataset.seed,
         },
         token_budget=lambda s: s.regeneration.token_budget,
-        enabled=lambda s: s.regeneration.enabled,
+        skip=_regenerates,
     ),
     Stage.EXTRACT: StageDef(
         Stage.EXTRACT,
@@ -144,6 +177,15 @@ DEFINITIONS: dict[Stage, StageDef] = {
         upstream=lambda s: (Stage.TRAIN, Stage.VOCAB),
         params=lambda s: {},
     ),
+    Stage.VERIFY: StageDef(
+        Stage.VERIFY,
+        gpus=_none,
+        uses_vllm=lambda s: False,
+        upstream=lambda s: (),
+        params=lambda s: _dump(s.serving.pinned_checkpoint) if s.serving.pinned_checkpoint else {},
+        skip=_verifies,
+        reuses_output=False,
+    ),
 }
 
 
@@ -159,6 +201,7 @@ class StagePlan:
     uses_vllm: bool = False
     token_budget: int | None = None
     skipped: str | None = None
+    reuses_output: bool = True
 
     @property
     def retries_oom(self) -> bool:
@@ -173,7 +216,6 @@ def content_hash(payload: dict[str, Any]) -> str:
 def plan_stages(spec: Eagle3RunSpec) -> list[StagePlan]:
     """Every stage in order, with its hash, directories and needs; disabled stages carry `skipped`."""
     plans: dict[Stage, StagePlan] = {}
-    pinned = spec.serving.pinned_checkpoint is not None
     for stage in ORDER:
         d = DEFINITIONS[stage]
         upstream = {up: plans[up] for up in d.upstream(spec)}
@@ -185,11 +227,6 @@ def plan_stages(spec: Eagle3RunSpec) -> list[StagePlan]:
                 "inputs": {up.value: p.hash for up, p in upstream.items()},
             }
         )
-        skipped = None
-        if pinned:
-            skipped = "serving.pinnedCheckpoint is set: the pinned draft is served, nothing trains"
-        elif not d.enabled(spec):
-            skipped = "regeneration.enabled is false: training uses the dataset's own answers"
         plans[stage] = StagePlan(
             stage=stage,
             hash=digest,
@@ -198,7 +235,8 @@ def plan_stages(spec: Eagle3RunSpec) -> list[StagePlan]:
             gpus=d.gpus(spec),
             uses_vllm=d.uses_vllm(spec),
             token_budget=d.token_budget(spec) if d.token_budget else None,
-            skipped=skipped,
+            skipped=d.skip(spec),
+            reuses_output=d.reuses_output,
         )
     return list(plans.values())
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from eagle3_operator.stages import OOM_EXIT_CODE
+from typing import Any
+
+from eagle3_operator.stages import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE
 
 # A stage that failed on its input or environment: the message says what, where, and what to do.
 STAGE_ERROR_EXIT_CODE = 1
@@ -18,6 +20,22 @@ class StageError(Exception):
     def __init__(self, message: str, *, keep_work: bool = False) -> None:
         super().__init__(message)
         self.keep_work = keep_work
+
+
+class CheckFailed(StageError):
+    """A check found its input wrong (verify: a missing file, another sha256): exit CHECK_FAILED_EXIT_CODE.
+
+    `reason` (CamelCase) becomes the run's condition reason; `detail` (JSON values) joins the termination
+    message, so the status can name what was expected and what was found. The same input gives the same
+    answer: the operator's Job fails at once and is not retried.
+    """
+
+    exit_code = CHECK_FAILED_EXIT_CODE
+
+    def __init__(self, reason: str, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.detail = detail
 
 
 class OutOfMemory(Exception):

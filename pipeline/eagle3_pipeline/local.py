@@ -115,7 +115,7 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
     for plan in plans:
         if plan.skipped:
             outcomes.append(StageOutcome(plan.stage.value, "skipped", note=plan.skipped))
-        elif is_complete(options.artifacts / plan.output_dir):
+        elif plan.reuses_output and is_complete(options.artifacts / plan.output_dir):
             result = read_result(options.artifacts / plan.output_dir)
             outcomes.append(StageOutcome(plan.stage.value, "cached", result=result, note=plan.output_dir))
         else:

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done (the result JSON is the last line of stdout and the container's termination message),
 1 bad input (message on stderr and in the termination message), OOM_EXIT_CODE out of memory (retry with half
-the token budget; the work directory is kept so the retry resumes).
+the token budget; the work directory is kept so the retry resumes), CHECK_FAILED_EXIT_CODE a check failed on
+its input (verify; the termination message adds the `reason` and what was expected and found).
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_operator.api.manifest import ManifestError, load_manifest
-from eagle3_operator.stages import Stage
+from eagle3_operator.stages import DEFINITIONS, Stage
 from eagle3_pipeline.context import StageContext, is_complete, read_result
-from eagle3_pipeline.errors import STAGE_ERROR_EXIT_CODE, OutOfMemory, StageError, is_out_of_memory
+from eagle3_pipeline.errors import (
+    STAGE_ERROR_EXIT_CODE,
+    CheckFailed,
+    OutOfMemory,
+    StageError,
+    is_out_of_memory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +101,7 @@ def run_stage(
         ctx = build_context(stage, spec_path, artifacts, output, inputs, token_budget)
     except (ValueError, ManifestError, StageError) as exc:
         return _fail(str(exc))
-    if is_complete(ctx.output):
+    if DEFINITIONS[Stage(stage)].reuses_output and is_complete(ctx.output):
         result = read_result(ctx.output)
         logger.info("stage %s: %s is complete already", stage, ctx.output)
         return _succeed(result)
@@ -102,6 +109,10 @@ def run_stage(
         run = program(stage)
         ctx.begin()
         result = ctx.commit(run(ctx))
+    except CheckFailed as exc:
+        ctx.discard()
+        detail = {"error": str(exc), "reason": exc.reason, **exc.detail}  # the status prefixes the stage
+        return _fail(f"stage {stage}: {exc}", exc.exit_code, detail)
     except StageError as exc:
         if not exc.keep_work:
             ctx.discard()
@@ -124,10 +135,10 @@ def _succeed(result: dict[str, Any]) -> int:
     return 0
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = STAGE_ERROR_EXIT_CODE, detail: dict[str, Any] | None = None) -> int:
     sys.stderr.write(f"error: {message}\n")
-    write_termination_message({"error": message})
-    return STAGE_ERROR_EXIT_CODE
+    write_termination_message({"error": message} | (detail or {}))
+    return code
 
 
 def _oom(stage: str, ctx: StageContext, detail: str) -> int:

@@ -48,6 +48,8 @@ async def test_run_goes_from_prepare_to_serving(backend):
         "path": final["stages"]["export"]["outputDir"],
         "sha256": "ab" * 32,
         "bytes": 123456,
+        "acceptanceLength": 1.6,
+        "acceptanceRate": 0.2,
     }
     assert final["serving"]["readyReplicas"] == 1
     assert final["serving"]["url"] == f"http://tiny-vllm.{cluster.ns}.svc:8000"
@@ -106,15 +108,16 @@ async def test_spec_edit_reruns_only_affected_stages_and_rolls_the_deployment(ba
 
 
 async def test_pinned_checkpoint_serves_without_training(backend):
+    """Without a sha256 the pin serves unchecked (test_gitops.py: with one, verify runs first)."""
     cluster = backend.cluster
-    pinned = {"pinnedCheckpoint": {"path": "export/0123456789ab", "sha256": "cd" * 32}}
+    pinned = {"pinnedCheckpoint": {"path": "export/0123456789ab"}}
     async with backend.operator():
         await cluster.apply_run("pinned", tiny(serving=pinned))
         deployment = await eventually(lambda: cluster.deployment("pinned"), what="deployment")
         st = await eventually(lambda: _with_serving(cluster, "pinned"), what="serving status")
     assert await cluster.jobs("pinned") == []
     assert all(s["phase"] == "Skipped" for s in st["stages"].values())
-    assert st["checkpoint"] == {"path": "export/0123456789ab", "sha256": "cd" * 32}
+    assert st["checkpoint"] == {"path": "export/0123456789ab"}
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert any("/artifacts/export/0123456789ab" in a for a in args)
 

@@ -30,6 +30,7 @@ from eagle3_operator.stages import (
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALL = {s.value for s in Stage}
+TRAINING = ALL - {"verify"}  # verify's hash covers serving.pinnedCheckpoint only
 Doc = dict[str, Any]
 
 
@@ -60,7 +61,7 @@ def test_every_stage_is_planned_in_order_with_its_output_dir(doc: Doc) -> None:
     planned = plan_stages(parse_spec(doc))
     assert [p.stage for p in planned] == list(ORDER) == list(Stage)
     assert [p.stage.value for p in planned] == [
-        "prepare", "generate", "extract", "vocab", "train", "evaluate", "export",
+        "prepare", "generate", "extract", "vocab", "train", "evaluate", "export", "verify",
     ]  # fmt: skip
     for p in planned:
         assert len(p.hash) == HASH_LENGTH and int(p.hash, 16) >= 0
@@ -71,9 +72,10 @@ def test_every_stage_is_planned_in_order_with_its_output_dir(doc: Doc) -> None:
 def test_generate_is_skipped_unless_regeneration_is_enabled() -> None:
     off = plans(minimal())
     assert off["generate"].skipped is not None and "regeneration.enabled is false" in off["generate"].skipped
-    assert [s for s, p in off.items() if p.skipped] == ["generate"]
+    assert [s for s, p in off.items() if p.skipped] == ["generate", "verify"]
     on = plans(minimal() | {"regeneration": {"enabled": True}})
-    assert not any(p.skipped for p in on.values())
+    assert [s for s, p in on.items() if p.skipped] == ["verify"]
+    assert on["verify"].skipped is not None and "no serving.pinnedCheckpoint" in on["verify"].skipped
 
 
 @pytest.mark.parametrize("regenerate", [False, True])
@@ -84,6 +86,28 @@ def test_a_pinned_checkpoint_skips_every_stage(regenerate: bool) -> None:
     }
     for p in plans(doc).values():
         assert p.skipped is not None and "serving.pinnedCheckpoint" in p.skipped, p.stage
+    assert "sha256 is not set: the pinned draft is served unchecked" in (plans(doc)["verify"].skipped or "")
+
+
+PIN = {"path": "export/0123456789ab", "sha256": "ab" * 32}
+
+
+def test_a_pinned_sha256_runs_verify_alone_without_gpus_and_never_reuses_its_output() -> None:
+    planned = plans(minimal() | {"serving": {"pinnedCheckpoint": PIN}})
+    assert [s for s, p in planned.items() if p.skipped is None] == ["verify"]
+    verify = planned["verify"]
+    assert (verify.gpus, verify.uses_vllm, verify.inputs, verify.token_budget) == (0, False, {}, None)
+    assert verify.reuses_output is False and not verify.retries_oom
+    assert all(p.reuses_output for s, p in planned.items() if s != "verify")
+
+
+def test_only_the_pin_changes_the_verify_hash() -> None:
+    doc = minimal() | {"serving": {"pinnedCheckpoint": PIN}}
+    other_sha = minimal() | {"serving": {"pinnedCheckpoint": PIN | {"sha256": "cd" * 32}}}
+    other_path = minimal() | {"serving": {"pinnedCheckpoint": PIN | {"path": "export/ffffffffffff"}}}
+    assert changed(doc, other_sha) == changed(doc, other_path) == {"verify"}
+    assert changed(doc, edited(doc, "dataset", seed=7)) == TRAINING
+    assert changed(doc, edited(doc, "serving", replicas=3)) == set()
 
 
 def test_enabling_regeneration_feeds_extract_vocab_and_evaluate_from_generate() -> None:
@@ -104,7 +128,7 @@ def test_enabling_regeneration_feeds_extract_vocab_and_evaluate_from_generate() 
     assert on["export"].inputs == {"train": on["train"].output_dir, "vocab": on["vocab"].output_dir}
     # the prepared data and the generated data (a hash of its own) are the same; whatever reads them differs
     after = minimal() | {"regeneration": {"enabled": True}}
-    assert changed(minimal(), after) == ALL - {"prepare", "generate"}
+    assert changed(minimal(), after) == TRAINING - {"prepare", "generate"}
 
 
 @FAST
@@ -113,7 +137,7 @@ def test_gpus_and_vllm_per_stage(spec: Eagle3RunSpec) -> None:
     tp = spec.verifier.tensor_parallel_size
     planned = {p.stage: p for p in plan_stages(spec)}
     wanted = {
-        Stage.PREPARE: 0, Stage.VOCAB: 0, Stage.EXPORT: 0,
+        Stage.PREPARE: 0, Stage.VOCAB: 0, Stage.EXPORT: 0, Stage.VERIFY: 0,
         Stage.GENERATE: tp, Stage.EXTRACT: tp, Stage.EVALUATE: tp,
         Stage.TRAIN: spec.training.gpus,
     }  # fmt: skip
@@ -139,7 +163,7 @@ def test_learning_rate_changes_train_evaluate_export_only(regenerate: bool) -> N
 @pytest.mark.parametrize("regenerate", [False, True])
 def test_dataset_seed_changes_prepare_and_everything_downstream(regenerate: bool) -> None:
     doc = edited(TINY_SPEC, "regeneration", enabled=regenerate)
-    assert changed(doc, edited(doc, "dataset", seed=7)) == ALL
+    assert changed(doc, edited(doc, "dataset", seed=7)) == TRAINING
 
 
 @pytest.mark.parametrize(
@@ -149,7 +173,7 @@ def test_dataset_seed_changes_prepare_and_everything_downstream(regenerate: bool
         ("draft", {"layers": 2}, {"train", "evaluate", "export"}),
         ("extraction", {"dtype": "bfloat16"}, {"extract", "train", "evaluate", "export"}),
         ("evaluation", {"prompts": 8}, {"evaluate"}),
-        ("verifier", {"revision": "abc"}, ALL),
+        ("verifier", {"revision": "abc"}, TRAINING),
         # generate is skipped (regeneration is off) and nothing reads it, but its hash covers the parameter
         ("regeneration", {"temperature": 0.2}, {"generate"}),
     ],
@@ -162,14 +186,14 @@ def test_content_parameters_change_their_stage_and_its_downstream(
 
 def test_regeneration_parameters_change_generate_and_downstream_when_enabled() -> None:
     doc = edited(TINY_SPEC, "regeneration", enabled=True)
-    downstream = ALL - {"prepare"}
+    downstream = TRAINING - {"prepare"}
     for values in ({"temperature": 0.2}, {"maxTokens": 128}, {"reasoning": "drop"}):
         assert changed(doc, edited(doc, "regeneration", **values)) == downstream, values
 
 
 @pytest.mark.parametrize(
     ("regenerate", "stages"),
-    [(False, {"generate", "evaluate"}), (True, ALL - {"prepare"})],
+    [(False, {"generate", "evaluate"}), (True, TRAINING - {"prepare"})],
 )
 def test_max_model_len_changes_the_stages_running_the_verifier_in_vllm(
     regenerate: bool, stages: set[str]

@@ -202,7 +202,12 @@ class PinnedCheckpoint(ApiModel):
 
     path: str = Field(min_length=1, description="Directory of the exported draft on the artifacts volume.")
     sha256: str | None = Field(
-        None, pattern=r"^[0-9a-f]{64}$", description="Expected sha256 of the draft's model.safetensors."
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description=(
+            "Expected sha256 of the draft's model.safetensors: the verify stage checks it on the volume "
+            "before vLLM rolls to the draft, and a mismatch is refused (ChecksumMismatch)."
+        ),
     )
 
 
@@ -284,7 +289,7 @@ class Images(ApiModel):
     pipeline: str = Field(
         "eagle3-operator/pipeline:0.1.0", min_length=1, description="Image running `eagle3 stage`."
     )
-    vllm: str = Field("vllm/vllm-openai:v0.11.0", min_length=1, description="Image running `vllm serve`.")
+    vllm: str = Field("vllm/vllm-openai:v0.32.0", min_length=1, description="Image running `vllm serve`.")
 
 
 class SecretKeyRef(ApiModel):
@@ -321,6 +326,7 @@ class StageOverrides(ApiModel):
     train: StageOverride | None = Field(None, description="Overrides of the train stage.")
     evaluate: StageOverride | None = Field(None, description="Overrides of the evaluate stage.")
     export: StageOverride | None = Field(None, description="Overrides of the export stage.")
+    verify: StageOverride | None = Field(None, description="Overrides of the verify stage.")
 
 
 class Eagle3RunSpec(ApiModel):

@@ -79,11 +79,21 @@ class StageStatus(StatusModel):
 
 
 class Checkpoint(StatusModel):
-    """The exported draft; copy it into spec.serving.pinnedCheckpoint to promote it through git."""
+    """The exported draft; `eagle3 promote RUN` writes it into spec.serving.pinnedCheckpoint for git."""
 
     path: str = Field(description="Directory of the exported draft on the artifacts volume.")
     sha256: str | None = Field(None, description="sha256 of the draft's model.safetensors.")
     bytes: int | None = Field(None, description="Size of the exported checkpoint in bytes.")
+    acceptance_length: float | None = Field(
+        None,
+        description="Mean acceptance length (tokens per verifier step) evaluate measured for this draft; "
+        "unset for a pinned draft.",
+    )
+    acceptance_rate: float | None = Field(
+        None,
+        description="Fraction of proposed draft tokens the verifier accepted in evaluate; unset for a "
+        "pinned draft.",
+    )
 
 
 class ServingStatus(StatusModel):

@@ -8,7 +8,15 @@ from eagle3_operator.api.spec import Eagle3RunSpec
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, stage_override, volume_mounts
-from eagle3_operator.stages import ARTIFACTS_MOUNT, OOM_EXIT_CODE, SPEC_MOUNT, StagePlan, stage_argv
+from eagle3_operator.stages import (
+    ARTIFACTS_MOUNT,
+    CHECK_FAILED_EXIT_CODE,
+    OOM_EXIT_CODE,
+    SPEC_MOUNT,
+    Stage,
+    StagePlan,
+    stage_argv,
+)
 
 DEFAULT_BACKOFF_LIMIT = 2
 
@@ -21,14 +29,21 @@ def pod_labels(run: RunRef, plan: StagePlan, attempt: int) -> dict[str, str]:
     }
 
 
-def pod_failure_policy(container: str) -> dict[str, Any]:
-    """Disruptions do not count against the backoff limit; an out-of-memory exit fails the Job at once."""
+def fail_fast_exit_codes(plan: StagePlan) -> list[int]:
+    """Exit codes that fail the stage's Job at once: out of memory where the operator retries with half the
+    budget, a failed check (verify) that the same files would fail again."""
+    codes = [OOM_EXIT_CODE] if plan.retries_oom else []
+    return codes + ([CHECK_FAILED_EXIT_CODE] if plan.stage == Stage.VERIFY else [])
+
+
+def pod_failure_policy(container: str, exit_codes: list[int]) -> dict[str, Any]:
+    """Disruptions do not count against the backoff limit; the given exit codes fail the Job at once."""
     return {
         "rules": [
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             {
                 "action": "FailJob",
-                "onExitCodes": {"containerName": container, "operator": "In", "values": [OOM_EXIT_CODE]},
+                "onExitCodes": {"containerName": container, "operator": "In", "values": exit_codes},
             },
         ]
     }
@@ -65,8 +80,9 @@ def job_spec(
     out: dict[str, Any] = {"backoffLimit": DEFAULT_BACKOFF_LIMIT if backoff is None else backoff}
     if override is not None and override.active_deadline_seconds is not None:
         out["activeDeadlineSeconds"] = override.active_deadline_seconds
-    if plan.retries_oom:
-        out["podFailurePolicy"] = pod_failure_policy(container["name"])
+    fail_fast = fail_fast_exit_codes(plan)
+    if fail_fast:
+        out["podFailurePolicy"] = pod_failure_policy(container["name"], fail_fast)
     pod = {"restartPolicy": "Never", **pod_spec(run, spec, shape, container)}
     out["template"] = {"metadata": {"labels": dict(labels)}, "spec": pod}
     return out

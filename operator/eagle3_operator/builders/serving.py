@@ -14,6 +14,8 @@ from eagle3_operator.stages import ARTIFACTS_MOUNT, content_hash
 PORT = 8000
 PORT_NAME = "http"
 CONTAINER = "vllm"
+DRAFT_CHECK_CONTAINER = "check-draft"
+DRAFT_WEIGHTS = "model.safetensors"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 STARTUP_PERIOD_SECONDS = 10
@@ -86,7 +88,30 @@ def vllm_container(run: RunRef, spec: Eagle3RunSpec, draft_dir: str, shape: PodS
     }
 
 
-def deployment_spec(run: RunRef, spec: Eagle3RunSpec, draft_dir: str) -> dict[str, Any]:
+def draft_check_container(
+    spec: Eagle3RunSpec, draft_dir: str, sha256: str, shape: PodShape
+) -> dict[str, Any]:
+    """An init container that refuses to start vLLM unless the draft's weights still have `sha256`.
+
+    The second guard after the verify stage: a draft whose files change on the volume after it was verified
+    (or exported) never serves from a new pod; the pods of the previous ReplicaSet keep serving. It runs in
+    the vLLM image (pulled for the pod anyway); the digest and path reach the shell as variables, not code.
+    """
+    return {
+        "name": DRAFT_CHECK_CONTAINER,
+        "image": spec.serving.image or spec.images.vllm,
+        "command": ["sh", "-c", 'echo "$EAGLE3_DRAFT_SHA256  $EAGLE3_DRAFT_WEIGHTS" | sha256sum -c -'],
+        "env": [
+            {"name": "EAGLE3_DRAFT_SHA256", "value": sha256},
+            {"name": "EAGLE3_DRAFT_WEIGHTS", "value": f"{draft_path(draft_dir)}/{DRAFT_WEIGHTS}"},
+        ],
+        "volumeMounts": volume_mounts(shape),  # vLLM's: the draft is where vLLM will read it
+    }
+
+
+def deployment_spec(
+    run: RunRef, spec: Eagle3RunSpec, draft_dir: str, sha256: str | None = None
+) -> dict[str, Any]:
     shape = PodShape(names.SERVE_STAGE, spec.verifier.tensor_parallel_size, uses_vllm=True, serving=True)
     annotations = {
         "prometheus.io/scrape": "true",
@@ -94,9 +119,12 @@ def deployment_spec(run: RunRef, spec: Eagle3RunSpec, draft_dir: str) -> dict[st
         "prometheus.io/path": METRICS_PATH,
         names.ANNOTATION_DRAFT: draft_dir,
     }
+    pod = pod_spec(run, spec, shape, vllm_container(run, spec, draft_dir, shape))
+    if sha256 is not None:
+        pod["initContainers"] = [draft_check_container(spec, draft_dir, sha256, shape)]
     template = {
         "metadata": {"labels": names.labels(run.name, names.SERVE_STAGE), "annotations": annotations},
-        "spec": pod_spec(run, spec, shape, vllm_container(run, spec, draft_dir, shape)),
+        "spec": pod,
     }
     return {
         "replicas": spec.serving.replicas,
@@ -107,9 +135,14 @@ def deployment_spec(run: RunRef, spec: Eagle3RunSpec, draft_dir: str) -> dict[st
     }
 
 
-def build_deployment(run: RunRef, spec: Eagle3RunSpec, draft_dir: str) -> dict[str, Any]:
-    """vLLM serving the verifier with the draft; `eagle3.dev/spec-hash` hashes the Deployment's spec."""
-    body = deployment_spec(run, spec, draft_dir)
+def build_deployment(
+    run: RunRef, spec: Eagle3RunSpec, draft_dir: str, sha256: str | None = None
+) -> dict[str, Any]:
+    """vLLM serving the verifier with the draft; `eagle3.dev/spec-hash` hashes the Deployment's spec.
+
+    With the draft's `sha256` (pinned in git or computed by export), an init container checks the weights
+    before vLLM starts."""
+    body = deployment_spec(run, spec, draft_dir, sha256)
     annotations = {names.ANNOTATION_SPEC_HASH: content_hash(body)}
     name = names.serving_name(run.name)
     return {

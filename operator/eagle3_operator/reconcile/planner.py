@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,12 +116,21 @@ def _checkpoint(spec: Eagle3RunSpec, progress: Progress, previous: Eagle3RunStat
         result = export.result or {}
         size = result.get("bytes")
         digest = result.get("sha256")
+        evaluated = progress.stages.get(Stage.EVALUATE.value)
+        figures = (evaluated.result if evaluated is not None else None) or {}
         return Checkpoint(
             path=export.output_dir,
             sha256=digest if isinstance(digest, str) else None,
-            bytes=size if isinstance(size, int) else None,
+            bytes=size if isinstance(size, int) and not isinstance(size, bool) else None,
+            acceptance_length=_number(figures.get("acceptanceLength")),
+            acceptance_rate=_number(figures.get("acceptanceRate")),
         )
     return previous.checkpoint
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number as a float; anything else (bool, string, null) as None."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _phase(spec: Eagle3RunSpec, progress: Progress, serving: ServingStatus | None) -> RunPhase:
@@ -163,19 +173,31 @@ def _conditions(
             out.append(cond(ConditionType.GATE_PASSED, False, progress.failed[0], progress.failed[1]))
         else:
             out.append(cond(ConditionType.GATE_PASSED, True, "AcceptanceAboveGate", f"minimum {gate}"))
-    if serving is not None and serving.ready_replicas > 0:
-        ready = cond(
-            ConditionType.READY, True, "DeploymentReady", f"{serving.ready_replicas} replica(s) serve"
-        )
-    else:
-        why = "the draft is not ready yet" if spec.serving.enabled else "serving.enabled is false"
-        ready = cond(ConditionType.READY, False, "NotServing", why)
-    out.append(ready)
+    out.append(_ready(spec, progress, serving, cond))
     if progress.failed:
         out.append(cond(ConditionType.FAILED, True, *progress.failed))
     else:
         out.append(cond(ConditionType.FAILED, False, "NoFailure", "no stage has failed"))
     return out
+
+
+def _ready(
+    spec: Eagle3RunSpec,
+    progress: Progress,
+    serving: ServingStatus | None,
+    cond: Callable[[ConditionType, bool, str, str], Condition],
+) -> Condition:
+    """Ready: replicas serve (a failure after them, such as a refused draft, leaves the previous draft
+    serving and says so), or why none do."""
+    if serving is not None and serving.ready_replicas > 0:
+        message = f"{serving.ready_replicas} replica(s) serve draft {serving.draft}"
+        if progress.failed:
+            message += f"; the new draft is not rolled out ({progress.failed[0]}: see the Failed condition)"
+        return cond(ConditionType.READY, True, "DeploymentReady", message)
+    if progress.failed:
+        return cond(ConditionType.READY, False, progress.failed[0], progress.failed[1])
+    why = "the draft is not ready yet" if spec.serving.enabled else "serving.enabled is false"
+    return cond(ConditionType.READY, False, "NotServing", why)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -203,8 +225,10 @@ def plan_run(
     configmap = names.spec_configmap_name(ref.name, spec_hash)
     progress = walk_stages(ref, spec, list(stage_plans), previous.stages, observed.jobs, configmap)
     checkpoint = _checkpoint(spec, progress, previous)
-    draft = checkpoint.path if checkpoint is not None and progress.complete else None
-    serving_actions, serving = plan_serving(ref, spec, observed, draft)
+    rollout = checkpoint if progress.complete else None  # exported past the gate, or pinned and verified
+    serving_actions, serving = plan_serving(
+        ref, spec, observed, rollout.path if rollout else None, rollout.sha256 if rollout else None
+    )
     changes = progress.actions + serving_actions
     creates = {a.body["kind"] for a in changes if a.verb == "create"}
     actions = _storage_actions(ref, spec, observed, spec_hash, creates) + changes

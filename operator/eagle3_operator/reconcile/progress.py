@@ -12,6 +12,7 @@ from eagle3_operator.api.status import StagePhase, StageStatus
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import JobView
+from eagle3_operator.reconcile.verification import check_failure
 from eagle3_operator.stages import OOM_EXIT_CODE, Stage, StagePlan
 
 
@@ -76,6 +77,10 @@ def _failure_message(job: JobView) -> str:
     cause = job.failure_message or job.failure_reason or "the Job failed"
     tail = f"; last message: {last[-1500:]}" if last else ""
     return f"Job {job.name} failed ({cause}){tail}"
+
+
+def _check_failure(job: JobView) -> tuple[str, str] | None:
+    return check_failure(job.name, parse_result(job.termination.message if job.termination else None))
 
 
 @dataclass
@@ -173,6 +178,8 @@ class Walk:
                 f"{floor}: one sample of dataset.maxSequenceLength must fit); lower "
                 f"dataset.maxSequenceLength, use more GPUs (verifier.tensorParallelSize) or a smaller model"
             )
+        elif plan.stage == Stage.VERIFY and (verdict := _check_failure(job)) is not None:
+            reason, message = verdict
         else:
             reason = "OutOfMemory" if is_oom(job) else (job.failure_reason or "JobFailed")
             message = _failure_message(job)

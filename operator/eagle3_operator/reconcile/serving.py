@@ -15,7 +15,7 @@ from eagle3_operator.reconcile.progress import Action, object_ref
 
 POD_MONITOR_API = "monitoring.coreos.com/v1"
 # Pod-spec keys the builder leaves out when unset; a merge patch keeps what it omits, so it clears them.
-OPTIONAL_POD_KEYS = ("nodeSelector", "tolerations", "affinity")
+OPTIONAL_POD_KEYS = ("nodeSelector", "tolerations", "affinity", "initContainers")
 
 
 def _merge_patch(desired: dict[str, Any]) -> dict[str, Any]:
@@ -40,12 +40,13 @@ def _teardown(ref: RunRef, observed: Observed) -> list[Action]:
 
 
 def plan_serving(
-    ref: RunRef, spec: Eagle3RunSpec, observed: Observed, draft: str | None
+    ref: RunRef, spec: Eagle3RunSpec, observed: Observed, draft: str | None, sha256: str | None = None
 ) -> tuple[list[Action], ServingStatus | None]:
     """Actions for the Deployment, Service and PodMonitor, and the serving status.
 
-    `draft` is the directory of a draft that may serve now (exported and past the gate, or pinned); None keeps
-    whatever Deployment exists untouched, so a draft that fails its gate never replaces the one serving.
+    `draft` is the directory of a draft that may serve now (exported and past the gate, or pinned and
+    verified); None keeps whatever Deployment exists untouched, so a draft that fails its gate or its checksum
+    never replaces the one serving. `sha256`, when known, is checked again by the pods before vLLM starts.
     """
     if not spec.serving.enabled:
         return _teardown(ref, observed), None
@@ -53,7 +54,7 @@ def plan_serving(
     current = observed.deployment
     actions: list[Action] = []
     if draft is not None:
-        desired = build_deployment(ref, spec, draft)
+        desired = build_deployment(ref, spec, draft, sha256)
         wanted = desired["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH]
         if current is None:
             actions.append(Action("create", desired))

@@ -84,14 +84,31 @@ class Kubelet:
         self, job: dict[str, Any], message: str, reason: str = "Error", exit_code: int = 1,
         job_reason: str = "BackoffLimitExceeded",
     ) -> None:  # fmt: skip
-        """Fail each pod the Job controller starts until it gives up (the server decides the reason)."""
+        """Fail each pod the Job controller starts until it gives up (the server decides the reason; a
+        podFailurePolicy FailJob rule gives up after the first)."""
         limit = int(job["spec"].get("backoffLimit", 6))
         for _ in range(limit + 1):
             await self._end(job, reason, exit_code, message)
-            body = await self.cluster.get("batch/v1", "jobs", job["metadata"]["name"])
-            if int((body.get("status") or {}).get("failed", 0)) > limit:
+            if await self._gave_up(job, limit):
                 break
         await self._job_condition(job, "Failed")
+
+    async def _gave_up(self, job: dict[str, Any], limit: int) -> bool:
+        """Whether the Job controller starts no further pod: the backoff limit is spent, or it is failing."""
+
+        async def settled() -> tuple[bool] | None:
+            body = await self.cluster.get("batch/v1", "jobs", job["metadata"]["name"])
+            status = body.get("status") or {}
+            failing = any(
+                c.get("type") in ("Failed", "FailureTarget") and c.get("status") == "True"
+                for c in status.get("conditions") or []
+            )
+            if failing or int(status.get("failed", 0)) > limit:
+                return (True,)
+            return (False,) if int(status.get("failed", 0)) > 0 else None
+
+        result: tuple[bool] = await eventually(settled, POD_TIMEOUT, f"Job {job['metadata']['name']} counted")
+        return result[0]
 
     async def ready(self, deployment: dict[str, Any]) -> None:
         """Mark the Deployment's pods Running and Ready."""

@@ -66,8 +66,17 @@ KIMI_SPEC: dict[str, Any] = {
 }
 
 
+PINNED_SHA256 = "5c1f5ae3d9f2b37a4e0f8c6d2b1a90e7c3d4f5a6b7c8d9e0f1a2b3c4d5e6f708"
+
+
 def tiny_spec() -> Eagle3RunSpec:
     return parse_spec(TINY_SPEC)
+
+
+def pinned_spec() -> Eagle3RunSpec:
+    """The tiny run serving a draft promoted through git: every stage skipped but verify."""
+    pin = {"path": "export/3f0c2a9d41be", "sha256": PINNED_SHA256}
+    return parse_spec(TINY_SPEC | {"serving": {"pinnedCheckpoint": pin}})
 
 
 def kimi_spec() -> Eagle3RunSpec:

@@ -15,10 +15,12 @@ import pytest
 import yaml
 from builder_cases import (
     KIMI_RUN,
+    PINNED_SHA256,
     TINY_RUN,
     configmap_name,
     draft_dir,
     kimi_spec,
+    pinned_spec,
     plan_of,
     spec_hash,
     tiny_spec,
@@ -59,6 +61,10 @@ CASES: dict[str, Callable[[], dict[str, Any]]] = {
     "spec_configmap": lambda: build_spec_configmap(TINY_RUN, tiny_spec(), spec_hash(tiny_spec())),
     "claim": lambda: build_artifacts_claim(KIMI_RUN, kimi_spec()),
     "claim_owned_tiny": lambda: build_artifacts_claim(TINY_RUN, tiny_spec()),
+    "job_verify_pinned": lambda: _job(pinned_spec, TINY_RUN, Stage.VERIFY),
+    "deployment_pinned_checked": lambda: build_deployment(
+        TINY_RUN, pinned_spec(), "export/3f0c2a9d41be", PINNED_SHA256
+    ),
 }
 
 

@@ -5,10 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builder_cases import KIMI_RUN, TINY_RUN, all_objects, kimi_spec, specs, tiny_spec
+from builder_cases import (
+    KIMI_RUN,
+    PINNED_SHA256,
+    TINY_RUN,
+    all_objects,
+    kimi_spec,
+    pinned_spec,
+    specs,
+    stage_jobs,
+    tiny_spec,
+)
 from hypothesis import given, settings
 
 from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_operator.builders import build_deployment
 from eagle3_operator.builders.names import RunRef
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -33,6 +44,14 @@ def test_objects_match_kubernetes_schemas(run: RunRef, make_spec: Any) -> None:
             pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {path}: {exc.message}")
         checked.add(obj["kind"])
     assert checked == {"ConfigMap", "PersistentVolumeClaim", "Job", "Deployment", "Service"}
+
+
+def test_the_verify_job_and_a_checked_deployment_match_kubernetes_schemas() -> None:
+    spec = pinned_spec()
+    [(_, job)] = stage_jobs(TINY_RUN, spec)
+    deployment = build_deployment(TINY_RUN, spec, "export/3f0c2a9d41be", PINNED_SHA256)
+    for obj in (job, deployment):
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
 @settings(max_examples=8, deadline=None)

@@ -16,6 +16,7 @@ from builder_cases import (
     TINY_SPEC,
     all_objects,
     kimi_spec,
+    pinned_spec,
     specs,
     stage_jobs,
     tiny_spec,
@@ -175,9 +176,15 @@ def test_builders_do_not_alias_spec_data() -> None:
     assert all_objects(KIMI_RUN, spec) == expected
 
 
-def test_every_stage_has_a_job_when_regenerating() -> None:
+def test_every_training_stage_has_a_job_when_regenerating() -> None:
     assert [p.stage.value for p, _ in stage_jobs(KIMI_RUN, kimi_spec())] == STAGES
     assert [p.stage.value for p, _ in stage_jobs(TINY_RUN, tiny_spec())] == [
         s for s in STAGES if s != "generate"
     ]
-    assert len(plan_stages(tiny_spec())) == len(STAGES)
+    assert [p.stage.value for p in plan_stages(tiny_spec())] == [*STAGES, "verify"]  # verify: pinned drafts
+
+
+def test_a_pinned_draft_with_a_sha256_has_only_the_verify_job() -> None:
+    assert [p.stage.value for p, _ in stage_jobs(TINY_RUN, pinned_spec())] == ["verify"]
+    unchecked = parse_spec(TINY_SPEC | {"serving": {"pinnedCheckpoint": {"path": "export/abc"}}})
+    assert stage_jobs(TINY_RUN, unchecked) == []

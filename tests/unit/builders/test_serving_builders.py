@@ -117,6 +117,30 @@ def test_artifacts_are_read_only_in_serving() -> None:
     assert mounts["artifacts"]["readOnly"] is True
 
 
+SHA = "ab" * 32
+
+
+def test_a_known_digest_is_checked_by_an_init_container_before_vllm_starts() -> None:
+    assert "initContainers" not in build_deployment(KIMI_RUN, kimi_spec(), "d")["spec"]["template"]["spec"]
+    deployment = build_deployment(KIMI_RUN, kimi_spec(), "export/abc", SHA)
+    pod = deployment["spec"]["template"]["spec"]
+    [check] = pod["initContainers"]
+    assert check["image"] == vllm(deployment)["image"], "the image the pod pulls anyway"
+    assert check["command"][:2] == ["sh", "-c"] and "sha256sum -c" in check["command"][2]
+    assert "$EAGLE3_DRAFT_SHA256  $EAGLE3_DRAFT_WEIGHTS" in check["command"][2], (
+        "values as variables, not code"
+    )
+    assert check["env"] == [
+        {"name": "EAGLE3_DRAFT_SHA256", "value": SHA},
+        {"name": "EAGLE3_DRAFT_WEIGHTS", "value": "/artifacts/export/abc/model.safetensors"},
+    ]
+    mounts = {m["name"]: m for m in check["volumeMounts"]}
+    assert mounts["artifacts"] == {"name": "artifacts", "mountPath": "/artifacts", "readOnly": True}
+    assert "resources" not in check, "no GPU: it only reads a file"
+    other = build_deployment(KIMI_RUN, kimi_spec(), "export/abc", "cd" * 32)
+    assert spec_hash_of(other) != spec_hash_of(deployment), "another digest rolls the pods"
+
+
 def test_selectors_agree() -> None:
     deployment = build_deployment(KIMI_RUN, kimi_spec(), draft_dir(kimi_spec()))
     service = build_service(KIMI_RUN)

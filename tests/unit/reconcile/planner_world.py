@@ -35,6 +35,7 @@ RESULTS: dict[str, dict[str, Any]] = {
     "train": {"valLoss": 2.1},
     "evaluate": {"acceptanceLength": 1.6},
     "export": {"sha256": "ab" * 32, "bytes": 123456},
+    "verify": {"path": "export/abc", "sha256": "ef" * 32, "bytes": 123456},
 }
 
 

@@ -66,9 +66,10 @@ def test_a_fresh_run_creates_the_claim_the_spec_configmap_and_the_prepare_job_in
         "attempts": 1,
     }
     assert status["stages"]["generate"]["phase"] == "Skipped"
-    assert {s["phase"] for k, s in status["stages"].items() if k not in ("prepare", "generate")} == {
-        "Pending"
-    }
+    assert status["stages"]["verify"]["phase"] == "Skipped"  # it checks pinned drafts only
+    assert "export computed" in status["stages"]["verify"]["message"]
+    others = {s["phase"] for k, s in status["stages"].items() if k not in ("prepare", "generate", "verify")}
+    assert others == {"Pending"}
     assert condition_of(status, "SpecValid")["status"] == "True"
     assert condition_of(status, "Progressing")["reason"] == "StageRunning"
     assert condition_of(status, "Ready")["status"] == "False"
@@ -314,9 +315,13 @@ def test_a_draft_above_the_gate_is_exported_then_served() -> None:
     vllm = names.serving_name(RUN.name)
     assert keys(plan) == [("create", "Deployment", vllm), ("create", "Service", vllm)]
     export_dir = f"export/{stage_hash(world.spec, 'export')}"
-    assert plan.status["checkpoint"] == {"path": export_dir, "sha256": "cd" * 32, "bytes": 4096}
+    assert plan.status["checkpoint"] == {
+        "path": export_dir, "sha256": "cd" * 32, "bytes": 4096, "acceptanceLength": 1.6,
+    }  # fmt: skip
     [deployment] = creates(plan, "Deployment")
     assert deployment["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT] == export_dir
+    [check] = deployment["spec"]["template"]["spec"]["initContainers"]  # the pods check export's digest
+    assert {"name": "EAGLE3_DRAFT_SHA256", "value": "cd" * 32} in check["env"]
     assert plan.status["serving"]["draft"] == export_dir
     assert plan.status["serving"]["readyReplicas"] == 0
     assert plan.phase == RunPhase.RUNNING and plan.status["currentStage"] == "serve"
@@ -363,7 +368,8 @@ def test_removing_placement_removes_it_from_the_deployment() -> None:
     world.edit(nodePool={"nodeSelector": {}, "tolerations": [], "affinity": {}})
     plan = world.step()
     assert keys(plan) == [("patch", "Deployment", names.serving_name(RUN.name))]
-    wanted = build_deployment(RUN, parse_spec(world.spec), f"export/{stage_hash(world.spec, 'export')}")
+    draft = f"export/{stage_hash(world.spec, 'export')}"
+    wanted = build_deployment(RUN, parse_spec(world.spec), draft, RESULTS["export"]["sha256"])
     assert world.deployment["spec"] == wanted["spec"]
     assert world.deployment["metadata"] == wanted["metadata"]
     assert world.step().actions == ()
@@ -424,13 +430,15 @@ def test_a_draft_failing_its_gate_leaves_the_serving_deployment_alone() -> None:
     assert plan.status["checkpoint"]["path"] == old_draft
 
 
-def test_a_pinned_checkpoint_is_served_without_running_a_stage() -> None:
-    pinned = {"path": "/artifacts/export/abc", "sha256": "ef" * 32}
+def test_a_pinned_checkpoint_without_a_sha256_is_served_without_running_a_stage() -> None:
+    pinned = {"path": "/artifacts/export/abc"}
     world = World(tiny(serving={"pinnedCheckpoint": pinned}))
     plan = world.step()
     assert [k for _, k, _ in keys(plan)] == ["PersistentVolumeClaim", "Deployment", "Service"]
     assert plan.status["checkpoint"] == pinned
     assert {s["phase"] for s in plan.status["stages"].values()} == {"Skipped"}
+    assert "sha256 is not set" in plan.status["stages"]["verify"]["message"]
+    assert "initContainers" not in creates(plan, "Deployment")[0]["spec"]["template"]["spec"]
 
 
 # --- spec edits: stale Jobs and ConfigMaps -------------------------------------------------------------

@@ -26,7 +26,7 @@ from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.planner import Plan, plan_run
-from eagle3_operator.stages import OOM_EXIT_CODE, content_hash, plan_stages
+from eagle3_operator.stages import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE, content_hash, plan_stages
 
 PROPERTIES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -52,6 +52,12 @@ TERMINATIONS = st.sampled_from(
         (1, "Error", "Traceback: boom"),
         (137, "OOMKilled", None),
         (OOM_EXIT_CODE, "Error", "CUDA out of memory"),
+        (
+            CHECK_FAILED_EXIT_CODE,
+            "Error",
+            json.dumps({"error": "wrong digest", "reason": "ChecksumMismatch"}),
+        ),
+        (CHECK_FAILED_EXIT_CODE, "Error", json.dumps({"error": "no file", "reason": "not camel case"})),
     ]
 )
 JOB_PHASES = st.sampled_from(
@@ -145,9 +151,14 @@ def test_a_fresh_run_plans_its_first_stage(doc: dict[str, Any], run: str) -> Non
     check_plan(plan)
     spec = parse_spec(doc)
     kinds = [a.body["kind"] for a in plan.actions]
-    if spec.suspend and spec.serving.pinned_checkpoint is None:
+    pinned = spec.serving.pinned_checkpoint
+    checked = pinned is not None and pinned.sha256 is not None  # verify runs before the Deployment
+    if spec.suspend and (pinned is None or checked):
         assert plan.actions == () and plan.phase == RunPhase.SUSPENDED
-    elif spec.serving.pinned_checkpoint is not None:
+    elif checked:
+        assert "Deployment" not in kinds and kinds.count("Job") == 1
+        assert plan.actions[-1].body["metadata"]["labels"][names.LABEL_STAGE] == "verify"
+    elif pinned is not None:
         assert "Job" not in kinds and "Deployment" in kinds
     else:
         assert kinds[-1] == "Job" and kinds.count("Job") == 1
