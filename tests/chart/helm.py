@@ -1,0 +1,87 @@
+"""Running the real Helm binary on charts/eagle3-operator and parsing what it renders.
+
+Helm comes from scripts/install-helm.sh (`make helm`; `make test` runs it first): without it every test that
+needs it skips, naming the command to run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "eagle3-operator"
+VALUES = Path(__file__).parent / "values"
+RELEASE = "eagle3-operator"
+NAMESPACE = "eagle3-system"
+
+# name -> the values files of a rendering scenario
+SCENARIOS: dict[str, tuple[Path, ...]] = {
+    "default": (),
+    "watch-namespaces": (VALUES / "watch-namespaces.yaml",),
+    "monitoring": (VALUES / "monitoring.yaml",),
+}
+
+
+def helm_or_skip() -> Path:
+    """The `helm` executable that scripts/install-helm.sh installed, or skip the test."""
+    check = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install-helm.sh"), "--check"], capture_output=True, text=True
+    )
+    if check.returncode != 0:
+        pytest.skip(
+            "helm is not installed: scripts/install-helm.sh --check says "
+            f"{check.stderr.strip()!r} (run `make helm`; `make test` does)"
+        )
+    return Path(check.stdout.strip().splitlines()[-1]) / "helm"
+
+
+def run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def values_args(files: Sequence[Path] = (), sets: Sequence[str] = ()) -> list[str]:
+    return [*(a for f in files for a in ("--values", str(f))), *(a for s in sets for a in ("--set", s))]
+
+
+def template(
+    helm: Path,
+    files: Sequence[Path] = (),
+    sets: Sequence[str] = (),
+    kube_version: str | None = None,
+    include_crds: bool = True,
+) -> list[dict[str, Any]]:
+    """`helm template` of the chart as release eagle3 in eagle3-system: the rendered objects."""
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, *values_args(files, sets)]
+    args += ["--include-crds"] if include_crds else []
+    args += ["--kube-version", kube_version] if kube_version else []
+    result = run(helm, *args)
+    assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def template_error(helm: Path, sets: Sequence[str]) -> str:
+    """`helm template` with values that must be refused: Helm's error message."""
+    result = run(helm, "template", RELEASE, str(CHART), *values_args(sets=sets))
+    assert result.returncode != 0, f"helm template accepted {sets}:\n{result.stdout[:2000]}"
+    return result.stderr
+
+
+def only(docs: Sequence[dict[str, Any]], kind: str, namespace: str | None = None) -> dict[str, Any]:
+    """The one object of `kind` (in `namespace` if given)."""
+    found = of_kind(docs, kind, namespace)
+    assert len(found) == 1, f"expected one {kind}, rendered {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def of_kind(docs: Sequence[dict[str, Any]], kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in docs
+        if d["kind"] == kind and (namespace is None or d["metadata"].get("namespace") == namespace)
+    ]

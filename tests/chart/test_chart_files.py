@@ -1,0 +1,94 @@
+"""The chart's copies (CRD, dashboard, rules) and its RBAC file are current (`make chart`); its values file
+satisfies its own schema. No Helm needed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from eagle3_operator import chart, rbac
+from tests.chart.helm import CHART, ROOT
+
+
+def canonical(rules: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> list[str]:
+    """Rules as sorted JSON strings: RBAC rules are a set, their order means nothing."""
+    return sorted(json.dumps(r, sort_keys=True) for r in rules)
+
+
+def test_chart_copies_are_current() -> None:
+    stale = chart.stale()
+    assert not stale, (
+        f"{', '.join(stale)} differ(s) from the file(s) the chart copies or from eagle3_operator/rbac.py: "
+        f"run `{chart.MAKE_TARGET}` and commit the result"
+    )
+
+
+def test_crd_copy_equals_crds() -> None:
+    copy = CHART / "crds" / "eagle3runs.eagle3.dev.yaml"
+    assert copy.read_bytes() == (ROOT / "crds" / "eagle3runs.eagle3.dev.yaml").read_bytes(), (
+        f"{copy.relative_to(ROOT)} differs from crds/: run `{chart.MAKE_TARGET}`"
+    )
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(
+        p.name for p in (ROOT / "crds").iterdir()
+    )
+
+
+def test_rbac_file_is_rbac_rules_split_by_scope() -> None:
+    split = yaml.safe_load((ROOT / chart.RBAC_PATH).read_text())
+    assert set(split) == {"namespaced", "clusterScoped"}
+    assert canonical(split["namespaced"] + split["clusterScoped"]) == canonical(rbac.RULES)
+    assert canonical(split["clusterScoped"]) == canonical(
+        [r for r in rbac.RULES if r["resources"] in (["customresourcedefinitions"], ["namespaces"])]
+    )
+
+
+def test_a_rule_mixing_scopes_is_refused() -> None:
+    rule = {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get"]}
+    with pytest.raises(ValueError, match="mixes cluster-scoped and namespaced resources"):
+        chart.split_rules([rule])
+
+
+def test_write_and_check_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for source in chart.COPIES.values():
+        (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / source, tmp_path / source)
+    assert chart.main(["--check", "--root", str(tmp_path)]) == 1
+    assert chart.main(["--root", str(tmp_path)]) == 0
+    assert chart.main(["--check", "--root", str(tmp_path)]) == 0
+    dashboard = tmp_path / chart.CHART_DIR / "files" / "eagle3-dashboard.json"
+    dashboard.write_text("{}\n")
+    capsys.readouterr()
+    assert chart.main(["--check", "--root", str(tmp_path)]) == 1
+    assert "eagle3-dashboard.json differs from its source: run `make chart`" in capsys.readouterr().err
+
+
+def test_values_file_satisfies_the_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.Draft7Validator(schema).validate(values)
+    assert set(values) <= set(schema["properties"]) and schema["additionalProperties"] is False
+
+
+def closed_objects(schema: dict[str, Any], path: str = "") -> dict[str, bool]:
+    """path -> whether an object schema with `properties` refuses unknown keys."""
+    found: dict[str, bool] = {}
+    if "properties" in schema:
+        found[path or "/"] = schema.get("additionalProperties") is False
+        for key, sub in schema["properties"].items():
+            found |= closed_objects(sub, f"{path}/{key}")
+    return found
+
+
+def test_every_values_object_refuses_unknown_keys() -> None:
+    """Every object the chart defines is closed; only Kubernetes pass-throughs (env items) stay open."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    open_objects = [path for path, closed in closed_objects(schema).items() if not closed]
+    assert open_objects == [], f"values.schema.json: objects that accept unknown keys: {open_objects}"

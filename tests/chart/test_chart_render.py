@@ -1,0 +1,196 @@
+"""`helm lint --strict` and `helm template` of charts/eagle3-operator: what each scenario renders is what the
+operator needs (its real CLI flags, exactly rbac.py's rules, a hardened pod) and carries the committed CRD,
+dashboard and rules unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from eagle3_operator import rbac
+from eagle3_operator.cli import parser as cli_parser
+from eagle3_operator.observability.alerts import build_prometheus_rule
+from tests.chart.helm import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    SCENARIOS,
+    of_kind,
+    only,
+    run,
+    template,
+    values_args,
+)
+from tests.chart.test_chart_files import canonical
+
+Rendered = dict[str, list[dict[str, Any]]]
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = only(docs, "Deployment")["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["operator"]
+    return dict(pod["containers"][0])
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_lint_strict(helm: Path, scenario: str) -> None:
+    result = run(helm, "lint", "--strict", str(CHART), *values_args(SCENARIOS[scenario]))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_the_operator_deployment(rendered: Rendered) -> None:
+    deployment = only(rendered["default"], "Deployment")
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    c = container(rendered["default"])
+    assert c["image"] == "eagle3-operator:0.1.0" and c["imagePullPolicy"] == "IfNotPresent"
+    assert c["command"] == ["eagle3"]
+    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    probe = c["livenessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": "health"} and probe["failureThreshold"] >= 1
+    assert c["resources"]["requests"].keys() == {"cpu", "memory"} and "memory" in c["resources"]["limits"]
+    sa = only(rendered["default"], "ServiceAccount")["metadata"]
+    assert pod["serviceAccountName"] == sa["name"] and sa["namespace"] == NAMESPACE
+
+
+def test_the_args_are_the_cli_flags_the_operator_reads(rendered: Rendered) -> None:
+    """The container's args parse with `eagle3`'s own parser into the ports and namespaces the chart set."""
+    args = cli_parser().parse_args(container(rendered["default"])["args"])
+    assert (args.command, args.health_port, args.metrics_port, args.namespace) == ("operator", 8080, 9090, [])
+    args = cli_parser().parse_args(container(rendered["watch-namespaces"])["args"])
+    assert args.namespace == ["team-a", "team-b"]
+
+
+def test_the_pod_is_hardened(rendered: Rendered) -> None:
+    for docs in rendered.values():
+        pod = only(docs, "Deployment")["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["securityContext"]["runAsUser"] != 0
+        sc = container(docs)["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        # the read-only root filesystem keeps a writable /tmp
+        assert {"name": "tmp", "mountPath": "/tmp"} in container(docs)["volumeMounts"]
+        assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == "tmp")
+
+
+def test_cluster_wide_rbac_is_exactly_rbac_py(rendered: Rendered) -> None:
+    docs = rendered["default"]
+    role = only(docs, "ClusterRole")
+    assert canonical(role["rules"]) == canonical(rbac.RULES)
+    assert of_kind(docs, "Role") == [] and of_kind(docs, "RoleBinding") == []
+    binding = only(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    sa = only(docs, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": NAMESPACE}]
+
+
+def test_namespaced_rbac_is_exactly_rbac_py_split_by_scope(rendered: Rendered) -> None:
+    """A Role per watched namespace; the cluster-scoped reads in a ClusterRole; together exactly rbac.py."""
+    docs = rendered["watch-namespaces"]
+    cluster_rules = only(docs, "ClusterRole")["rules"]
+    sa = only(docs, "ServiceAccount")["metadata"]
+    for namespace in ("team-a", "team-b"):
+        role = only(docs, "Role", namespace)
+        assert canonical(role["rules"] + cluster_rules) == canonical(rbac.RULES)
+        binding = only(docs, "RoleBinding", namespace)
+        assert binding["roleRef"]["kind"] == "Role" and binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": NAMESPACE}]
+    assert {r["resources"][0] for r in cluster_rules} == {"customresourcedefinitions", "namespaces"}
+    assert len(of_kind(docs, "Role")) == 2
+
+
+def test_rbac_and_service_account_can_be_left_out(helm: Path) -> None:
+    docs = template(
+        helm, sets=["rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=ops"]
+    )
+    assert {d["kind"] for d in docs} & {"ClusterRole", "ClusterRoleBinding", "ServiceAccount"} == set()
+    assert only(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+
+
+def test_metrics_service_and_service_monitor(rendered: Rendered) -> None:
+    assert of_kind(rendered["default"], "ServiceMonitor") == []
+    docs = rendered["monitoring"]
+    service = only(docs, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    monitor = only(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    # the operator's series carry each run's namespace (docs/metrics.md)
+    assert endpoint["honorLabels"] is True
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+
+
+def test_dashboard_configmap_holds_the_committed_dashboard(rendered: Rendered) -> None:
+    committed = (ROOT / "observability" / "grafana" / "eagle3-dashboard.json").read_text()
+    for name, docs in rendered.items():
+        cm = only(docs, "ConfigMap")
+        assert cm["data"] == {"eagle3-dashboard.json": committed}, f"{name}: the dashboard differs"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        json.loads(cm["data"]["eagle3-dashboard.json"])
+    cm = only(rendered["monitoring"], "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "EAGLE-3"}
+
+
+def test_dashboard_label_is_configurable_and_optional(helm: Path) -> None:
+    docs = template(helm, sets=["grafanaDashboard.label=dashboards", "grafanaDashboard.labelValue=eagle3"])
+    assert only(docs, "ConfigMap")["metadata"]["labels"]["dashboards"] == "eagle3"
+    assert of_kind(template(helm, sets=["grafanaDashboard.enabled=false"]), "ConfigMap") == []
+
+
+def test_prometheus_rule_holds_the_committed_rules(rendered: Rendered) -> None:
+    assert of_kind(rendered["default"], "PrometheusRule") == []
+    rule = only(rendered["monitoring"], "PrometheusRule")
+    committed = yaml.safe_load((ROOT / "observability" / "prometheus" / "eagle3-rules.yaml").read_text())
+    assert rule["spec"] == committed
+    assert rule["spec"] == build_prometheus_rule(NAMESPACE, {})["spec"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["metadata"]["namespace"] == NAMESPACE
+
+
+def test_the_crd_is_the_committed_one(rendered: Rendered) -> None:
+    committed = yaml.safe_load((ROOT / "crds" / "eagle3runs.eagle3.dev.yaml").read_text())
+    for docs in rendered.values():
+        assert only(docs, "CustomResourceDefinition") == committed
+
+
+def test_the_crd_can_be_skipped(helm: Path) -> None:
+    assert of_kind(template(helm, include_crds=False), "CustomResourceDefinition") == []
+
+
+def test_kubernetes_older_than_1_29_is_refused(helm: Path) -> None:
+    result = run(helm, "template", RELEASE, str(CHART), "--kube-version", "1.28.0")
+    assert result.returncode != 0 and "chart requires kubeVersion: >=1.29.0-0" in result.stderr
+
+
+def test_notes_name_the_watched_namespaces(helm: Path) -> None:
+    args = ["install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE]
+    result = run(helm, *args, *values_args(SCENARIOS["watch-namespaces"]))
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "It watches Eagle3Runs in: team-a, team-b" in notes
+    assert f"kubectl -n {NAMESPACE} rollout status deployment/eagle3-operator" in notes
