@@ -11,16 +11,14 @@ python -m eagle3_operator.chart --check    # exit 1 naming the stale files
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from eagle3_operator import rbac
+from eagle3_operator import generated_files, rbac
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = "charts/eagle3-operator"
@@ -94,42 +92,21 @@ OUTPUTS: dict[str, Callable[[Path], str]] = {
 }
 
 
-def _read(path: Path) -> str | None:
-    return path.read_text() if path.is_file() else None
-
-
 def stale(root: Path = REPO_ROOT) -> list[str]:
     """The chart files (relative paths) that differ from their source."""
-    return [rel for rel, render in OUTPUTS.items() if _read(root / rel) != render(root)]
+    return generated_files.stale(OUTPUTS, root)
 
 
 def write(root: Path = REPO_ROOT) -> list[str]:
     """Write every chart copy; returns the files that changed."""
-    changed = []
-    for rel, render in OUTPUTS.items():
-        text, path = render(root), root / rel
-        if _read(path) != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            changed.append(rel)
-    return changed
+    return generated_files.write(OUTPUTS, root)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagle3_operator.chart", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a copy is stale")
-    parser.add_argument(
-        "--root", type=Path, default=REPO_ROOT, help="the repository root (default: %(default)s)"
-    )
-    args = parser.parse_args(argv)
-    if args.check:
-        bad = stale(args.root)
-        for rel in bad:
-            print(f"{rel} differs from its source: run `{MAKE_TARGET}`", file=sys.stderr)
-        return 1 if bad else 0
-    for rel in write(args.root):
-        print(f"wrote {rel}")
-    return 0
+    return generated_files.main(
+        argv, prog="python -m eagle3_operator.chart", doc=__doc__, outputs=OUTPUTS, root=REPO_ROOT,
+        stale_message=f"differs from its source: run `{MAKE_TARGET}`",
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,15 +6,14 @@ python -m eagle3_operator.observability.generate --check    # exit 1 naming the 
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from eagle3_operator import generated_files
 from eagle3_operator.observability.alerts import build_rule_groups
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -52,47 +51,27 @@ def render_rules() -> str:
     return RULES_HEADER + str(body)
 
 
-OUTPUTS: dict[str, Callable[[], str]] = {DASHBOARD_PATH: render_dashboard, RULES_PATH: render_rules}
+OUTPUTS: dict[str, generated_files.Render] = {
+    DASHBOARD_PATH: lambda _root: render_dashboard(),
+    RULES_PATH: lambda _root: render_rules(),
+}
 
 
 def stale(root: Path = REPO_ROOT) -> list[str]:
     """The committed files (relative paths) that differ from what the code generates."""
-    return [rel for rel, render in OUTPUTS.items() if _read(root / rel) != render()]
-
-
-def _read(path: Path) -> str | None:
-    return path.read_text() if path.is_file() else None
+    return generated_files.stale(OUTPUTS, root)
 
 
 def write(root: Path = REPO_ROOT) -> list[str]:
     """Write every output; returns the files that changed."""
-    changed = []
-    for rel, render in OUTPUTS.items():
-        text, path = render(), root / rel
-        if _read(path) != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            changed.append(rel)
-    return changed
+    return generated_files.write(OUTPUTS, root)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m eagle3_operator.observability.generate", description=__doc__
-    )
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
-    parser.add_argument(
-        "--root", type=Path, default=REPO_ROOT, help="the repository root (default: %(default)s)"
-    )
-    args = parser.parse_args(argv)
-    if args.check:
-        bad = stale(args.root)
-        for rel in bad:
-            print(f"{rel} differs from the code that generates it: run `{MAKE_TARGET}`", file=sys.stderr)
-        return 1 if bad else 0
-    for rel in write(args.root):
-        print(f"wrote {rel}")
-    return 0
+    return generated_files.main(
+        argv, prog="python -m eagle3_operator.observability.generate", doc=__doc__, outputs=OUTPUTS,
+        root=REPO_ROOT, stale_message=f"differs from the code that generates it: run `{MAKE_TARGET}`",
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
