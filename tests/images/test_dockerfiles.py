@@ -372,6 +372,13 @@ def test_the_operator_image_user_is_the_charts() -> None:
     assert (context["runAsUser"], context["runAsGroup"]) == (int(user), int(group))
 
 
+def test_stage_pods_share_the_pipeline_images_group() -> None:
+    from eagle3_operator.builders.job import PIPELINE_GID, STAGE_POD_SECURITY
+
+    group = dockerfile("pipeline").stages[-1].values("USER")[-1].split(":")[-1]
+    assert PIPELINE_GID == STAGE_POD_SECURITY["fsGroup"] == int(group)
+
+
 # --- the pipeline's image -----------------------------------------------------------------------------------
 
 

@@ -21,6 +21,13 @@ from eagle3_operator.stages import (
 DEFAULT_BACKOFF_LIMIT = 2
 
 
+# The pipeline image runs as UID/GID 65532 (images/pipeline/Dockerfile): the artifacts volume's files get that
+# group so the stages can write them; only a volume whose root has another group is walked (OnRootMismatch),
+# not terabytes of hidden states on every start.
+PIPELINE_GID = 65532
+STAGE_POD_SECURITY: dict[str, Any] = {"fsGroup": PIPELINE_GID, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
 def pod_labels(run: RunRef, plan: StagePlan, attempt: int) -> dict[str, str]:
     """Labels of a stage Job and its pods: selectable by run, stage, hash and attempt."""
     return names.labels(run.name, plan.stage.value) | {
@@ -84,6 +91,7 @@ def job_spec(
     if fail_fast:
         out["podFailurePolicy"] = pod_failure_policy(container["name"], fail_fast)
     pod = {"restartPolicy": "Never", **pod_spec(run, spec, shape, container)}
+    pod["securityContext"] = dict(STAGE_POD_SECURITY)
     out["template"] = {"metadata": {"labels": dict(labels)}, "spec": pod}
     return out
 
