@@ -5,7 +5,6 @@ the sha256 was verified where the files are; `eagle3 promote` reads a run from t
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 from typing import Any
@@ -18,6 +17,7 @@ from eagle3_operator.k8s import ApiError, Kube
 from eagle3_operator.stages import CHECK_FAILED_EXIT_CODE
 from eagle3_operator.testing.cluster import PLURAL, eventually
 from eagle3_operator.testing.scenario import drive_to_serving, status, tiny, wait_job, wait_phase
+from eagle3_operator.testing.verification import mismatch_message
 
 pytestmark = pytest.mark.operator
 
@@ -28,19 +28,6 @@ OPERATOR_AGENTS = ("kopf/", "OpenAPI-Generator/")  # kopf's own client and kuber
 
 def pin(path: str = DRAFT, sha256: str = GOOD) -> dict[str, Any]:
     return {"pinnedCheckpoint": {"path": path, "sha256": sha256}}
-
-
-def mismatch(expected: str, actual: str, path: str) -> str:
-    """What `eagle3 stage verify` writes as its termination message when the weights are not the pinned."""
-    error = (
-        f"/artifacts/{path}/model.safetensors has sha256 {actual}, but serving.pinnedCheckpoint.sha256 is "
-        f"{expected}: these are not the weights that were promoted; pin the checkpoint a run exported "
-        "(`eagle3 promote RUN` copies its path and sha256)"
-    )
-    return json.dumps(
-        {"error": error, "reason": "ChecksumMismatch", "path": path, "file": "model.safetensors",
-         "expected": expected, "actual": actual}
-    )  # fmt: skip
 
 
 def draft_of(deployment: dict[str, Any]) -> str:
@@ -83,9 +70,8 @@ async def test_a_checksum_mismatch_is_refused_and_the_previous_draft_keeps_servi
         served = await serve_verified(backend, "pinned")
         await cluster.edit_run("pinned", {"serving": pin(NEXT, OTHER)})
         job = await eventually(lambda: _new_verify_job(cluster), what="the new pin's verify Job")
-        await player.fail(
-            job, mismatch(OTHER, WRONG, NEXT), exit_code=CHECK_FAILED_EXIT_CODE, job_reason="PodFailurePolicy"
-        )
+        message = mismatch_message(OTHER, WRONG, NEXT)
+        await player.fail(job, message, exit_code=CHECK_FAILED_EXIT_CODE, job_reason="PodFailurePolicy")
         st = await wait_phase(cluster, "pinned", "Failed")
         await asyncio.sleep(0.5)  # more reconciles: nothing is retried, nothing rolls
         deployment = await cluster.deployment("pinned")

@@ -16,6 +16,7 @@ from eagle3_operator.api.status import RunPhase
 from eagle3_operator.builders import names
 from eagle3_operator.reconcile.verification import check_failure
 from eagle3_operator.stages import CHECK_FAILED_EXIT_CODE
+from eagle3_operator.testing.verification import mismatch_message
 
 GOOD = "ab" * 32
 OTHER = "cd" * 32
@@ -33,16 +34,7 @@ def verified(sha256: str = GOOD, path: str = PATH) -> dict[str, Any]:
 
 
 def mismatch(expected: str = GOOD, actual: str = WRONG, path: str = PATH) -> str:
-    """The termination message of `eagle3 stage verify` that found other weights."""
-    error = (
-        f"/artifacts/{path}/model.safetensors has sha256 {actual}, but serving.pinnedCheckpoint.sha256 is "
-        f"{expected}: these are not the weights that were promoted; pin the checkpoint a run exported "
-        "(`eagle3 promote RUN` copies its path and sha256)"
-    )
-    return json.dumps(
-        {"error": error, "reason": "ChecksumMismatch", "path": path, "file": "model.safetensors",
-         "expected": expected, "actual": actual}
-    )  # fmt: skip
+    return mismatch_message(expected, actual, path)
 
 
 def missing(path: str = PATH) -> str:
