@@ -149,8 +149,8 @@ async def test_deleting_a_run_stops_everything_and_keeps_the_artifacts(backend):
         await cluster.apply_run("tiny", tiny())
         job = await wait_job(cluster, "tiny", "prepare")
         await wait_phase(cluster, "tiny", "Running")
+        await eventually(lambda: _remembered(metrics, cluster.ns), what="metrics remember the run")
         await cluster.delete("eagle3.dev/v1alpha1", "eagle3runs", "tiny")
-        assert (cluster.ns, "tiny") in metrics.memory
         await eventually(lambda: _forgotten(metrics, cluster.ns), what="metrics forget the run")
         if backend.real:
             await eventually(lambda: _gone(cluster, "tiny"), timeout=60, what="the garbage collector's work")
@@ -211,6 +211,10 @@ async def _gone(cluster, run):
     jobs = await cluster.jobs(run)
     configmaps = await cluster.list_objects("v1", "configmaps", **{"eagle3.dev/run": run})
     return not jobs and not configmaps
+
+
+async def _remembered(metrics: OperatorMetrics, namespace: str) -> bool:
+    return (namespace, "tiny") in metrics.memory
 
 
 async def _forgotten(metrics: OperatorMetrics, namespace: str) -> bool:
