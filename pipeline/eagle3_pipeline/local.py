@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_operator.api.manifest import Manifest, load_manifest
+from eagle3_operator.gate import judge_evaluation
 from eagle3_operator.stages import OOM_EXIT_CODE, Stage, StagePlan, plan_stages, stage_argv
 from eagle3_pipeline.context import ENV_MODELS_ROOT, is_complete, models_root, read_result
 
@@ -136,27 +137,19 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
 
 
 def gate_failure(plan: StagePlan, result: dict[str, Any], required: float | None) -> str | None:
-    """Why the run stops after evaluate (the draft missed the gate: it is not exported), or None.
+    """Why the run stops after evaluate (the draft failed the gate: it is not exported), or None.
 
-    The gate is not part of evaluate's content hash, so a reused evaluate output may have been judged
-    against another gate: its acceptance length is checked against this spec's, as the operator does; a
-    draft whose d2t/t2d disagree fails whatever the gate.
+    The operator's verdict (eagle3_operator.gate), so a manifest gates the same way here and in a cluster.
     """
     if plan.stage != Stage.EVALUATE or plan.skipped:
         return None
-    measured = result.get("acceptanceLength")
-    if isinstance(measured, int | float) and not isinstance(measured, bool):
-        failed = (required is not None and measured < required) or result.get("mappingConsistent") is False
-    else:
-        failed = result.get("gatePassed") is False or required is not None
-    if not failed:
+    verdict = judge_evaluation(result, required)
+    if verdict.passed:
         return None
-    shown = f"{measured:.3f}" if isinstance(measured, int | float) else "unknown"
-    gate = "unset" if required is None else required
     return (
-        f"the draft failed the gate: mean acceptance length {shown}, evaluation.minAcceptanceLength {gate}; "
-        f"export and serving do not run (evaluate says: {result.get('message', 'nothing more')}; its whole "
-        f"result is in {plan.output_dir}/result.json)"
+        f"the draft failed the gate ({verdict.reason}): {verdict.message}. Export and serving do not run "
+        f"(evaluate says: {result.get('message', 'nothing more')}; its whole result is in "
+        f"{plan.output_dir}/result.json)"
     )
 
 

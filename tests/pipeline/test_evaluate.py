@@ -237,8 +237,9 @@ def test_the_local_run_stops_before_export_when_the_gate_fails(tmp_path: Path) -
     with pytest.raises(LocalRunError) as failed:
         run_local(manifest, LocalOptions(artifacts=art, python="/nonexistent"))  # no stage program runs
     message, outcomes = failed.value.args
-    assert "mean acceptance length 1.250, evaluation.minAcceptanceLength 2.0" in message
-    assert "export and serving do not run" in message and "evaluate says: below" in message
+    below = "mean acceptance length 1.250 is below evaluation.minAcceptanceLength 2.0"
+    assert f"(AcceptanceBelowGate): {below}" in message
+    assert "Export and serving do not run" in message and "evaluate says: below" in message
     assert outcomes[-1].stage == "evaluate" and outcomes[-1].note == "gate failed"
     assert not (art / "export").exists()
 

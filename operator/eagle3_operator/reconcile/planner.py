@@ -166,13 +166,10 @@ def _conditions(
         out.append(cond(ConditionType.PROGRESSING, True, "StageRunning", f"stage {progress.blocked_at}"))
     else:
         out.append(cond(ConditionType.PROGRESSING, False, "StagesComplete", "every stage has finished"))
-    gate = spec.evaluation.min_acceptance_length
-    evaluated = progress.stages.get(Stage.EVALUATE.value)
-    if gate is not None and evaluated is not None and evaluated.phase == StagePhase.SUCCEEDED:
-        if progress.gate_failed and progress.failed:
-            out.append(cond(ConditionType.GATE_PASSED, False, progress.failed[0], progress.failed[1]))
-        else:
-            out.append(cond(ConditionType.GATE_PASSED, True, "AcceptanceAboveGate", f"minimum {gate}"))
+    if (verdict := progress.gate) is not None and (
+        spec.evaluation.min_acceptance_length is not None or not verdict.passed
+    ):
+        out.append(cond(ConditionType.GATE_PASSED, verdict.passed, verdict.reason, verdict.message))
     out.append(_ready(spec, progress, serving, cond))
     if progress.failed:
         out.append(cond(ConditionType.FAILED, True, *progress.failed))

@@ -11,6 +11,7 @@ from eagle3_operator.api.spec import Eagle3RunSpec
 from eagle3_operator.api.status import StagePhase, StageStatus
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
+from eagle3_operator.gate import GateVerdict, judge_evaluation
 from eagle3_operator.reconcile.observe import JobView
 from eagle3_operator.reconcile.verification import check_failure
 from eagle3_operator.stages import OOM_EXIT_CODE, Stage, StagePlan
@@ -38,7 +39,7 @@ class Progress:
     blocked_at: str | None = None
     failed: tuple[str, str] | None = None  # (reason, message)
     suspended: bool = False
-    gate_failed: bool = False
+    gate: GateVerdict | None = None  # once evaluate has succeeded
 
     @property
     def complete(self) -> bool:
@@ -189,26 +190,13 @@ class Walk:
         return False
 
     def _gate(self, result: dict[str, Any] | None) -> bool:
-        """After evaluate: the draft goes on to export and serving only if it reaches the gate."""
-        gate = self.spec.evaluation.min_acceptance_length
-        if gate is None:
+        """After evaluate: the draft goes on to export and serving only if it passes the gate."""
+        verdict = judge_evaluation(result, self.spec.evaluation.min_acceptance_length)
+        self.progress.gate = verdict
+        if verdict.passed:
             return True
-        value = (result or {}).get("acceptanceLength")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            message = (
-                "evaluate reported no acceptanceLength, so evaluation.minAcceptanceLength cannot be checked"
-            )
-            self.progress.failed = ("EvaluationIncomplete", message)
-        elif value < gate:
-            message = (
-                f"mean acceptance length {value:.3f} is below evaluation.minAcceptanceLength {gate}; "
-                "the previous draft (if any) keeps serving"
-            )
-            self.progress.failed = ("AcceptanceBelowGate", message)
-        else:
-            return True
+        self.progress.failed = (verdict.reason, verdict.message)
         self.progress.blocked_at = Stage.EVALUATE.value
-        self.progress.gate_failed = True
         return False
 
     def _delete_stale(self, plan: StagePlan) -> None:

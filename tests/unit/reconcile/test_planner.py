@@ -303,6 +303,17 @@ def test_an_evaluation_without_acceptance_length_cannot_pass_a_gate() -> None:
     assert condition_of(plan.status, "Failed")["reason"] == "EvaluationIncomplete"
 
 
+def test_a_draft_with_an_inconsistent_mapping_fails_even_without_a_gate() -> None:
+    world = World(tiny())  # no evaluation.minAcceptanceLength
+    world.run_to("evaluate")
+    world.succeed("evaluate", {"acceptanceLength": 3.0, "mappingConsistent": False})
+    plan = world.step()
+    assert creates(plan) == [] and plan.phase == RunPhase.FAILED
+    gate = condition_of(plan.status, "GatePassed")
+    assert (gate["status"], gate["reason"]) == ("False", "MappingInconsistent")
+    assert "re-run stages vocab and train" in condition_of(plan.status, "Failed")["message"]
+
+
 def test_a_draft_above_the_gate_is_exported_then_served() -> None:
     world = gated(1.5)
     world.run_to("evaluate")

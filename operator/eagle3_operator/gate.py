@@ -1,0 +1,56 @@
+"""The acceptance gate: whether an evaluated draft may be exported and served.
+
+One verdict for the operator (after an evaluate Job) and for the local runner (after the evaluate stage),
+so a manifest gates the same way in a cluster and on a laptop. It is judged from evaluate's result against
+the *current* spec's `evaluation.minAcceptanceLength`: the gate is not part of evaluate's content hash, so a
+reused evaluation may have been judged against another gate when it ran. A draft whose d2t/t2d mapping
+disagrees fails whatever the gate: its proposals land on the wrong tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """`reason` is a condition reason (CamelCase); `message` says what was measured and what follows."""
+
+    passed: bool
+    reason: str
+    message: str
+
+
+def judge_evaluation(result: Mapping[str, Any] | None, required: float | None) -> GateVerdict:
+    """The gate's verdict on one evaluate result (its result.json) for `required` (None: no gate)."""
+    result = result or {}
+    measured = result.get("acceptanceLength")
+    if result.get("mappingConsistent") is False:
+        return GateVerdict(
+            False,
+            "MappingInconsistent",
+            "evaluate found the draft's d2t and t2d mappings inconsistent, so its proposals land on the "
+            "wrong tokens; re-run stages vocab and train. The previous draft (if any) keeps serving",
+        )
+    if required is None:
+        return GateVerdict(True, "NoGate", "evaluation.minAcceptanceLength is unset: every draft may serve")
+    if isinstance(measured, bool) or not isinstance(measured, int | float):
+        return GateVerdict(
+            False,
+            "EvaluationIncomplete",
+            "evaluate reported no acceptanceLength, so evaluation.minAcceptanceLength cannot be checked",
+        )
+    if measured < required:
+        return GateVerdict(
+            False,
+            "AcceptanceBelowGate",
+            f"mean acceptance length {measured:.3f} is below evaluation.minAcceptanceLength {required}; "
+            "the previous draft (if any) keeps serving",
+        )
+    return GateVerdict(
+        True,
+        "AcceptanceAboveGate",
+        f"mean acceptance length {measured:.3f} reaches evaluation.minAcceptanceLength {required}",
+    )
