@@ -265,6 +265,7 @@ def test_the_gate_is_the_current_specs(
 # --- with vLLM ----------------------------------------------------------------------------------------------
 
 PROMPTS = 16
+MAX_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -302,7 +303,9 @@ def vllm_env(tiny_models: Path) -> Iterator[Path]:
 def good_run(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     draft = shared_draft(vllm_env, tmp_path_factory.getbasetemp())
     gate = {"minAcceptanceLength": 1.3}
-    return evaluate_in(tmp_path_factory.mktemp("good"), vllm_env, draft, prompts=PROMPTS, **gate)
+    return evaluate_in(
+        tmp_path_factory.mktemp("good"), vllm_env, draft, prompts=PROMPTS, maxTokens=MAX_TOKENS, **gate
+    )
 
 
 @pytest.mark.vllm
@@ -311,6 +314,7 @@ def test_acceptance_follows_from_vllms_raw_counters(good_run: Run) -> None:
     r = good_run.result
     assert good_run.code == 0
     assert r["prompts"] == PROMPTS and r["failedPrompts"] == 0
+    assert r["maxTokens"] == MAX_TOKENS and r["outputTokens"] <= PROMPTS * MAX_TOKENS
     assert r["draftTokens"] <= r["drafts"] * r["numSpeculativeTokens"]
     assert sum(r["acceptedTokensByPosition"]) == r["acceptedTokens"]
     assert r["acceptanceRate"] == pytest.approx(r["acceptedTokens"] / r["draftTokens"], abs=1e-6)

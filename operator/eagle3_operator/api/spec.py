@@ -190,6 +190,15 @@ class Evaluation(ApiModel):
     num_speculative_tokens: int = Field(
         3, ge=1, le=16, description="Draft tokens proposed per verifier step."
     )
+    max_tokens: int = Field(
+        128,
+        ge=1,
+        le=32_768,
+        description=(
+            "Most new tokens per held-out prompt, with and without the draft: longer answers measure "
+            "acceptance deeper into a reply, and cost more time."
+        ),
+    )
     min_acceptance_length: float | None = Field(
         None,
         ge=1.0,

@@ -4,7 +4,8 @@ The prompts are the first `evaluation.prompts` validation conversations of the d
 when it ran, else `prepare`'s), each up to its first assistant turn. The stage writes train's best checkpoint
 in the shape export ships (`eagle3_pipeline.draft_checkpoint`: no embedding copy, bf16, the verifier as the
 spec names it) and serves the verifier with it as an Eagle-3 draft, then serves the verifier alone; both
-answer every prompt greedily (temperature 0, at most MAX_TOKENS new tokens, CONCURRENCY requests in flight).
+answer every prompt greedily (temperature 0, at most evaluation.maxTokens new tokens, CONCURRENCY requests in
+flight).
 
 The draft server's speculative-decoding counters (`eagle3_pipeline.spec_metrics`), read from `/metrics` before
 and after the requests, give the acceptance rate, the mean acceptance length (tokens per verifier step) and
@@ -58,7 +59,6 @@ logger = logging.getLogger(__name__)
 Message = dict[str, str]
 CONVERSATIONS_FILE = "conversations.jsonl"
 DRAFT_DIR = "draft"
-MAX_TOKENS = 128
 CONCURRENCY = 8
 REQUEST_TIMEOUT_S = 3600.0
 METRICS_POLL_S = 0.5
@@ -157,7 +157,7 @@ def measure(ctx: StageContext, prompts: list[list[Message]], draft: Path | None)
     extra = [] if draft is None else ["--speculative-config", json.dumps(speculative_config(ctx, draft))]
     with VllmServer(ctx, extra_args=extra, log_path=ctx.work / f"vllm-{label}.log") as server:
         before = read_counters(server)
-        result = asyncio.run(answer_all(server, prompts))
+        result = asyncio.run(answer_all(server, prompts, ctx.spec.evaluation.max_tokens))
         result.server_start_s = server.started_s
         if draft is not None:
             after = settled_counters(server, before, result.output_tokens)
@@ -203,7 +203,7 @@ def settled_counters(
         time.sleep(METRICS_POLL_S)
 
 
-async def answer_all(server: VllmServer, prompts: list[list[Message]]) -> Measurement:
+async def answer_all(server: VllmServer, prompts: list[list[Message]], max_tokens: int) -> Measurement:
     """Greedy answers to every prompt, CONCURRENCY in flight; a failed request is recorded, not raised."""
     import openai
     from openai import AsyncOpenAI
@@ -218,7 +218,7 @@ async def answer_all(server: VllmServer, prompts: list[list[Message]]) -> Measur
                 response = await client.chat.completions.create(
                     model=server.model_name,
                     messages=messages,  # type: ignore[arg-type]
-                    max_tokens=MAX_TOKENS,
+                    max_tokens=max_tokens,
                     temperature=0.0,
                 )
             except openai.APIError as exc:
@@ -270,7 +270,7 @@ def summarize(ctx: StageContext, ev: Evaluation) -> dict[str, Any]:
         "heldOutPrompts": ev.held_out,
         "failedPrompts": len(failures(ev)),
         "numSpeculativeTokens": k,
-        "maxTokens": MAX_TOKENS,
+        "maxTokens": ctx.spec.evaluation.max_tokens,
         "drafts": int(counters.drafts),
         "draftTokens": int(counters.draft_tokens),
         "acceptedTokens": int(counters.accepted),
