@@ -120,36 +120,49 @@ def serving_deployments(
     return {_key(namespace, labels.get(names.LABEL_RUN)): slim_deployment(body)}
 
 
-def _owned(kind: str, namespace: str | None, labels: kopf.Labels, name: str) -> dict[Key, tuple[str, str]]:
-    return {_key(namespace, labels.get(names.LABEL_RUN)): (kind, name)}
+Owned = tuple[str, str, str | None]  # kind, name, eagle3.dev/spec-hash
+
+
+def _owned(
+    kind: str, namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations
+) -> dict[Key, Owned]:
+    return {
+        _key(namespace, labels.get(names.LABEL_RUN)): (
+            kind,
+            name,
+            annotations.get(names.ANNOTATION_SPEC_HASH),
+        )
+    }
 
 
 @kopf.index("v1", "services", labels=MANAGED)
 def owned_services(
-    namespace: str | None, labels: kopf.Labels, name: str, **_: Any
-) -> dict[Key, tuple[str, str]]:
-    return _owned("Service", namespace, labels, name)
+    namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
+) -> dict[Key, Owned]:
+    return _owned("Service", namespace, name, labels, annotations)
 
 
 @kopf.index("v1", "configmaps", labels=MANAGED | {names.LABEL_STAGE: "spec"})
 def owned_configmaps(
-    namespace: str | None, labels: kopf.Labels, name: str, **_: Any
-) -> dict[Key, tuple[str, str]]:
-    return _owned("ConfigMap", namespace, labels, name)
+    namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
+) -> dict[Key, Owned]:
+    return _owned("ConfigMap", namespace, name, labels, annotations)
 
 
 @kopf.index("v1", "persistentvolumeclaims", labels=MANAGED)
 def owned_claims(
-    namespace: str | None, labels: kopf.Labels, name: str, **_: Any
-) -> dict[Key, tuple[str, str]]:
-    return _owned("PersistentVolumeClaim", namespace, labels, name)
+    namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
+) -> dict[Key, Owned]:
+    return _owned("PersistentVolumeClaim", namespace, name, labels, annotations)
 
 
 @kopf.index("monitoring.coreos.com", "v1", "podmonitors", labels=MANAGED)
 def owned_pod_monitors(
-    namespace: str | None, labels: kopf.Labels, name: str, **_: Any
-) -> dict[Key, tuple[str, str]]:
-    return _owned("PodMonitor", namespace, labels, name)  # watched only where the Prometheus operator is
+    namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
+) -> dict[Key, Owned]:
+    return _owned(
+        "PodMonitor", namespace, name, labels, annotations
+    )  # watched only where the Prometheus operator is
 
 
 OWNED_INDEXES = ("owned_services", "owned_configmaps", "owned_claims", "owned_pod_monitors")
@@ -170,7 +183,9 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
     pods = list(indices["stage_pods"].get(key, []))
     jobs = list(indices["stage_jobs"].get(key, []))
     deployments = list(indices["serving_deployments"].get(key, []))
-    objects = {obj for index in OWNED_INDEXES for obj in indices[index].get(key, [])}
+    owned: list[Owned] = [obj for index in OWNED_INDEXES for obj in indices[index].get(key, [])]
+    objects = {(kind, name) for kind, name, _ in owned}
+    hashes = {(kind, name): spec_hash for kind, name, spec_hash in owned if spec_hash}
     indexed = objects | {("Job", j["metadata"]["name"]) for j in jobs}
     indexed |= {("Deployment", d["metadata"]["name"]) for d in deployments}
     for (kind, name), body in _recently_created(memo, key, indexed).items():
@@ -180,10 +195,13 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
             deployments.append(body)
         else:
             objects.add((kind, name))
+            if spec_hash := body["metadata"].get("annotations", {}).get(names.ANNOTATION_SPEC_HASH):
+                hashes[(kind, name)] = spec_hash
     return Observed(
         jobs=tuple(observe_job(job, pods) for job in jobs),
         deployment=observe_deployment(deployments[0]) if deployments else None,
         objects=frozenset(objects),
+        spec_hashes=hashes,
         pod_monitors_served=bool(memo.pod_monitors),
     )
 

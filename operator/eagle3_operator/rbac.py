@@ -20,13 +20,18 @@ RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": [*READ, "create", "patch", "delete"]},
     {
         "apiGroups": [""],
-        "resources": ["services", "configmaps", "persistentvolumeclaims"],
+        "resources": ["configmaps", "persistentvolumeclaims"],
         "verbs": [*READ, "create", "delete"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["services"],  # patched when the builder changes (an operator upgrade)
+        "verbs": [*READ, "create", "patch", "delete"],
     },
     {
         "apiGroups": ["monitoring.coreos.com"],
         "resources": ["podmonitors"],
-        "verbs": [*READ, "create", "delete"],
+        "verbs": [*READ, "create", "patch", "delete"],
     },
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     # kopf follows CRDs and namespaces to know what it can watch.

@@ -20,6 +20,8 @@ from eagle3_operator.testing.scenario import (
 
 pytestmark = pytest.mark.operator
 MANAGED = "app.kubernetes.io/managed-by"
+SPEC_HASH = "eagle3.dev/spec-hash"
+PORT = {"name": "http", "port": 8000, "protocol": "TCP"}
 
 
 async def test_run_goes_from_prepare_to_serving(backend):
@@ -185,6 +187,26 @@ async def test_operator_restart_mid_run_creates_no_duplicates(backend):
         for s in ("prepare", "extract", "vocab")
     }
     assert attempts == {"prepare": 0, "extract": 0, "vocab": 1}, "Jobs older than the process are not counted"
+
+
+async def test_an_upgraded_operator_converges_the_service_an_older_one_made(backend):
+    cluster, player = backend.cluster, backend.player
+    async with backend.operator():
+        await cluster.apply_run("tiny", tiny())
+        await drive_to_serving(cluster, player, "tiny")
+        service = await eventually(lambda: cluster.get("v1", "services", "tiny-vllm"))
+    wanted = service["metadata"]["annotations"][SPEC_HASH]
+    older = {"metadata": {"annotations": {SPEC_HASH: None}}}
+    older["spec"] = {"ports": [{**PORT, "targetPort": 9000}]}
+    await cluster.patch("v1", "services", "tiny-vllm", older)  # what an operator before the hash made
+    async with backend.operator():
+
+        async def converged():
+            now = await cluster.get("v1", "services", "tiny-vllm")
+            return now if now["metadata"].get("annotations", {}).get(SPEC_HASH) == wanted else None
+
+        service = await eventually(converged, what="the Service patched back to the builder's")
+    assert service["spec"]["ports"] == [{**PORT, "targetPort": "http"}]
 
 
 async def test_the_resync_loop_reconciles_runs_without_any_event(backend):

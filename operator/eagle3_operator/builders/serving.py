@@ -154,14 +154,10 @@ def build_deployment(
 
 
 def build_service(run: RunRef) -> dict[str, Any]:
-    """A ClusterIP Service in front of the run's vLLM pods."""
+    """A ClusterIP Service in front of the run's vLLM pods (`eagle3.dev/spec-hash` hashes its spec)."""
     port = {"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": names.metadata(run, names.serving_name(run.name), names.SERVE_STAGE),
-        "spec": {"type": "ClusterIP", "selector": serving_selector(run), "ports": [port]},
-    }
+    spec = {"type": "ClusterIP", "selector": serving_selector(run), "ports": [port]}
+    return _hashed(run, "v1", "Service", spec)
 
 
 def _pod_label(label: str) -> str:
@@ -185,11 +181,21 @@ def build_pod_monitor(run: RunRef) -> dict[str, Any]:
         "interval": "15s",
         "relabelings": pod_monitor_relabelings(),
     }
+    spec = {"selector": {"matchLabels": serving_selector(run)}, "podMetricsEndpoints": [endpoint]}
+    return _hashed(run, "monitoring.coreos.com/v1", "PodMonitor", spec)
+
+
+def _hashed(run: RunRef, api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A serving child whose `eagle3.dev/spec-hash` lets the planner patch it when this builder changes
+    (an operator upgrade), as it does the Deployment."""
+    annotations = {names.ANNOTATION_SPEC_HASH: content_hash(spec)}
     return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PodMonitor",
-        "metadata": names.metadata(run, names.serving_name(run.name), names.SERVE_STAGE),
-        "spec": {"selector": {"matchLabels": serving_selector(run)}, "podMetricsEndpoints": [endpoint]},
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": names.metadata(
+            run, names.serving_name(run.name), names.SERVE_STAGE, annotations=annotations
+        ),
+        "spec": spec,
     }
 
 

@@ -52,11 +52,13 @@ class DeploymentView:
 
 @dataclass(frozen=True)
 class Observed:
-    """Everything the planner knows about a run's children. `objects` holds (kind, name) of the others."""
+    """Everything the planner knows about a run's children. `objects` holds (kind, name) of the others;
+    `spec_hashes` their `eagle3.dev/spec-hash` annotations where they carry one."""
 
     jobs: tuple[JobView, ...] = ()
     deployment: DeploymentView | None = None
     objects: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+    spec_hashes: Mapping[tuple[str, str], str] = field(default_factory=dict)
     pod_monitors_served: bool = False
 
 

@@ -39,6 +39,16 @@ def _teardown(ref: RunRef, observed: Observed) -> list[Action]:
     return actions
 
 
+def _converge(observed: Observed, desired: dict[str, Any]) -> list[Action]:
+    """Create a missing child; merge-patch one whose spec hash differs (made by an older operator)."""
+    key = (desired["kind"], desired["metadata"]["name"])
+    if key not in observed.objects:
+        return [Action("create", desired)]
+    if observed.spec_hashes.get(key) != desired["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH]:
+        return [Action("patch", desired)]
+    return []
+
+
 def plan_serving(
     ref: RunRef, spec: Eagle3RunSpec, observed: Observed, draft: str | None, sha256: str | None = None
 ) -> tuple[list[Action], ServingStatus | None]:
@@ -60,10 +70,9 @@ def plan_serving(
             actions.append(Action("create", desired))
         elif current.spec_hash != wanted:
             actions.append(Action("patch", _merge_patch(desired)))
-        if ("Service", name) not in observed.objects:
-            actions.append(Action("create", build_service(ref)))
-        if observed.pod_monitors_served and ("PodMonitor", name) not in observed.objects:
-            actions.append(Action("create", build_pod_monitor(ref)))
+        actions += _converge(observed, build_service(ref))
+        if observed.pod_monitors_served:
+            actions += _converge(observed, build_pod_monitor(ref))
     if current is None and draft is None:
         return actions, None
     return actions, ServingStatus(

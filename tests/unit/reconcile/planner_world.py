@@ -152,6 +152,11 @@ class World:
             jobs=tuple(observe_job(job, pods) for job in self.jobs.values()),
             deployment=observe_deployment(self.deployment) if self.deployment is not None else None,
             objects=frozenset(self.objects),
+            spec_hashes={
+                key: spec_hash
+                for key, body in self.objects.items()
+                if (spec_hash := body["metadata"].get("annotations", {}).get(names.ANNOTATION_SPEC_HASH))
+            },
             pod_monitors_served=self.pod_monitors_served,
         )
 
@@ -196,6 +201,8 @@ class World:
                     self.deployment = apply_merge_patch(self.deployment, body)
             elif action.verb == "create":
                 self.objects.setdefault((kind, name), body)
+            elif action.verb == "patch":
+                self.objects[(kind, name)] = apply_merge_patch(self.objects[(kind, name)], body)
             elif action.verb == "delete":
                 self.objects.pop((kind, name), None)
             else:

@@ -423,6 +423,21 @@ def test_disabling_serving_deletes_the_pod_monitor_too() -> None:
     assert ("PodMonitor", vllm) not in world.objects
 
 
+def test_a_service_and_pod_monitor_from_an_older_operator_are_patched_once() -> None:
+    world = World(tiny(), pod_monitors_served=True)
+    world.run_to("none")
+    vllm = names.serving_name(RUN.name)
+    monitor = world.objects[("PodMonitor", vllm)]
+    del monitor["metadata"]["annotations"]  # as an operator before the spec hash made it: no run relabeling
+    monitor["spec"]["podMetricsEndpoints"][0].pop("relabelings")
+    world.objects[("Service", vllm)]["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH] = "stale"
+    plan = world.step()
+    assert keys(plan) == [("patch", "Service", vllm), ("patch", "PodMonitor", vllm)]
+    [endpoint] = world.objects[("PodMonitor", vllm)]["spec"]["podMetricsEndpoints"]
+    assert {r["targetLabel"] for r in endpoint["relabelings"]} == {"run", "namespace"}
+    assert keys(world.step()) == [], "converged: nothing more to write"
+
+
 def test_a_draft_failing_its_gate_leaves_the_serving_deployment_alone() -> None:
     world = gated(1.5)
     world.run_to("none")
