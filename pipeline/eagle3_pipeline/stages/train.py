@@ -37,6 +37,7 @@ from typing import Any
 from eagle3_pipeline.context import StageContext, read_result
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.hidden_states import METADATA_FILE, file_name
+from eagle3_pipeline.hub import verifier_at_revision
 from eagle3_pipeline.prepared import DATA_DIR, TRAIN
 from eagle3_pipeline.speculators_cpu import has_accelerator
 from eagle3_pipeline.train_draft import (
@@ -138,14 +139,8 @@ def sources(ctx: StageContext) -> DraftSources:
     rows, n_train = dataset_split(data / DATA_DIR)
     check_hidden_states(extract, metadata, rows)
     v = ctx.spec.verifier
-    if v.revision and not Path(ctx.local_path(v.model)).is_dir():
-        logger.warning(
-            "verifier.revision %s: speculators reads %s's config and embeddings at the default revision",
-            v.revision,
-            v.model,
-        )
     return DraftSources(
-        verifier=ctx.local_path(v.model),
+        verifier=verifier_at_revision(ctx.local_path(v.model), v.revision),
         trust_remote_code=v.trust_remote_code,
         dataset=data / DATA_DIR,
         hidden_states=extract,
