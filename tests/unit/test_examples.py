@@ -155,6 +155,7 @@ OTHER_KINDS: dict[tuple[str, str], Callable[[dict[str, Any], Path], None]] = {
     ),
     ("helm.toolkit.fluxcd.io", "HelmRelease"): required("spec.chart|spec.chartRef", "spec.interval"),
     ("kustomize.config.k8s.io", "Kustomization"): kustomize_resources_exist,
+    ("", "ConfigMap"): required("data"),  # argocd-cm's health check (run by reconcile/test_argocd_health.py)
 }
 
 
@@ -192,7 +193,9 @@ def test_a_broken_example_is_caught():
     assert broken_cel_rules(stored(doc, training={"gpus": 9})) == [
         "spec.training.gpus: training.gpus must be at most nodePool.gpusPerNode: training runs on one node"
     ]
-    with pytest.raises(AssertionError, match="no validation for v1 ConfigMap"):
+    with pytest.raises(AssertionError, match="no validation for v1 Secret"):
+        check_document({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}}, ROOT / "x.yaml")
+    with pytest.raises(AssertionError, match=r"ConfigMap x: \['data'\] not set"):
         check_document({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}, ROOT / "x.yaml")
     with pytest.raises(AssertionError, match="without apiVersion/kind"):
         check_document({"image": {"tag": "1"}}, ROOT / "values.yaml")

@@ -39,7 +39,8 @@ def runs() -> list[dict[str, Any]]:
 
 def test_the_examples_are_there() -> None:
     names = {str(p.relative_to(GITOPS)) for p in FILES}
-    assert {"argocd/application.yaml", "flux/kustomization.yaml", "flux/gitrepository.yaml"} <= names
+    argocd = {"argocd/application.yaml", "argocd/argocd-cm.yaml"}
+    assert argocd | {"flux/kustomization.yaml", "flux/gitrepository.yaml"} <= names
     assert "kustomize/kustomization.yaml" in names and runs()
 
 
