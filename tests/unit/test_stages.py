@@ -173,6 +173,7 @@ def test_dataset_seed_changes_prepare_and_everything_downstream(regenerate: bool
         ("draft", {"layers": 2}, {"train", "evaluate", "export"}),
         ("extraction", {"dtype": "bfloat16"}, {"extract", "train", "evaluate", "export"}),
         ("evaluation", {"prompts": 8}, {"evaluate"}),
+        ("evaluation", {"maxTokens": 64}, {"evaluate"}),
         ("verifier", {"revision": "abc"}, TRAINING),
         # generate is skipped (regeneration is off) and nothing reads it, but its hash covers the parameter
         ("regeneration", {"temperature": 0.2}, {"generate"}),

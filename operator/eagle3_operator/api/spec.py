@@ -68,7 +68,12 @@ class Verifier(ApiModel):
 
     model: str = Field(min_length=1, description="Hugging Face model id or a path on the model cache volume.")
     revision: str | None = Field(
-        None, description="Model revision (branch, tag or commit); pin a commit for reproducible runs."
+        None,
+        description=(
+            "Model revision (branch, tag or commit); pin a commit for reproducible runs. Stages are keyed by "
+            "the spec, not by the model's files (the operator cannot read them): for a path, any label here "
+            "marks new files at the same path and re-runs every stage."
+        ),
     )
     trust_remote_code: bool = Field(
         False, description="Allow the model's own code (needed by Kimi- and DeepSeek-style verifiers)."
