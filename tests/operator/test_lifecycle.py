@@ -34,6 +34,8 @@ async def test_run_goes_from_prepare_to_serving(backend):
         assert st["currentStage"] == "prepare"
         assert st["stages"]["generate"]["phase"] == "Skipped"
         final = await drive_to_serving(cluster, player, "tiny")
+        # the reconcile that wrote Serving records its metrics after the status write: let it finish
+        await eventually(lambda: _remembered(metrics, cluster.ns, "Serving"), what="metrics see Serving")
 
     jobs = await cluster.jobs("tiny")
     assert sorted(j["metadata"]["labels"]["eagle3.dev/stage"] for j in jobs) == sorted(ORDER)
@@ -235,8 +237,9 @@ async def _gone(cluster, run):
     return not jobs and not configmaps
 
 
-async def _remembered(metrics: OperatorMetrics, namespace: str) -> bool:
-    return (namespace, "tiny") in metrics.memory
+async def _remembered(metrics: OperatorMetrics, namespace: str, phase: str | None = None) -> bool:
+    memory = metrics.memory.get((namespace, "tiny"))
+    return memory is not None and (phase is None or memory.phase == phase)
 
 
 async def _forgotten(metrics: OperatorMetrics, namespace: str) -> bool:
