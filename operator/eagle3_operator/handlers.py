@@ -19,6 +19,7 @@ from eagle3_operator.k8s import ApiError, Kube
 from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.reconcile.observe import (
     Observed,
+    blocked_by,
     observe_deployment,
     observe_job,
     slim_deployment,
@@ -277,9 +278,10 @@ async def run_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **kwargs: A
     await reconcile(body, memo, logger, _indices(kwargs))
 
 
-def _terminated(status: kopf.Status, **_: Any) -> bool:
-    """Only a container that ended changes what the planner sees of a pod."""
-    return any("terminated" in (cs.get("state") or {}) for cs in status.get("containerStatuses") or [])
+def _pod_news(status: kopf.Status, **_: Any) -> bool:
+    """What the planner reads of a pod: a container ended, the pod is stuck, or it runs (no longer stuck)."""
+    ended = any("terminated" in (cs.get("state") or {}) for cs in status.get("containerStatuses") or [])
+    return ended or status.get("phase") == "Running" or blocked_by([{"status": status}]) is not None
 
 
 def _deleted(**kwargs: Any) -> bool:
@@ -287,7 +289,7 @@ def _deleted(**kwargs: Any) -> bool:
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
-@kopf.on.event("v1", "pods", labels=MANAGED, when=_terminated)
+@kopf.on.event("v1", "pods", labels=MANAGED, when=_pod_news)
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 async def child_changed(
     namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, logger: Any, **kwargs: Any

@@ -52,6 +52,29 @@ async def test_a_pod_failure_within_the_backoff_limit_is_retried_by_the_job(back
     assert conditions(st)["Failed"]["status"] == "False"
 
 
+async def test_a_pod_that_cannot_pull_its_image_is_reported_and_the_run_goes_on_once_it_can(backend):
+    cluster, player = backend.cluster, backend.player
+    pull = 'Back-off pulling image "eagle3-operator/pipeline:0.1.0"'
+    async with backend.operator():
+        await cluster.apply_run("tiny", tiny())
+        job = await wait_job(cluster, "tiny", "prepare")
+        await player.stall(job, "ImagePullBackOff", pull)
+
+        async def reported():
+            st = await status(cluster, "tiny")
+            return st if "blockedBy" in st["stages"]["prepare"] else None
+
+        st = await eventually(reported, what="the stuck pod in status")
+        await player.succeed(job, {"samples": 3})  # the image was pushed
+        await wait_job(cluster, "tiny", "extract")
+        after = await status(cluster, "tiny")
+    assert st["stages"]["prepare"]["blockedBy"].endswith(f"container prepare: ImagePullBackOff: {pull}")
+    assert st["phase"] == "Running" and conditions(st)["Progressing"]["reason"] == "PodNotRunning"
+    assert (
+        "blockedBy" not in after["stages"]["prepare"] and after["stages"]["prepare"]["phase"] == "Succeeded"
+    )
+
+
 @pytest.mark.parametrize(("reason", "exit_code"), [("OOMKilled", 137), ("Error", OOM_EXIT_CODE)])
 async def test_out_of_memory_in_extraction_retries_with_half_the_token_budget(backend, reason, exit_code):
     cluster, player, metrics = backend.cluster, backend.player, OperatorMetrics()

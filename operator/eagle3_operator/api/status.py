@@ -71,6 +71,12 @@ class StageStatus(StatusModel):
     start_time: str | None = Field(None, description="When the current attempt's Job started.")
     completion_time: str | None = Field(None, description="When the stage finished.")
     message: str | None = Field(None, description="The stage's last message: progress, skip reason or error.")
+    blocked_by: str | None = Field(
+        None,
+        description="Why the stage's pod is not running, while that lasts: a container that cannot start (an "
+        "image that cannot be pulled, a missing Secret or ConfigMap) or no node that fits (the scheduler's "
+        "message). The Job does not fail for these; fix the cause and the stage goes on.",
+    )
     result: dict[str, Any] | None = Field(
         None,
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},

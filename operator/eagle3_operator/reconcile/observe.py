@@ -37,6 +37,7 @@ class JobView:
     failure_message: str | None = None
     termination: Termination | None = None
     pods_seen: int = 0
+    blocked_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,38 @@ def _terminations(pods: Iterable[Mapping[str, Any]], container: str) -> list[Ter
     return sorted(found, key=lambda t: (t.finished_at or "", t.exit_code == 0))
 
 
+# Waiting reasons that need a person: the Job controller fails no pod for them, so without a word from the
+# operator a stage would wait, silently, until its activeDeadlineSeconds.
+STUCK_WAITING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+
+
+def blocked_by(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """Why a pending pod does not run: a container stuck waiting, or no node that fits (the scheduler)."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") not in (None, "Pending"):
+            continue
+        name = (pod.get("metadata") or {}).get("name", "")
+        for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_WAITING:
+                detail = waiting.get("message") or "no message"
+                return f"pod {name}, container {cs.get('name')}: {waiting['reason']}: {detail}"
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                detail = cond.get("message") or "no message"
+                return f"pod {name} is not scheduled ({cond.get('reason') or 'Unschedulable'}): {detail}"
+    return None
+
+
 def _job_phase(status: Mapping[str, Any]) -> StagePhase:
     if _condition(status, "Complete") or _condition(status, "SuccessCriteriaMet"):
         return StagePhase.SUCCEEDED
@@ -144,6 +177,7 @@ def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()) 
         failure_message=(failed or {}).get("message"),
         termination=terms[-1] if terms else None,
         pods_seen=len(mine),
+        blocked_by=blocked_by(mine),
     )
 
 
@@ -205,7 +239,15 @@ def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    return _pick(body, "metadata.name", "metadata.labels", "status.containerStatuses")
+    return _pick(
+        body,
+        "metadata.name",
+        "metadata.labels",
+        "status.phase",
+        "status.conditions",
+        "status.initContainerStatuses",
+        "status.containerStatuses",
+    )
 
 
 def slim_deployment(body: Mapping[str, Any]) -> dict[str, Any]:

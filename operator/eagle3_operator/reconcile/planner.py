@@ -162,6 +162,9 @@ def _conditions(
         out.append(cond(ConditionType.PROGRESSING, False, "Failed", progress.failed[1]))
     elif progress.suspended:
         out.append(cond(ConditionType.PROGRESSING, False, "Suspended", "spec.suspend is true"))
+    elif progress.blocked_at and progress.stalled:
+        message = f"stage {progress.blocked_at}: {progress.stalled}"
+        out.append(cond(ConditionType.PROGRESSING, True, "PodNotRunning", message))
     elif progress.blocked_at:
         out.append(cond(ConditionType.PROGRESSING, True, "StageRunning", f"stage {progress.blocked_at}"))
     else:

@@ -38,6 +38,7 @@ class Progress:
     finished: list[tuple[str, float | None]] = field(default_factory=list)
     blocked_at: str | None = None
     failed: tuple[str, str] | None = None  # (reason, message)
+    stalled: str | None = None  # why the pod of the stage at `blocked_at` does not run
     suspended: bool = False
     gate: GateVerdict | None = None  # once evaluate has succeeded
 
@@ -139,8 +140,9 @@ class Walk:
             return self._gate(result) if plan.stage == Stage.EVALUATE else True
         if base.phase == StagePhase.FAILED:
             return self._failed(plan, latest, base)
-        self.progress.stages[stage] = base
+        self.progress.stages[stage] = base.model_copy(update={"blocked_by": latest.blocked_by})
         self.progress.blocked_at = stage
+        self.progress.stalled = latest.blocked_by
         return False
 
     def _start(self, plan: StagePlan, attempt: int, budget: int | None, prev: StageStatus | None) -> bool:

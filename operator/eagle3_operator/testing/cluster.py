@@ -168,6 +168,8 @@ class Player(Protocol):
 
     async def ready(self, deployment: dict[str, Any]) -> None: ...
 
+    async def stall(self, job: dict[str, Any], reason: str, message: str) -> None: ...
+
 
 class JobPlayer:
     """Plays the Job controller and kubelet: a pod for the Job, terminated as told, then Job status."""
@@ -216,6 +218,24 @@ class JobPlayer:
             "message": "Job has reached the specified backoff limit",
         }  # fmt: skip
         status = {"failed": 1, "active": 0, "startTime": now(), "conditions": [cond]}
+        await self.cluster.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
+
+    async def stall(self, job: dict[str, Any], reason: str, message: str) -> None:
+        """The Job's pod cannot start (`reason`: ImagePullBackOff, CreateContainerConfigError)."""
+        labels = job["spec"]["template"]["metadata"]["labels"] | {"job-name": job["metadata"]["name"]}
+        container = job["spec"]["template"]["spec"]["containers"][0]["name"]
+        waiting = {"waiting": {"reason": reason, "message": message}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{job['metadata']['name']}-stalled-{uuid.uuid4().hex[:5]}",
+                "labels": labels,
+            },
+            "status": {"phase": "Pending", "containerStatuses": [{"name": container, "state": waiting}]},
+        }
+        await self.cluster.create("v1", "pods", pod)
+        status = {"active": 1, "startTime": now()}
         await self.cluster.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
 
     async def ready(self, deployment: dict[str, Any]) -> None:

@@ -72,6 +72,11 @@ class Kubelet:
 
         await eventually(check, POD_TIMEOUT, f"Job {job['metadata']['name']} {kind}")
 
+    async def stall(self, job: dict[str, Any], reason: str, message: str) -> None:
+        """The Job's pod cannot start (`reason`: ImagePullBackOff, CreateContainerConfigError)."""
+        pod = await self._live_pod(job)
+        await self._patch_pod(pod, "Pending", {"waiting": {"reason": reason, "message": message}}, False)
+
     async def succeed(self, job: dict[str, Any], result: dict[str, Any] | None = None) -> None:
         await self._end(job, "Completed", 0, json.dumps(result or {}))
         await self._job_condition(job, "Complete")

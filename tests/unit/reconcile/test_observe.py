@@ -19,6 +19,7 @@ from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.observe import (
     DeploymentView,
     Termination,
+    blocked_by,
     observe_deployment,
     observe_job,
     slim_deployment,
@@ -179,8 +180,10 @@ POD_STATES = st.sampled_from(
         {"terminated": terminated(0, message='{"a": 1}', at=ts(2))},
         {"terminated": terminated(137, "OOMKilled", at=ts(3))},
         {"waiting": {"reason": "ContainerCreating"}},
+        {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}},
     ]
 )
+POD_PHASES = st.sampled_from(["Pending", "Running", "Failed"])
 
 
 @settings(max_examples=60, deadline=None)
@@ -189,12 +192,13 @@ def test_observing_a_slim_copy_is_observing_the_object(spec: Eagle3RunSpec, data
     for plan, job in stage_jobs(TINY_RUN, spec, attempt=data.draw(st.integers(0, 2))):
         job = with_status(job, job_status(data.draw(PHASES), ts(data.draw(st.integers(0, 100)))))
         pods = [
-            pod_of(job, str(i), data.draw(POD_STATES), "Running") for i in range(data.draw(st.integers(0, 2)))
+            pod_of(job, str(i), data.draw(POD_STATES), data.draw(POD_PHASES))
+            for i in range(data.draw(st.integers(0, 2)))
         ]
         slim = slim_job(job)
         assert observe_job(slim, [slim_pod(p) for p in pods]) == observe_job(job, pods), plan.stage
         assert "containers" not in slim["spec"]["template"]["spec"]
-        assert all(set(slim_pod(p)["status"]) == {"containerStatuses"} for p in pods)
+        assert all(set(slim_pod(p)["status"]) == {"phase", "containerStatuses"} for p in pods)
     deployment = build_deployment(TINY_RUN, spec, "export/x") | {
         "status": {"readyReplicas": 1, "replicas": 1}
     }
@@ -227,3 +231,47 @@ def test_slim_run_keeps_identity_spec_and_status_but_not_managed_fields_or_kopf(
         "spec": {"verifier": {"model": "m"}},
         "status": {"phase": "Running"},
     }
+
+
+# --- pods that do not run --------------------------------------------------------------------------------
+
+
+def waiting(job: dict[str, Any], reason: str, message: str = "", init: bool = False) -> dict[str, Any]:
+    pod = pod_of(job, "w", {"waiting": {"reason": reason, "message": message}}, "Pending")
+    if init:
+        pod["status"]["initContainerStatuses"] = pod["status"].pop("containerStatuses")
+    return pod
+
+
+def test_a_container_that_cannot_start_blocks_the_stage() -> None:
+    job = a_job(Stage.PREPARE)
+    pod = waiting(job, "ImagePullBackOff", 'Back-off pulling image "eagle3/pipeline:0.1.0"')
+    view = observe_job(with_status(job, {"active": 1}), [pod])
+    assert view.phase == StagePhase.RUNNING
+    name = pod["metadata"]["name"]
+    assert view.blocked_by == (
+        f'pod {name}, container prepare: ImagePullBackOff: Back-off pulling image "eagle3/pipeline:0.1.0"'
+    )
+    missing_secret = waiting(job, "CreateContainerConfigError", 'secret "hf-token" not found', init=True)
+    assert 'CreateContainerConfigError: secret "hf-token" not found' in (blocked_by([missing_secret]) or "")
+
+
+def test_an_unschedulable_pod_blocks_the_stage_with_the_schedulers_message() -> None:
+    pod = pod_of(a_job(), "u", {}, "Pending")
+    del pod["status"]["containerStatuses"]
+    message = "0/8 nodes are available: 8 Insufficient nvidia.com/gpu."
+    pod["status"]["conditions"] = [condition("PodScheduled", "Unschedulable", message) | {"status": "False"}]
+    assert blocked_by([pod]) == f"pod {pod['metadata']['name']} is not scheduled (Unschedulable): {message}"
+
+
+@pytest.mark.parametrize(
+    ("state", "phase"),
+    [
+        ({"waiting": {"reason": "ContainerCreating"}}, "Pending"),  # on its way
+        ({"running": {"startedAt": ts(1)}}, "Running"),
+        ({"waiting": {"reason": "ImagePullBackOff"}}, "Failed"),  # an ended pod blocks nothing
+        ({"terminated": terminated(1, at=ts(2))}, "Failed"),
+    ],
+)
+def test_pods_on_their_way_or_ended_block_nothing(state: dict[str, Any], phase: str) -> None:
+    assert blocked_by([pod_of(a_job(), "p", state, phase)]) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from planner_world import RESULTS, RUN, World, condition_of, creates, keys, tiny, ts
+from planner_world import RESULTS, RUN, World, condition_of, creates, keys, pod_of, tiny, ts
 
 from eagle3_operator.api.status import RunPhase
 from eagle3_operator.api.validation import parse_spec, spec_document
@@ -268,6 +268,25 @@ def test_suspending_between_stages_holds_the_next_job_and_resuming_creates_it() 
     assert plan.status["stages"]["prepare"]["phase"] == "Succeeded"
     world.edit(suspend=False)
     assert [stage_of(j) for j in creates(world.step(), "Job")] == ["extract"]
+
+
+def test_a_pod_that_cannot_pull_its_image_is_reported_until_it_runs() -> None:
+    world = World(tiny())
+    world.run_to("prepare")
+    job = world.job("prepare")
+    job["status"] = {"startTime": ts(0), "active": 1}
+    waiting = {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}
+    world.pods[job["metadata"]["name"]] = pod_of(job, "a", waiting, "Pending")
+    plan = world.step()
+    assert creates(plan) == [] and plan.phase == RunPhase.RUNNING, "the Job does not fail; the run waits"
+    blocked = plan.status["stages"]["prepare"]["blockedBy"]
+    assert blocked.endswith("container prepare: ImagePullBackOff: Back-off pulling image")
+    progressing = condition_of(plan.status, "Progressing")
+    assert (progressing["reason"], progressing["message"]) == ("PodNotRunning", f"stage prepare: {blocked}")
+    world.start("prepare")  # the image arrived
+    plan = world.step()
+    assert "blockedBy" not in plan.status["stages"]["prepare"]
+    assert condition_of(plan.status, "Progressing")["reason"] == "StageRunning"
 
 
 # --- the acceptance gate, export and serving -----------------------------------------------------------
