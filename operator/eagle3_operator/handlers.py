@@ -22,6 +22,7 @@ from eagle3_operator.reconcile.observe import (
     blocked_by,
     observe_deployment,
     observe_job,
+    serving_pods,
     slim_deployment,
     slim_job,
     slim_pod,
@@ -203,6 +204,7 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
         deployment=observe_deployment(deployments[0]) if deployments else None,
         objects=frozenset(objects),
         spec_hashes=hashes,
+        serving_blocked_by=blocked_by(serving_pods(pods)),
         pod_monitors_served=bool(memo.pod_monitors),
     )
 

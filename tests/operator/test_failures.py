@@ -9,7 +9,15 @@ import pytest
 from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.stages import OOM_EXIT_CODE
 from eagle3_operator.testing.cluster import declare_resources, eventually
-from eagle3_operator.testing.scenario import complete, drive_to_serving, status, tiny, wait_job, wait_phase
+from eagle3_operator.testing.scenario import (
+    ORDER,
+    complete,
+    drive_to_serving,
+    status,
+    tiny,
+    wait_job,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.operator
 
@@ -64,7 +72,7 @@ async def test_a_pod_that_cannot_pull_its_image_is_reported_and_the_run_goes_on_
             st = await status(cluster, "tiny")
             return st if "blockedBy" in st["stages"]["prepare"] else None
 
-        st = await eventually(reported, what="the stuck pod in status")
+        st = await eventually(reported, timeout=30, what="the stuck pod in status")
         await player.succeed(job, {"samples": 3})  # the image was pushed
         await wait_job(cluster, "tiny", "extract")
         after = await status(cluster, "tiny")
@@ -73,6 +81,30 @@ async def test_a_pod_that_cannot_pull_its_image_is_reported_and_the_run_goes_on_
     assert (
         "blockedBy" not in after["stages"]["prepare"] and after["stages"]["prepare"]["phase"] == "Succeeded"
     )
+
+
+async def test_a_crash_looping_vllm_is_why_the_run_is_not_ready(backend):
+    cluster, player = backend.cluster, backend.player
+    last_lines = "ValueError: --speculative-config: draft vocabulary 512 does not fit the verifier's 256"
+    async with backend.operator():
+        await cluster.apply_run("tiny", tiny())
+        await complete(cluster, player, "tiny", ORDER)
+        deployment = await eventually(lambda: cluster.deployment("tiny"), what="vLLM deployment")
+        await player.crash_loop(deployment, 1, last_lines)
+
+        async def reported():
+            st = await status(cluster, "tiny")
+            return st if "blockedBy" in (st.get("serving") or {}) else None
+
+        st = await eventually(reported, timeout=30, what="the crash loop in status")
+        await player.ready(deployment)  # a fixed spec rolled out
+        serving = await wait_phase(cluster, "tiny", "Serving")
+    assert st["serving"]["blockedBy"].endswith(
+        f"CrashLoopBackOff: back-off 40s restarting failed container; last exit code 1: {last_lines}"
+    )
+    ready = conditions(st)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "PodNotRunning")
+    assert "blockedBy" not in serving["serving"] and conditions(serving)["Ready"]["status"] == "True"
 
 
 @pytest.mark.parametrize(("reason", "exit_code"), [("OOMKilled", 137), ("Error", OOM_EXIT_CODE)])

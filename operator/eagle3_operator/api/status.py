@@ -111,6 +111,11 @@ class ServingStatus(StatusModel):
     ready_replicas: int = Field(0, description="Ready replicas.")
     url: str = Field(description="In-cluster OpenAI-compatible endpoint.")
     draft: str | None = Field(None, description="Draft directory the Deployment serves.")
+    blocked_by: str | None = Field(
+        None,
+        description="Why a vLLM pod does not run, while that lasts: an image that cannot be pulled, no node "
+        "that fits, or a crash loop with the container's last exit code and log lines.",
+    )
 
 
 class Eagle3RunStatus(StatusModel):

@@ -85,6 +85,8 @@ def vllm_container(run: RunRef, spec: Eagle3RunSpec, draft_dir: str, shape: PodS
         "env": env(run, spec, names.SERVE_STAGE),
         "resources": resources(spec, None, shape.gpus),
         "volumeMounts": volume_mounts(shape),
+        # a crash-looping vLLM's last log lines reach the pod status, and the run's (serving.blockedBy)
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
@@ -106,6 +108,7 @@ def draft_check_container(
             {"name": "EAGLE3_DRAFT_WEIGHTS", "value": f"{draft_path(draft_dir)}/{DRAFT_WEIGHTS}"},
         ],
         "volumeMounts": volume_mounts(shape),  # vLLM's: the draft is where vLLM will read it
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # sha256sum's "FAILED" line
     }
 
 

@@ -60,6 +60,7 @@ class Observed:
     deployment: DeploymentView | None = None
     objects: frozenset[tuple[str, str]] = field(default_factory=frozenset)
     spec_hashes: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    serving_blocked_by: str | None = None  # why a vLLM pod does not run (blocked_by of the serving pods)
     pod_monitors_served: bool = False
 
 
@@ -97,8 +98,9 @@ def _terminations(pods: Iterable[Mapping[str, Any]], container: str) -> list[Ter
     return sorted(found, key=lambda t: (t.finished_at or "", t.exit_code == 0))
 
 
-# Waiting reasons that need a person: the Job controller fails no pod for them, so without a word from the
-# operator a stage would wait, silently, until its activeDeadlineSeconds.
+# Waiting reasons that need a person: the Job controller fails no pod for them (and a Deployment's pods
+# restart for ever, CrashLoopBackOff), so without a word from the operator a stage would wait, silently,
+# until its activeDeadlineSeconds, and a serving Deployment would never become ready.
 STUCK_WAITING = frozenset(
     {
         "ErrImagePull",
@@ -106,27 +108,43 @@ STUCK_WAITING = frozenset(
         "InvalidImageName",
         "CreateContainerConfigError",
         "CreateContainerError",
+        "CrashLoopBackOff",
     }
 )
+MESSAGE_TAIL = 500  # characters of a crashed container's last message (its last log lines) kept
 
 
 def blocked_by(pods: Iterable[Mapping[str, Any]]) -> str | None:
-    """Why a pending pod does not run: a container stuck waiting, or no node that fits (the scheduler)."""
+    """Why a pod that has not ended does not run: a container stuck waiting (with its last exit, when it
+    crash-loops), or no node that fits (the scheduler's message)."""
     for pod in pods:
         status = pod.get("status") or {}
-        if status.get("phase") not in (None, "Pending"):
+        if status.get("phase") in ("Succeeded", "Failed"):
             continue
         name = (pod.get("metadata") or {}).get("name", "")
         for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in STUCK_WAITING:
                 detail = waiting.get("message") or "no message"
+                last = (cs.get("lastState") or {}).get("terminated")
+                if last:
+                    said = (last.get("message") or last.get("reason") or "").strip()[-MESSAGE_TAIL:]
+                    detail += f"; last exit code {last.get('exitCode')}" + (f": {said}" if said else "")
                 return f"pod {name}, container {cs.get('name')}: {waiting['reason']}: {detail}"
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                 detail = cond.get("message") or "no message"
                 return f"pod {name} is not scheduled ({cond.get('reason') or 'Unschedulable'}): {detail}"
     return None
+
+
+def serving_pods(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The run's vLLM pods among its pods (stage label `serve`)."""
+    return [
+        p
+        for p in pods
+        if ((p.get("metadata") or {}).get("labels") or {}).get(names.LABEL_STAGE) == names.SERVE_STAGE
+    ]
 
 
 def _job_phase(status: Mapping[str, Any]) -> StagePhase:

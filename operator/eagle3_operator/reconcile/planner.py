@@ -196,6 +196,8 @@ def _ready(
         return cond(ConditionType.READY, True, "DeploymentReady", message)
     if progress.failed:
         return cond(ConditionType.READY, False, progress.failed[0], progress.failed[1])
+    if serving is not None and serving.blocked_by:
+        return cond(ConditionType.READY, False, "PodNotRunning", serving.blocked_by)
     why = "the draft is not ready yet" if spec.serving.enabled else "serving.enabled is false"
     return cond(ConditionType.READY, False, "NotServing", why)
 

@@ -82,4 +82,5 @@ def plan_serving(
         ready_replicas=current.ready_replicas if current is not None else 0,
         url=serving_url(ref),
         draft=draft if draft is not None else (current.draft if current is not None else None),
+        blocked_by=observed.serving_blocked_by,
     )

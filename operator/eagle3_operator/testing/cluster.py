@@ -170,6 +170,8 @@ class Player(Protocol):
 
     async def stall(self, job: dict[str, Any], reason: str, message: str) -> None: ...
 
+    async def crash_loop(self, deployment: dict[str, Any], exit_code: int, last_lines: str) -> None: ...
+
 
 class JobPlayer:
     """Plays the Job controller and kubelet: a pod for the Job, terminated as told, then Job status."""
@@ -238,8 +240,31 @@ class JobPlayer:
         status = {"active": 1, "startTime": now()}
         await self.cluster.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
 
+    async def crash_loop(self, deployment: dict[str, Any], exit_code: int, last_lines: str) -> None:
+        """A vLLM pod of the Deployment crashes at start, again and again."""
+        template = deployment["spec"]["template"]
+        crashed = {"terminated": {"reason": "Error", "exitCode": exit_code, "message": last_lines}}
+        back_off = {
+            "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}
+        }
+        status = {"name": template["spec"]["containers"][0]["name"], "state": back_off, "lastState": crashed}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{deployment['metadata']['name']}-crash",
+                "labels": template["metadata"]["labels"],
+            },
+            "status": {"phase": "Running", "containerStatuses": [status]},
+        }
+        await self.cluster.create("v1", "pods", pod)
+
     async def ready(self, deployment: dict[str, Any]) -> None:
-        """The Deployment controller's part: report one ready replica."""
+        """The Deployment controller's part: report one ready replica (its pods run)."""
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        for pod in await self.cluster.list_objects("v1", "pods", **selector):
+            running = {"phase": "Running", "containerStatuses": [{"name": "vllm", "state": {"running": {}}}]}
+            await self.cluster.patch("v1", "pods", pod["metadata"]["name"], {"status": running}, "status")
         ready = {"status": {"readyReplicas": 1}}
         await self.cluster.patch("apps/v1", "deployments", deployment["metadata"]["name"], ready, "status")
 

@@ -33,7 +33,14 @@ class Kubelet:
         pod: dict[str, Any] = await eventually(check, POD_TIMEOUT, f"a pod of Job {job['metadata']['name']}")
         return pod
 
-    async def _patch_pod(self, pod: dict[str, Any], phase: str, state: dict[str, Any], ready: bool) -> None:
+    async def _patch_pod(
+        self,
+        pod: dict[str, Any],
+        phase: str,
+        state: dict[str, Any],
+        ready: bool,
+        last: dict[str, Any] | None = None,
+    ) -> None:
         container = pod["spec"]["containers"][0]
         status = {
             "phase": phase,
@@ -48,6 +55,7 @@ class Kubelet:
                     "ready": ready,
                     "restartCount": 0,
                     "state": state,
+                    "lastState": last or {},
                 }
             ],
         }
@@ -115,15 +123,28 @@ class Kubelet:
         result: tuple[bool] = await eventually(settled, POD_TIMEOUT, f"Job {job['metadata']['name']} counted")
         return result[0]
 
-    async def ready(self, deployment: dict[str, Any]) -> None:
-        """Mark the Deployment's pods Running and Ready."""
+    async def crash_loop(self, deployment: dict[str, Any], exit_code: int, last_lines: str) -> None:
+        """The Deployment's vLLM pods crash at start, again and again."""
+        crashed = {"terminated": {"reason": "Error", "exitCode": exit_code, "message": last_lines}}
+        back_off = {
+            "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}
+        }
+        for pod in await self._serving_pods(deployment):
+            await self._patch_pod(pod, "Running", back_off, False, last=crashed)
+
+    async def _serving_pods(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
         selector = deployment["spec"]["selector"]["matchLabels"]
 
         async def pods() -> list[dict[str, Any]] | None:
             found = await self.cluster.list_objects("v1", "pods", **selector)
             return found or None
 
-        for pod in await eventually(
+        found: list[dict[str, Any]] = await eventually(
             pods, POD_TIMEOUT, f"pods of Deployment {deployment['metadata']['name']}"
-        ):
+        )
+        return found
+
+    async def ready(self, deployment: dict[str, Any]) -> None:
+        """Mark the Deployment's pods Running and Ready."""
+        for pod in await self._serving_pods(deployment):
             await self._patch_pod(pod, "Running", {"running": {"startedAt": now()}}, True)

@@ -16,7 +16,13 @@ from typing import Any
 
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.reconcile.observe import Observed, observe_deployment, observe_job
+from eagle3_operator.reconcile.observe import (
+    Observed,
+    blocked_by,
+    observe_deployment,
+    observe_job,
+    serving_pods,
+)
 from eagle3_operator.reconcile.planner import Plan, plan_run
 from eagle3_operator.reconcile.progress import Action
 from eagle3_operator.testing import scenario
@@ -158,6 +164,7 @@ class World:
                 if (spec_hash := body["metadata"].get("annotations", {}).get(names.ANNOTATION_SPEC_HASH))
             },
             pod_monitors_served=self.pod_monitors_served,
+            serving_blocked_by=blocked_by(serving_pods(pods)),
         )
 
     def plan(self, now: str | None = None) -> Plan:

@@ -256,6 +256,17 @@ def test_a_container_that_cannot_start_blocks_the_stage() -> None:
     assert 'CreateContainerConfigError: secret "hf-token" not found' in (blocked_by([missing_secret]) or "")
 
 
+def test_a_crash_looping_container_says_how_it_last_ended() -> None:
+    pod = waiting(a_job(), "CrashLoopBackOff", "back-off 5m0s restarting failed container=vllm")
+    pod["status"]["phase"] = "Running"
+    last = terminated(1, "Error", "...\ntorch.OutOfMemoryError: CUDA out of memory", ts(5))
+    pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": last}
+    assert (blocked_by([pod]) or "").endswith(
+        "CrashLoopBackOff: back-off 5m0s restarting failed container=vllm; last exit code 1: "
+        "...\ntorch.OutOfMemoryError: CUDA out of memory"
+    )
+
+
 def test_an_unschedulable_pod_blocks_the_stage_with_the_schedulers_message() -> None:
     pod = pod_of(a_job(), "u", {}, "Pending")
     del pod["status"]["containerStatuses"]

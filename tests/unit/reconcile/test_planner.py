@@ -457,6 +457,31 @@ def test_a_service_and_pod_monitor_from_an_older_operator_are_patched_once() -> 
     assert keys(world.step()) == [], "converged: nothing more to write"
 
 
+def test_a_crash_looping_vllm_pod_is_why_the_run_is_not_ready() -> None:
+    world = World(tiny())
+    world.run_to("none")
+    assert world.deployment is not None
+    crash = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}
+    replica_set = {"metadata": {"name": "tiny-vllm-x", "namespace": RUN.namespace}}
+    pod = pod_of(replica_set | {"spec": world.deployment["spec"]}, "a", crash, "Running")  # the pod template
+    pod["status"]["containerStatuses"][0]["lastState"] = {
+        "terminated": {"exitCode": 1, "message": "bad args"}
+    }
+    world.pods["tiny-vllm-x"] = pod
+    plan = world.step()
+    blocked = plan.status["serving"]["blockedBy"]
+    assert blocked.endswith(
+        "CrashLoopBackOff: back-off 40s restarting failed container; last exit code 1: bad args"
+    )
+    ready = condition_of(plan.status, "Ready")
+    assert (ready["status"], ready["reason"], ready["message"]) == ("False", "PodNotRunning", blocked)
+    world.ready(1)
+    del world.pods["tiny-vllm-x"]
+    plan = world.step()
+    assert "blockedBy" not in plan.status["serving"]
+    assert condition_of(plan.status, "Ready")["status"] == "True"
+
+
 def test_a_draft_failing_its_gate_leaves_the_serving_deployment_alone() -> None:
     world = gated(1.5)
     world.run_to("none")
