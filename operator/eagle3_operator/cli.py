@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ def _operator(args: argparse.Namespace) -> int:
         namespaces=args.namespace,
         liveness=f"http://0.0.0.0:{args.health_port}/healthz",
         metrics_port=args.metrics_port,
+        pipeline_image=args.pipeline_image,
     )
     return 0
 
@@ -154,6 +156,12 @@ def parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--health-port", type=int, default=8080, help="liveness endpoint port (/healthz)")
     op.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (/metrics)")
+    op.add_argument(
+        "--pipeline-image",
+        default=os.environ.get("EAGLE3_PIPELINE_IMAGE") or None,
+        help="image of the stage Jobs of runs whose spec.images.pipeline is unset (default "
+        "$EAGLE3_PIPELINE_IMAGE, else eagle3-operator/pipeline:0.1.0)",
+    )
     op.set_defaults(func=_operator)
     _add_promote_command(sub)
     _add_pipeline_commands(sub)

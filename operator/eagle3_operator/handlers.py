@@ -13,6 +13,7 @@ import kopf
 
 from eagle3_operator.api.base import GROUP, PLURAL, VERSION
 from eagle3_operator.api.status import RunPhase
+from eagle3_operator.api.validation import with_pipeline_image
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.k8s import ApiError, Kube
@@ -258,7 +259,8 @@ async def reconcile(
         known: dict[str, Any] = memo.statuses.get(key) or body.get("status") or {}
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         observed = observe(key, memo, indices)
-        plan = plan_run(ref, meta.get("generation"), body.get("spec"), known, observed, now)
+        spec = with_pipeline_image(body.get("spec"), memo.get("pipeline_image"))
+        plan = plan_run(ref, meta.get("generation"), spec, known, observed, now)
         await _carry_out(memo, ref, key, known, plan, logger)
         memo.statuses[key] = plan.status
         _announce(body, known.get("phase"), plan)

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from eagle3_operator import rbac
+from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE
 from eagle3_operator.cli import parser as cli_parser
 from eagle3_operator.observability.alerts import build_prometheus_rule
 from tests.chart.helm import (
@@ -54,7 +55,8 @@ def test_the_operator_deployment(rendered: Rendered) -> None:
     c = container(rendered["default"])
     assert c["image"] == "eagle3-operator:0.1.0" and c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["eagle3"]
-    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090"]
+    pipeline = "--pipeline-image=eagle3-operator/pipeline:0.1.0"  # the chart's appVersion, as the operator's
+    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090", pipeline]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
     probe = c["livenessProbe"]
@@ -68,8 +70,10 @@ def test_the_args_are_the_cli_flags_the_operator_reads(rendered: Rendered) -> No
     """The container's args parse with `eagle3`'s own parser into the ports and namespaces the chart set."""
     args = cli_parser().parse_args(container(rendered["default"])["args"])
     assert (args.command, args.health_port, args.metrics_port, args.namespace) == ("operator", 8080, 9090, [])
+    assert args.pipeline_image == DEFAULT_PIPELINE_IMAGE, "the chart's default is the spec's documented one"
     args = cli_parser().parse_args(container(rendered["watch-namespaces"])["args"])
     assert args.namespace == ["team-a", "team-b"]
+    assert args.pipeline_image == "registry.example.com/ml/eagle3-pipeline:1.2.3"
 
 
 def test_the_pod_is_hardened(rendered: Rendered) -> None:

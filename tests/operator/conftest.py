@@ -55,9 +55,12 @@ class Backend:
     def real(self) -> bool:
         return self.mock is None
 
-    def operator(self, metrics: OperatorMetrics | None = None) -> AbstractAsyncContextManager[Any]:
+    def operator(
+        self, metrics: OperatorMetrics | None = None, pipeline_image: str | None = None
+    ) -> AbstractAsyncContextManager[Any]:
         namespace = self.cluster.ns if self.real else None
-        return running_operator(self.url, metrics, self.operator_token or self.token, namespace)
+        token = self.operator_token or self.token
+        return running_operator(self.url, metrics, token, namespace, pipeline_image=pipeline_image)
 
     def assert_content_types(self) -> None:
         """On the mock, check what a real server enforces by itself (and rejects when wrong)."""

@@ -211,6 +211,25 @@ async def test_an_upgraded_operator_converges_the_service_an_older_one_made(back
     assert service["spec"]["ports"] == [{**PORT, "targetPort": "http"}]
 
 
+async def test_runs_without_a_pipeline_image_get_the_operators(backend):
+    cluster = backend.cluster
+    own = {"images": {"pipeline": "registry.example.com/team/pipeline:7"}}
+    async with backend.operator(pipeline_image="registry.example.com/ml/eagle3-pipeline:0.2.0"):
+        await cluster.apply_run("tiny", tiny())
+        await cluster.apply_run("mine", tiny(**own))
+        default, named = (
+            await wait_job(cluster, "tiny", "prepare"),
+            await wait_job(cluster, "mine", "prepare"),
+        )
+    image = {
+        j["metadata"]["name"]: j["spec"]["template"]["spec"]["containers"][0]["image"]
+        for j in (default, named)
+    }
+    assert image[default["metadata"]["name"]] == "registry.example.com/ml/eagle3-pipeline:0.2.0"
+    assert image[named["metadata"]["name"]] == "registry.example.com/team/pipeline:7", "the run's own wins"
+    assert "pipeline" not in (await cluster.run("tiny"))["spec"].get("images", {}), "it writes no spec"
+
+
 async def test_the_resync_loop_reconciles_runs_without_any_event(backend):
     if backend.real:
         pytest.skip("timing of the loop, not of the server")

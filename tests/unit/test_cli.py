@@ -29,3 +29,17 @@ def test_an_unknown_command_is_a_usage_error(capsys):
         main(["nonsense"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_operators_pipeline_image_flag_names_the_specs_default(monkeypatch):
+    from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE
+    from eagle3_operator.cli import parser
+
+    flag = next(
+        a
+        for a in parser()._subparsers._group_actions[0].choices["operator"]._actions
+        if a.dest == "pipeline_image"
+    )
+    assert DEFAULT_PIPELINE_IMAGE in flag.help
+    monkeypatch.setenv("EAGLE3_PIPELINE_IMAGE", "reg/p:1")
+    assert parser().parse_args(["operator"]).pipeline_image == "reg/p:1"

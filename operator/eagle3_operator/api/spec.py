@@ -297,11 +297,17 @@ class Storage(ApiModel):
     model_cache: ModelCache = Field(default_factory=ModelCache, description="Model cache volume.")
 
 
+DEFAULT_PIPELINE_IMAGE = "eagle3-operator/pipeline:0.1.0"
+
+
 class Images(ApiModel):
     """Container images."""
 
-    pipeline: str = Field(
-        "eagle3-operator/pipeline:0.1.0", min_length=1, description="Image running `eagle3 stage`."
+    pipeline: str | None = Field(
+        None,
+        min_length=1,
+        description="Image running `eagle3 stage`; default: the operator's (`eagle3 operator "
+        f"--pipeline-image`, the chart's pipelineImage), else {DEFAULT_PIPELINE_IMAGE}.",
     )
     vllm: str = Field("vllm/vllm-openai:v0.32.0", min_length=1, description="Image running `vllm serve`.")
 

@@ -44,6 +44,16 @@ def parse_spec(spec: Any) -> Eagle3RunSpec:
         raise InvalidSpecError(problems) from None
 
 
+def with_pipeline_image(spec: Any, image: str | None) -> Any:
+    """The spec with the operator's default pipeline image where it names none (a copy; else as given)."""
+    if not image or not isinstance(spec, dict):
+        return spec
+    images = spec.get("images")
+    if isinstance(images, dict) and images.get("pipeline"):
+        return spec
+    return {**spec, "images": {**(images if isinstance(images, dict) else {}), "pipeline": image}}
+
+
 def spec_document(spec: Eagle3RunSpec) -> dict[str, Any]:
     """The spec as the API server stores it after defaulting: camelCase, unset optionals omitted."""
     return spec.model_dump(mode="json", by_alias=True, exclude_none=True)

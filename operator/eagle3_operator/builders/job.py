@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, stage_override, volume_mounts
@@ -62,7 +62,7 @@ def stage_container(
     """The one container of a stage pod, running `eagle3 stage <stage> ...` in the pipeline image."""
     return {
         "name": plan.stage.value,
-        "image": spec.images.pipeline,
+        "image": spec.images.pipeline or DEFAULT_PIPELINE_IMAGE,
         "command": stage_argv(plan, SPEC_MOUNT, ARTIFACTS_MOUNT, token_budget),
         "env": env(run, spec, plan.stage.value),
         "resources": resources(spec, stage_override(spec, plan.stage), plan.gpus),

@@ -291,6 +291,7 @@ async def running_operator(
     token: str | None = None,
     namespace: str | None = None,
     resync_seconds: float | None = None,
+    pipeline_image: str | None = None,
 ) -> AsyncIterator[kopf.Memo]:
     """The real kopf operator with this project's handlers, in this event loop, against `url`.
 
@@ -308,6 +309,7 @@ async def running_operator(
         kube=Kube(api),
         metrics=metrics or OperatorMetrics(),
         resync_seconds=resync_seconds,
+        pipeline_image=pipeline_image,
     )
     scope: dict[str, Any] = {"namespaces": [namespace]} if namespace else {"clusterwide": True}
     task = asyncio.create_task(

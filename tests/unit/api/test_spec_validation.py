@@ -307,3 +307,29 @@ def test_preserved_objects_take_anything() -> None:
     assert spec.node_pool.affinity == affinity
     assert get_path(spec_document(spec), ("nodePool", "affinity")) == affinity
     assert spec_schema()["properties"]["nodePool"]["properties"]["affinity"][PRESERVE] is True
+
+
+# --- the operator's default pipeline image ---------------------------------------------------------------
+
+
+def test_the_operators_pipeline_image_fills_only_an_unset_one() -> None:
+    from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE
+    from eagle3_operator.api.validation import with_pipeline_image
+
+    spec = {"verifier": {"model": "m"}, "dataset": {"source": "d"}, "images": {"vllm": "v:1"}}
+    filled = with_pipeline_image(spec, "reg/pipeline:2")
+    assert (
+        filled["images"] == {"vllm": "v:1", "pipeline": "reg/pipeline:2"} and "pipeline" not in spec["images"]
+    )
+    own = {**spec, "images": {"pipeline": "mine:3"}}
+    assert with_pipeline_image(own, "reg/pipeline:2") is own
+    assert with_pipeline_image(spec, None) is spec and with_pipeline_image(None, "x") is None
+    assert (
+        parse_spec(
+            with_pipeline_image({k: v for k, v in spec.items() if k != "images"}, "r:1")
+        ).images.pipeline
+        == "r:1"
+    )
+    assert parse_spec(spec).images.pipeline is None, (
+        f"unset: the builders fall back to {DEFAULT_PIPELINE_IMAGE}"
+    )

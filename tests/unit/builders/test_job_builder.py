@@ -21,6 +21,7 @@ from builder_cases import (
     tiny_spec,
 )
 
+from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE
 from eagle3_operator.api.validation import parse_spec
 from eagle3_operator.builders import build_artifacts_claim, build_job, build_spec_configmap, names
 from eagle3_operator.builders.names import RunRef
@@ -46,7 +47,7 @@ def test_container_command_is_the_stage_argv(attempt: int, budget: int | None) -
         job = build_job(KIMI_RUN, spec, plan, attempt, budget, cm)
         assert container(job)["command"] == stage_argv(plan, SPEC_MOUNT, ARTIFACTS_MOUNT, budget)
         assert container(job)["name"] == plan.stage.value
-        assert container(job)["image"] == spec.images.pipeline
+        assert container(job)["image"] == (spec.images.pipeline or DEFAULT_PIPELINE_IMAGE)
         annotations = job["metadata"].get("annotations", {})
         assert annotations.get(names.ANNOTATION_TOKEN_BUDGET) == (None if budget is None else str(budget))
 
