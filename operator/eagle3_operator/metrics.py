@@ -24,6 +24,7 @@ from eagle3_operator.builders import names
 from eagle3_operator.run_metrics import (
     FAILURE_REASONS,
     RunReport,
+    blocked_pods,
     failure_reason,
     number,
     rolled_out_before,
@@ -97,6 +98,10 @@ class OperatorMetrics:
         self.validation_loss = gauge("eagle3_run_validation_loss", "Best validation loss of training.")
         self.hidden_bytes = gauge("eagle3_run_hidden_state_bytes", "Bytes of extracted hidden states.")
         self.tokens = gauge("eagle3_run_tokens_processed", "Tokens a stage processed.", "stage")
+        self.blocked = gauge(
+            "eagle3_run_pod_blocked", "1 while a pod of the stage (serve: the vLLM Deployment) does not run, "
+            "by the kubelet's or scheduler's reason (status blockedBy).", "stage", "reason",
+        )  # fmt: skip
         self.draft = Info("eagle3_serving_draft", "The draft a run serves.", list(RUN), registry=r)
         self.rollout = gauge(
             "eagle3_serving_draft_rollout_timestamp_seconds", "When the run's serving draft was rolled out.",
@@ -117,6 +122,7 @@ class OperatorMetrics:
         self._attempts(report, memory, first)
         self._results(report, memory)
         self._running(report, memory)
+        self._blocked(report, memory)
         self._serving(report, memory, first)
 
     def forget_run(self, namespace: str, name: str) -> None:
@@ -210,6 +216,17 @@ class OperatorMetrics:
             self._series(memory, f"expected/{stage}", self.expected, ns, run, stage).set(expected)
         for slot in [s for s in memory.series if s.startswith(("started/", "expected/"))]:
             if slot.split("/", 1)[1] not in running:
+                self._drop(memory, slot)
+
+    def _blocked(self, report: RunReport, memory: RunMemory) -> None:
+        """1 for each stage (and `serve`) whose pod does not run now; the series of the others go."""
+        blocked = blocked_pods(report.status)
+        for stage, reason in blocked.items():
+            self._series(
+                memory, f"blocked/{stage}", self.blocked, report.namespace, report.run, stage, reason
+            ).set(1)
+        for slot in [s for s in memory.series if s.startswith("blocked/")]:
+            if slot.split("/", 1)[1] not in blocked:
                 self._drop(memory, slot)
 
     def _serving(self, report: RunReport, memory: RunMemory, first: bool) -> None:

@@ -154,6 +154,17 @@ def running_stages(status: Mapping[str, Any], deadlines: Mapping[str, int]) -> d
     return out
 
 
+def blocked_pods(status: Mapping[str, Any]) -> dict[str, str]:
+    """Stage (or `serve`) to the reason its pod does not run, from status blockedBy."""
+    out: dict[str, str] = {}
+    places = [*(status.get("stages") or {}).items(), (names.SERVE_STAGE, status.get("serving") or {})]
+    for stage, st in places:
+        reason = (st.get("blockedBy") or {}).get("reason")
+        if isinstance(reason, str) and reason:
+            out[stage] = reason
+    return out
+
+
 @dataclass(frozen=True)
 class ServingDraft:
     """The draft a run's vLLM Deployment points at: its directory and (when known) its sha256."""

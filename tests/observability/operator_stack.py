@@ -9,7 +9,8 @@ The runs, all in namespace `e3`, over the tiny verifier (spec.verifier.model = t
 - `bad`: its extract Job runs out of memory and is retried at half the token budget; served with the wrong
   draft, beside the acceptance evaluate measured for the fitted one (the serving regression the
   acceptance alerts are for).
-- `stuck`: its prepare Job runs past spec.stages.prepare.activeDeadlineSeconds (nobody ends it).
+- `stuck`: its prepare Job runs past spec.stages.prepare.activeDeadlineSeconds (nobody ends it): its pod
+  cannot pull its image (ImagePullBackOff), the pod the operator reports in blockedBy and Eagle3PodNotRunning.
 - `broken`: its prepare Job fails with an error (backoffLimit 0) as soon as it starts, before Prometheus first
   scrapes the operator (`fail_fast`, see tier.py): the first sample of its failure counter is already 1, the
   case `increase()` misses, and Eagle3StageFailed must fire for it all the same. The run fails.
@@ -187,8 +188,11 @@ class OperatorStack:
             await self._succeed("bad", stage, RESULTS[stage])
 
     async def _stuck(self) -> None:
-        assert self.cluster is not None
-        await self._start_job(await wait_job(self.cluster, "stuck", "prepare"))
+        assert self.cluster is not None and self.player is not None
+        job = await wait_job(self.cluster, "stuck", "prepare")
+        await self.player.stall(
+            job, "ImagePullBackOff", 'Back-off pulling image "eagle3-operator/pipeline:0.1.0"'
+        )
 
     async def _broken(self) -> None:
         assert self.cluster is not None and self.player is not None

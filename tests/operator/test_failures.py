@@ -76,7 +76,9 @@ async def test_a_pod_that_cannot_pull_its_image_is_reported_and_the_run_goes_on_
         await player.succeed(job, {"samples": 3})  # the image was pushed
         await wait_job(cluster, "tiny", "extract")
         after = await status(cluster, "tiny")
-    assert st["stages"]["prepare"]["blockedBy"].endswith(f"container prepare: ImagePullBackOff: {pull}")
+    blocked = st["stages"]["prepare"]["blockedBy"]
+    assert blocked["reason"] == "ImagePullBackOff"
+    assert blocked["message"].endswith(f"container prepare: ImagePullBackOff: {pull}")
     assert st["phase"] == "Running" and conditions(st)["Progressing"]["reason"] == "PodNotRunning"
     assert (
         "blockedBy" not in after["stages"]["prepare"] and after["stages"]["prepare"]["phase"] == "Succeeded"
@@ -99,7 +101,8 @@ async def test_a_crash_looping_vllm_is_why_the_run_is_not_ready(backend):
         st = await eventually(reported, timeout=30, what="the crash loop in status")
         await player.ready(deployment)  # a fixed spec rolled out
         serving = await wait_phase(cluster, "tiny", "Serving")
-    assert st["serving"]["blockedBy"].endswith(
+    assert st["serving"]["blockedBy"]["reason"] == "CrashLoopBackOff"
+    assert st["serving"]["blockedBy"]["message"].endswith(
         f"CrashLoopBackOff: back-off 40s restarting failed container; last exit code 1: {last_lines}"
     )
     ready = conditions(st)["Ready"]

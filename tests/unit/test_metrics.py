@@ -401,6 +401,34 @@ def test_started_and_expected_seconds_exist_while_a_stage_runs() -> None:
     assert sample(metrics, started, **labels) is None and sample(metrics, expected, **labels) is None
 
 
+def test_a_pod_that_does_not_run_is_a_series_by_stage_and_reason_while_it_lasts() -> None:
+    metrics = OperatorMetrics()
+    name, run = "eagle3_run_pod_blocked", {"namespace": "ns", "run": "a"}
+    pull = {
+        "reason": "ImagePullBackOff",
+        "message": "pod a-prepare-x, container prepare: ImagePullBackOff: ...",
+    }
+    crash = {"reason": "CrashLoopBackOff", "message": "pod a-vllm-y, container vllm: CrashLoopBackOff: ..."}
+    blocked = {
+        "stages": {"prepare": stage(StagePhase.RUNNING, blockedBy=pull)},
+        "serving": {"blockedBy": crash},
+    }
+    metrics.observe(report(status=blocked))
+    assert sample(metrics, name, **run, stage="prepare", reason="ImagePullBackOff") == 1
+    assert sample(metrics, name, **run, stage="serve", reason="CrashLoopBackOff") == 1
+    unschedulable = {
+        "stages": {"prepare": stage(StagePhase.RUNNING, blockedBy=pull | {"reason": "Unschedulable"})}
+    }
+    metrics.observe(report(status=unschedulable))
+    assert sample(metrics, name, **run, stage="prepare", reason="ImagePullBackOff") is None, (
+        "one reason at a time"
+    )
+    assert sample(metrics, name, **run, stage="prepare", reason="Unschedulable") == 1
+    assert sample(metrics, name, **run, stage="serve", reason="CrashLoopBackOff") is None
+    metrics.observe(report(status={"stages": {"prepare": stage(StagePhase.RUNNING)}}))
+    assert not [s for s in series(metrics, "a") if s[0] == name], "gone once the pod runs"
+
+
 # --- the serving draft --------------------------------------------------------------------------------
 
 SHA = "ab" * 32

@@ -57,6 +57,16 @@ class Condition(StatusModel):
     observed_generation: int | None = Field(None, description="The spec generation this was computed from.")
 
 
+class BlockedBy(StatusModel):
+    """Why a pod does not run, while that lasts (the Job or Deployment does not fail for it)."""
+
+    reason: str = Field(
+        description="The kubelet's waiting reason (ImagePullBackOff, CreateContainerConfigError, "
+        "CrashLoopBackOff, ...) or the scheduler's (Unschedulable)."
+    )
+    message: str = Field(description="The pod, the container and what the kubelet or the scheduler said.")
+
+
 class StageStatus(StatusModel):
     """What one stage did for the current spec."""
 
@@ -71,7 +81,7 @@ class StageStatus(StatusModel):
     start_time: str | None = Field(None, description="When the current attempt's Job started.")
     completion_time: str | None = Field(None, description="When the stage finished.")
     message: str | None = Field(None, description="The stage's last message: progress, skip reason or error.")
-    blocked_by: str | None = Field(
+    blocked_by: BlockedBy | None = Field(
         None,
         description="Why the stage's pod is not running, while that lasts: a container that cannot start (an "
         "image that cannot be pulled, a missing Secret or ConfigMap) or no node that fits (the scheduler's "
@@ -111,7 +121,7 @@ class ServingStatus(StatusModel):
     ready_replicas: int = Field(0, description="Ready replicas.")
     url: str = Field(description="In-cluster OpenAI-compatible endpoint.")
     draft: str | None = Field(None, description="Draft directory the Deployment serves.")
-    blocked_by: str | None = Field(
+    blocked_by: BlockedBy | None = Field(
         None,
         description="Why a vLLM pod does not run, while that lasts: an image that cannot be pulled, no node "
         "that fits, or a crash loop with the container's last exit code and log lines.",

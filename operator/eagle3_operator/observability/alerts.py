@@ -139,9 +139,31 @@ RUN_STUCK = Alert(
     ),
 )
 
+POD_NOT_RUNNING = Alert(
+    name="Eagle3PodNotRunning",
+    expr=q.alert_pod_not_running(),
+    for_="10m",
+    severity="warning",
+    summary=f"A pod of {STAGE} does not run: {{{{ $labels.reason }}}}",
+    description=(
+        f"For 10 minutes a pod of {STAGE} (stage serve: its vLLM Deployment) has not been running: "
+        "{{ $labels.reason }}. Neither a Job nor a Deployment fails for this, so the run waits until the "
+        "cause is fixed (or the Job's activeDeadlineSeconds)."
+    ),
+    runbook=(
+        "Read the run's status: kubectl -n {{ $labels.namespace }} get eagle3run {{ $labels.run }} -o "
+        "jsonpath='{.status.stages.{{ $labels.stage }}.blockedBy.message}' (stage serve: "
+        "'{.status.serving.blockedBy.message}'). ImagePullBackOff or ErrImagePull: push the image or fix "
+        "spec.images / the chart's pipelineImage, and give the namespace its pull secret. "
+        "CreateContainerConfigError: create the Secret or ConfigMap it names (spec.hfTokenSecret). "
+        "Unschedulable: no node has the GPUs, memory or labels the pod asks for (spec.nodePool). "
+        "CrashLoopBackOff: the message holds the container's last exit code and log lines."
+    ),
+)
+
 GROUPS: dict[str, tuple[Alert, ...]] = {
     "eagle3-serving": (ACCEPTANCE_BELOW_EVALUATED, NO_ACCEPTED_TOKENS),
-    "eagle3-pipeline": (STAGE_FAILED, STAGE_OOM_RETRY, RUN_STUCK),
+    "eagle3-pipeline": (STAGE_FAILED, STAGE_OOM_RETRY, RUN_STUCK, POD_NOT_RUNNING),
 }
 ALL_ALERTS: tuple[Alert, ...] = tuple(a for group in GROUPS.values() for a in group)
 

@@ -38,6 +38,7 @@ STAGE_FAILURES = "eagle3_operator_stage_failures_total"
 LAST_FAILURE = "eagle3_run_stage_last_failure_timestamp_seconds"
 STAGE_STARTED = "eagle3_run_stage_started_timestamp_seconds"
 STAGE_EXPECTED = "eagle3_run_stage_expected_seconds"
+POD_BLOCKED = "eagle3_run_pod_blocked"
 EVALUATED_LENGTH = "eagle3_run_acceptance_length"
 EVALUATED_RATE = "eagle3_run_acceptance_rate"
 VALIDATION_LOSS = "eagle3_run_validation_loss"
@@ -288,3 +289,9 @@ def alert_stage_oom_retry() -> str:
 def alert_run_stuck() -> str:
     """The running stage's current attempt has taken longer than the stage's expected time."""
     return f"time() - {STAGE_STARTED} > on (namespace, run, stage) {STAGE_EXPECTED}"
+
+
+def alert_pod_not_running() -> str:
+    """A stage's or the serving Deployment's pod does not run: an image pull, a missing Secret, no node, a
+    crash loop (status.stages.<stage>.blockedBy, status.serving.blockedBy; stage `serve` for vLLM)."""
+    return f"{POD_BLOCKED} > 0"

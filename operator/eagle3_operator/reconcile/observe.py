@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_operator.api.status import StagePhase
+from eagle3_operator.api.status import BlockedBy, StagePhase
 from eagle3_operator.builders import names
 
 
@@ -37,7 +37,7 @@ class JobView:
     failure_message: str | None = None
     termination: Termination | None = None
     pods_seen: int = 0
-    blocked_by: str | None = None
+    blocked_by: BlockedBy | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,9 @@ class Observed:
     deployment: DeploymentView | None = None
     objects: frozenset[tuple[str, str]] = field(default_factory=frozenset)
     spec_hashes: Mapping[tuple[str, str], str] = field(default_factory=dict)
-    serving_blocked_by: str | None = None  # why a vLLM pod does not run (blocked_by of the serving pods)
+    serving_blocked_by: BlockedBy | None = (
+        None  # why a vLLM pod does not run (blocked_by of the serving pods)
+    )
     pod_monitors_served: bool = False
 
 
@@ -114,7 +116,7 @@ STUCK_WAITING = frozenset(
 MESSAGE_TAIL = 500  # characters of a crashed container's last message (its last log lines) kept
 
 
-def blocked_by(pods: Iterable[Mapping[str, Any]]) -> str | None:
+def blocked_by(pods: Iterable[Mapping[str, Any]]) -> BlockedBy | None:
     """Why a pod that has not ended does not run: a container stuck waiting (with its last exit, when it
     crash-loops), or no node that fits (the scheduler's message)."""
     for pod in pods:
@@ -130,11 +132,15 @@ def blocked_by(pods: Iterable[Mapping[str, Any]]) -> str | None:
                 if last:
                     said = (last.get("message") or last.get("reason") or "").strip()[-MESSAGE_TAIL:]
                     detail += f"; last exit code {last.get('exitCode')}" + (f": {said}" if said else "")
-                return f"pod {name}, container {cs.get('name')}: {waiting['reason']}: {detail}"
+                reason = str(waiting["reason"])
+                return BlockedBy(
+                    reason=reason, message=f"pod {name}, container {cs.get('name')}: {reason}: {detail}"
+                )
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                 detail = cond.get("message") or "no message"
-                return f"pod {name} is not scheduled ({cond.get('reason') or 'Unschedulable'}): {detail}"
+                reason = str(cond.get("reason") or "Unschedulable")
+                return BlockedBy(reason=reason, message=f"pod {name} is not scheduled ({reason}): {detail}")
     return None
 
 

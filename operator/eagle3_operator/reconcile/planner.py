@@ -163,7 +163,7 @@ def _conditions(
     elif progress.suspended:
         out.append(cond(ConditionType.PROGRESSING, False, "Suspended", "spec.suspend is true"))
     elif progress.blocked_at and progress.stalled:
-        message = f"stage {progress.blocked_at}: {progress.stalled}"
+        message = f"stage {progress.blocked_at}: {progress.stalled.message}"
         out.append(cond(ConditionType.PROGRESSING, True, "PodNotRunning", message))
     elif progress.blocked_at:
         out.append(cond(ConditionType.PROGRESSING, True, "StageRunning", f"stage {progress.blocked_at}"))
@@ -197,7 +197,7 @@ def _ready(
     if progress.failed:
         return cond(ConditionType.READY, False, progress.failed[0], progress.failed[1])
     if serving is not None and serving.blocked_by:
-        return cond(ConditionType.READY, False, "PodNotRunning", serving.blocked_by)
+        return cond(ConditionType.READY, False, "PodNotRunning", serving.blocked_by.message)
     why = "the draft is not ready yet" if spec.serving.enabled else "serving.enabled is false"
     return cond(ConditionType.READY, False, "NotServing", why)
 

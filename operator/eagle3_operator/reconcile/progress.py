@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.status import StagePhase, StageStatus
+from eagle3_operator.api.status import BlockedBy, StagePhase, StageStatus
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.gate import GateVerdict, judge_evaluation
@@ -38,7 +38,7 @@ class Progress:
     finished: list[tuple[str, float | None]] = field(default_factory=list)
     blocked_at: str | None = None
     failed: tuple[str, str] | None = None  # (reason, message)
-    stalled: str | None = None  # why the pod of the stage at `blocked_at` does not run
+    stalled: BlockedBy | None = None  # why the pod of the stage at `blocked_at` does not run
     suspended: bool = False
     gate: GateVerdict | None = None  # once evaluate has succeeded
 

@@ -47,6 +47,7 @@ OPERATOR_LABELS: dict[str, frozenset[str]] = {
     "eagle3_run_validation_loss": frozenset({"namespace", "run"}),
     "eagle3_run_hidden_state_bytes": frozenset({"namespace", "run"}),
     "eagle3_run_tokens_processed": frozenset({"namespace", "run", "stage"}),
+    "eagle3_run_pod_blocked": frozenset({"namespace", "run", "stage", "reason"}),
     "eagle3_serving_draft_info": frozenset({"namespace", "run", "model", "checkpoint", "sha256"}),
     "eagle3_serving_draft_rollout_timestamp_seconds": frozenset({"namespace", "run", "sha256"}),
 }

@@ -13,6 +13,7 @@ ALERTS = {
     "Eagle3StageFailed",
     "Eagle3StageOOMRetry",
     "Eagle3RunStuck",
+    "Eagle3PodNotRunning",
 }
 
 
@@ -20,7 +21,7 @@ def rules() -> dict[str, dict[str, object]]:
     return {r["alert"]: r for g in build_rule_groups()["groups"] for r in g["rules"]}
 
 
-def test_the_five_alerts() -> None:
+def test_the_six_alerts() -> None:
     assert set(rules()) == ALERTS
     assert [g["name"] for g in build_rule_groups()["groups"]] == ["eagle3-serving", "eagle3-pipeline"]
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from planner_world import condition, job_status, pod_of, terminated, ts
 
 from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.status import StagePhase
+from eagle3_operator.api.status import BlockedBy, StagePhase
 from eagle3_operator.builders import names
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.serving import build_deployment
@@ -249,11 +249,14 @@ def test_a_container_that_cannot_start_blocks_the_stage() -> None:
     view = observe_job(with_status(job, {"active": 1}), [pod])
     assert view.phase == StagePhase.RUNNING
     name = pod["metadata"]["name"]
-    assert view.blocked_by == (
-        f'pod {name}, container prepare: ImagePullBackOff: Back-off pulling image "eagle3/pipeline:0.1.0"'
+    pull = 'Back-off pulling image "eagle3/pipeline:0.1.0"'
+    message = f"pod {name}, container prepare: ImagePullBackOff: {pull}"
+    assert view.blocked_by == BlockedBy(reason="ImagePullBackOff", message=message)
+    missing_secret = blocked_by(
+        [waiting(job, "CreateContainerConfigError", 'secret "hf-token" not found', init=True)]
     )
-    missing_secret = waiting(job, "CreateContainerConfigError", 'secret "hf-token" not found', init=True)
-    assert 'CreateContainerConfigError: secret "hf-token" not found' in (blocked_by([missing_secret]) or "")
+    assert missing_secret is not None and missing_secret.reason == "CreateContainerConfigError"
+    assert missing_secret.message.endswith('CreateContainerConfigError: secret "hf-token" not found')
 
 
 def test_a_crash_looping_container_says_how_it_last_ended() -> None:
@@ -261,7 +264,9 @@ def test_a_crash_looping_container_says_how_it_last_ended() -> None:
     pod["status"]["phase"] = "Running"
     last = terminated(1, "Error", "...\ntorch.OutOfMemoryError: CUDA out of memory", ts(5))
     pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": last}
-    assert (blocked_by([pod]) or "").endswith(
+    crash = blocked_by([pod])
+    assert crash is not None and crash.reason == "CrashLoopBackOff"
+    assert crash.message.endswith(
         "CrashLoopBackOff: back-off 5m0s restarting failed container=vllm; last exit code 1: "
         "...\ntorch.OutOfMemoryError: CUDA out of memory"
     )
@@ -272,7 +277,10 @@ def test_an_unschedulable_pod_blocks_the_stage_with_the_schedulers_message() -> 
     del pod["status"]["containerStatuses"]
     message = "0/8 nodes are available: 8 Insufficient nvidia.com/gpu."
     pod["status"]["conditions"] = [condition("PodScheduled", "Unschedulable", message) | {"status": "False"}]
-    assert blocked_by([pod]) == f"pod {pod['metadata']['name']} is not scheduled (Unschedulable): {message}"
+    assert blocked_by([pod]) == BlockedBy(
+        reason="Unschedulable",
+        message=f"pod {pod['metadata']['name']} is not scheduled (Unschedulable): {message}",
+    )
 
 
 @pytest.mark.parametrize(

@@ -279,7 +279,8 @@ def test_a_pod_that_cannot_pull_its_image_is_reported_until_it_runs() -> None:
     world.pods[job["metadata"]["name"]] = pod_of(job, "a", waiting, "Pending")
     plan = world.step()
     assert creates(plan) == [] and plan.phase == RunPhase.RUNNING, "the Job does not fail; the run waits"
-    blocked = plan.status["stages"]["prepare"]["blockedBy"]
+    blocked = plan.status["stages"]["prepare"]["blockedBy"]["message"]
+    assert plan.status["stages"]["prepare"]["blockedBy"]["reason"] == "ImagePullBackOff"
     assert blocked.endswith("container prepare: ImagePullBackOff: Back-off pulling image")
     progressing = condition_of(plan.status, "Progressing")
     assert (progressing["reason"], progressing["message"]) == ("PodNotRunning", f"stage prepare: {blocked}")
@@ -469,7 +470,8 @@ def test_a_crash_looping_vllm_pod_is_why_the_run_is_not_ready() -> None:
     }
     world.pods["tiny-vllm-x"] = pod
     plan = world.step()
-    blocked = plan.status["serving"]["blockedBy"]
+    assert plan.status["serving"]["blockedBy"]["reason"] == "CrashLoopBackOff"
+    blocked = plan.status["serving"]["blockedBy"]["message"]
     assert blocked.endswith(
         "CrashLoopBackOff: back-off 40s restarting failed container; last exit code 1: bad args"
     )
