@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 from lupa import lua51
-from planner_world import World, tiny
+from planner_world import World, pod_of, tiny, ts
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIG = REPO / "examples" / "gitops" / "argocd" / "argocd-cm.yaml"
@@ -102,3 +102,48 @@ def test_a_suspended_run_is_suspended_once_it_would_start_a_job() -> None:
     world.step()
     assert world.status is not None and world.status["phase"] == "Suspended"
     assert health(run_of(world)) == ("Suspended", "spec.suspend is true")
+
+
+def stalled(world: World, reason: str, message: str, phase: str = "Pending") -> None:
+    """The current stage's newest Job gets a pod that does not run (the kubelet's or scheduler's word)."""
+    job = world.job(world.status["currentStage"] if world.status else "prepare")
+    job["status"] = {"startTime": ts(0), "active": 1}
+    pod = pod_of(job, "a", {"waiting": {"reason": reason, "message": message}}, phase)
+    if reason == "Unschedulable":
+        unscheduled = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+        pod["status"] = {"phase": "Pending", "conditions": [unscheduled]}
+    world.pods[job["metadata"]["name"]] = pod
+
+
+def test_a_pod_that_cannot_pull_its_image_is_degraded_with_the_kubelets_message() -> None:
+    world = World(tiny())
+    world.run_to("prepare")
+    stalled(world, "ImagePullBackOff", 'Back-off pulling image "reg/pipeline:1"')
+    world.step()
+    status, message = health(run_of(world))
+    assert status == "Degraded" and message.endswith(
+        'ImagePullBackOff: Back-off pulling image "reg/pipeline:1"'
+    )
+
+
+def test_a_pod_waiting_for_a_node_is_progressing_and_says_so() -> None:
+    world = World(tiny())
+    world.run_to("extract")
+    stalled(world, "Unschedulable", "0/8 nodes are available: 8 Insufficient nvidia.com/gpu.")
+    world.step()
+    status, message = health(run_of(world))
+    assert status == "Progressing" and message.endswith("8 Insufficient nvidia.com/gpu.")
+
+
+def test_a_crash_looping_vllm_is_degraded() -> None:
+    world = World(tiny())
+    world.run_to("none")
+    assert world.deployment is not None
+    crash = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}
+    replica_set = {"metadata": {"name": "tiny-vllm-x", "namespace": world.ref.namespace}}
+    world.pods["tiny-vllm-x"] = pod_of(
+        replica_set | {"spec": world.deployment["spec"]}, "a", crash, "Running"
+    )
+    world.step()
+    status, message = health(run_of(world))
+    assert status == "Degraded" and "CrashLoopBackOff" in message
