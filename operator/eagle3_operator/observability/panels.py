@@ -294,6 +294,7 @@ def stage_panels() -> list[Panel]:
                 Target(q.stage_attempts(), "attempts " + stage),
                 Target(q.stage_failures(), "failed {{reason}} " + stage),
             ],
+            width=8,
             min_val=0,
         ),
         graph(
@@ -302,8 +303,20 @@ def stage_panels() -> list[Panel]:
             "(activeDeadlineSeconds, else the operator's default). Above 100% fires Eagle3RunStuck.",
             "percentunit",
             [Target(q.stage_elapsed_fraction(), stage)],
+            width=8,
             min_val=0,
             thresholds=thresholds_of((None, "green"), (1.0, "red")),
+        ),
+        graph(
+            "Pods not running",
+            "1 while a pod of the stage (serve: the vLLM Deployment) does not run, by reason: an image that "
+            "cannot be pulled, a missing Secret, no node that fits, a crash loop. Neither a Job nor a "
+            "Deployment fails for these; the run's status.stages.<stage>.blockedBy (for vLLM: "
+            "status.serving.blockedBy) holds the message. Ten minutes of it fire Eagle3PodNotRunning.",
+            "short",
+            [Target(q.pods_blocked(), stage + " {{reason}}")],
+            width=8,
+            min_val=0,
         ),
     ]
 

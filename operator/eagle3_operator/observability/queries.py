@@ -198,6 +198,11 @@ def stage_elapsed_fraction(s: Scope = DASHBOARD) -> str:
     return f"(time() - {started}) / on (namespace, run, stage) {selector(STAGE_EXPECTED, s.run)}"
 
 
+def pods_blocked(s: Scope = DASHBOARD) -> str:
+    """Pods that do not run, by run, stage (serve: vLLM) and reason (ImagePullBackOff, Unschedulable, ...)."""
+    return f"max by (namespace, run, stage, reason) ({selector(POD_BLOCKED, s.run)})"
+
+
 def validation_loss(s: Scope = DASHBOARD) -> str:
     return f"max by ({LIVE_BY}) ({selector(VALIDATION_LOSS, s.run)})"
 
