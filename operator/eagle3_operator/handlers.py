@@ -31,7 +31,7 @@ from eagle3_operator.reconcile.observe import (
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
 from eagle3_operator.reconcile.status_patch import merge_patch
-from eagle3_operator.run_metrics import run_report
+from eagle3_operator.run_metrics import blocked_pods, run_report
 
 RUN = (GROUP, VERSION, PLURAL)
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
@@ -232,15 +232,20 @@ async def _carry_out(
         raise kopf.PermanentError(str(err)) from err
 
 
-def _announce(body: Mapping[str, Any], before: str | None, plan: Plan) -> None:
-    """A Kubernetes Event on the run when its phase changes (`kubectl describe e3r` shows the history)."""
-    if before == plan.phase.value:
+def _announce(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) -> None:
+    """Kubernetes Events on the run (`kubectl describe e3r` shows the history): its phase changed, or a pod
+    of it stopped running for a new reason."""
+    target = kopf.Body(cast(kopf.RawBody, dict(body)))
+    before = blocked_pods(known)
+    for stage, why in blocked_pods(plan.status).items():
+        if (before.get(stage) or {}).get("reason") != why["reason"]:
+            kopf.warn(target, reason="PodNotRunning", message=f"stage {stage}: {why.get('message')}"[:1000])
+    if known.get("phase") == plan.phase.value:
         return
     failed = next((c for c in plan.status.get("conditions", []) if c["type"] == "Failed"), None)
     detail = (
         failed["message"] if failed and failed["status"] == "True" else plan.status.get("currentStage") or ""
     )
-    target = kopf.Body(cast(kopf.RawBody, dict(body)))
     if plan.phase in (RunPhase.FAILED, RunPhase.INVALID):
         kopf.warn(target, reason=plan.phase.value, message=str(detail)[:1000])
     else:
@@ -263,7 +268,7 @@ async def reconcile(
         plan = plan_run(ref, meta.get("generation"), spec, known, observed, now)
         await _carry_out(memo, ref, key, known, plan, logger)
         memo.statuses[key] = plan.status
-        _announce(body, known.get("phase"), plan)
+        _announce(body, known, plan)
         memo.metrics.observe(run_report(ref, plan, observed.jobs, time.time()))
         memo.metrics.reconciles.labels("ok").inc()  # last: a scrape that sees it sees the run's series
         memo.metrics.latency.observe(time.perf_counter() - started)

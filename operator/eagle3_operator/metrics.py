@@ -221,10 +221,9 @@ class OperatorMetrics:
     def _blocked(self, report: RunReport, memory: RunMemory) -> None:
         """1 for each stage (and `serve`) whose pod does not run now; the series of the others go."""
         blocked = blocked_pods(report.status)
-        for stage, reason in blocked.items():
-            self._series(
-                memory, f"blocked/{stage}", self.blocked, report.namespace, report.run, stage, reason
-            ).set(1)
+        for stage, why in blocked.items():
+            labels = (report.namespace, report.run, stage, str(why["reason"]))
+            self._series(memory, f"blocked/{stage}", self.blocked, *labels).set(1)
         for slot in [s for s in memory.series if s.startswith("blocked/")]:
             if slot.split("/", 1)[1] not in blocked:
                 self._drop(memory, slot)

@@ -154,14 +154,14 @@ def running_stages(status: Mapping[str, Any], deadlines: Mapping[str, int]) -> d
     return out
 
 
-def blocked_pods(status: Mapping[str, Any]) -> dict[str, str]:
-    """Stage (or `serve`) to the reason its pod does not run, from status blockedBy."""
-    out: dict[str, str] = {}
+def blocked_pods(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Stage (or `serve`) to why its pod does not run (status blockedBy: reason, message)."""
+    out: dict[str, Mapping[str, Any]] = {}
     places = [*(status.get("stages") or {}).items(), (names.SERVE_STAGE, status.get("serving") or {})]
     for stage, st in places:
-        reason = (st.get("blockedBy") or {}).get("reason")
-        if isinstance(reason, str) and reason:
-            out[stage] = reason
+        blocked = st.get("blockedBy") or {}
+        if isinstance(blocked.get("reason"), str) and blocked["reason"]:
+            out[stage] = blocked
     return out
 
 

@@ -73,11 +73,15 @@ async def test_a_pod_that_cannot_pull_its_image_is_reported_and_the_run_goes_on_
             return st if "blockedBy" in st["stages"]["prepare"] else None
 
         st = await eventually(reported, timeout=30, what="the stuck pod in status")
+        event = await eventually(
+            lambda: _warning_event(cluster, "PodNotRunning"), what="a PodNotRunning Event"
+        )
         await player.succeed(job, {"samples": 3})  # the image was pushed
         await wait_job(cluster, "tiny", "extract")
         after = await status(cluster, "tiny")
     blocked = st["stages"]["prepare"]["blockedBy"]
     assert blocked["reason"] == "ImagePullBackOff"
+    assert event["message"] == f"stage prepare: {blocked['message']}"
     assert blocked["message"].endswith(f"container prepare: ImagePullBackOff: {pull}")
     assert st["phase"] == "Running" and conditions(st)["Progressing"]["reason"] == "PodNotRunning"
     assert (
@@ -216,10 +220,17 @@ async def test_a_pod_monitor_is_created_when_the_cluster_serves_them(backend):
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
 
 
-async def _warning_event(cluster):
+async def _warning_event(cluster, reason=None):
     events = await cluster.list_objects("v1", "events")
     return next(
-        (e for e in events if e.get("type") == "Warning" and e["involvedObject"]["name"] == "tiny"), None
+        (
+            e
+            for e in events
+            if e.get("type") == "Warning"
+            and e["involvedObject"]["name"] == "tiny"
+            and reason in (None, e.get("reason"))
+        ),
+        None,
     )
 
 
