@@ -55,7 +55,8 @@ async def test_a_pod_failure_within_the_backoff_limit_is_retried_by_the_job(back
         assert (await status(cluster, "tiny"))["phase"] == "Running"
         await player.succeed(job, {"samples": 3})
         await wait_job(cluster, "tiny", "extract")
-        st = await status(cluster, "tiny")
+        # the reconcile that creates extract's Job writes the status after it: wait for that write
+        st = await eventually(lambda: _succeeded(cluster, "prepare"), what="prepare Succeeded in status")
     assert st["stages"]["prepare"]["phase"] == "Succeeded"
     assert conditions(st)["Failed"]["status"] == "False"
 
@@ -78,7 +79,7 @@ async def test_a_pod_that_cannot_pull_its_image_is_reported_and_the_run_goes_on_
         )
         await player.succeed(job, {"samples": 3})  # the image was pushed
         await wait_job(cluster, "tiny", "extract")
-        after = await status(cluster, "tiny")
+        after = await eventually(lambda: _succeeded(cluster, "prepare"), what="prepare Succeeded in status")
     blocked = st["stages"]["prepare"]["blockedBy"]
     assert blocked["reason"] == "ImagePullBackOff"
     assert event["message"] == f"stage prepare: {blocked['message']}"
@@ -232,6 +233,11 @@ async def _warning_event(cluster, reason=None):
         ),
         None,
     )
+
+
+async def _succeeded(cluster, stage):
+    st = await status(cluster, "tiny")
+    return st if st.get("stages", {}).get(stage, {}).get("phase") == "Succeeded" else None
 
 
 async def _attempts(cluster, n):
