@@ -129,13 +129,8 @@ Owned = tuple[str, str, str | None]  # kind, name, eagle3.dev/spec-hash
 def _owned(
     kind: str, namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations
 ) -> dict[Key, Owned]:
-    return {
-        _key(namespace, labels.get(names.LABEL_RUN)): (
-            kind,
-            name,
-            annotations.get(names.ANNOTATION_SPEC_HASH),
-        )
-    }
+    owned = (kind, name, annotations.get(names.ANNOTATION_SPEC_HASH))
+    return {_key(namespace, labels.get(names.LABEL_RUN)): owned}
 
 
 @kopf.index("v1", "services", labels=MANAGED)
@@ -159,13 +154,12 @@ def owned_claims(
     return _owned("PersistentVolumeClaim", namespace, name, labels, annotations)
 
 
+# Watched only where the Prometheus operator is (its CRD is served).
 @kopf.index("monitoring.coreos.com", "v1", "podmonitors", labels=MANAGED)
 def owned_pod_monitors(
     namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
 ) -> dict[Key, Owned]:
-    return _owned(
-        "PodMonitor", namespace, name, labels, annotations
-    )  # watched only where the Prometheus operator is
+    return _owned("PodMonitor", namespace, name, labels, annotations)
 
 
 OWNED_INDEXES = ("owned_services", "owned_configmaps", "owned_claims", "owned_pod_monitors")

@@ -60,9 +60,7 @@ class Observed:
     deployment: DeploymentView | None = None
     objects: frozenset[tuple[str, str]] = field(default_factory=frozenset)
     spec_hashes: Mapping[tuple[str, str], str] = field(default_factory=dict)
-    serving_blocked_by: BlockedBy | None = (
-        None  # why a vLLM pod does not run (blocked_by of the serving pods)
-    )
+    serving_blocked_by: BlockedBy | None = None  # why a vLLM pod does not run
     pod_monitors_served: bool = False
 
 
