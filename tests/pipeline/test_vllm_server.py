@@ -219,4 +219,7 @@ def test_a_server_that_never_answers_times_out_and_is_killed(
         server.start()
     assert time.monotonic() - started < 20
     assert server.pid is not None
+    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously: give the kernel a moment
+    while group_members(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert group_members(server.pid) == [], "no live process of the server's group is left"
