@@ -25,7 +25,7 @@ demo: $(STAMP) vllm
 
 ## operator-demo: the operator at work against the API mock: the tiny run from creation to a serving Deployment
 operator-demo: $(STAMP)
-	$(PY) -m eagle3_operator.testing.demo examples/tiny/eagle3run.yaml
+	$(PY) -m tests.harness.demo examples/tiny/eagle3run.yaml
 
 ## test: lint, types, unit tests, the operator against the API mock and against a real kube-apiserver
 test: $(STAMP) lint typecheck kube vllm prometheus helm
@@ -55,8 +55,9 @@ kube:
 	bash scripts/build-kube.sh
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check operator pipeline tests benchmarks
-	$(VENV)/bin/ruff format --check operator pipeline tests benchmarks
+	$(VENV)/bin/ruff check contract operator pipeline cli tests benchmarks
+	$(VENV)/bin/ruff format --check contract operator pipeline cli tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -45,10 +45,10 @@ from scale_common import (
     proc_status_kb,
     read_log,
 )
+from tests.harness.cluster import Cluster, Emulator, JobPlayer, declare_resources
+from tests.harness.scenario import RESULTS, tiny
 
 from eagle3_operator.builders import names
-from eagle3_operator.testing.cluster import Cluster, Emulator, JobPlayer, declare_resources
-from eagle3_operator.testing.scenario import RESULTS, tiny
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ def manifest(path: Path, model: Path, source: Path, seq: int) -> Path:
 
 
 def run_ours(run: Path, art: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "eagle3_operator.cli", "stage", "prepare", "--spec", str(run)]
+    cmd = [sys.executable, "-m", "eagle3_cli", "stage", "prepare", "--spec", str(run)]
     cmd += ["--artifacts", str(art), "--output", "prepare/bench"]
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, capture_output=True)
@@ -69,7 +69,7 @@ def run_ours(run: Path, art: Path) -> dict[str, Any]:
 
 
 def run_theirs(model: Path, rows: Path, out: Path, seq: int, workers: int, vllm: str) -> dict[str, Any]:
-    from eagle3_operator.api.manifest import load_manifest
+    from eagle3_contract.api.manifest import load_manifest
     from eagle3_pipeline.context import StageContext
     from eagle3_pipeline.vllm_server import VllmServer
 

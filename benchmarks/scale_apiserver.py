@@ -44,9 +44,8 @@ from scale_common import (
 )
 from scale_figures import HEADER, Sample, ServerFigures, figures, row
 from scale_watch import Seen, namespaced_watches, operator_watching, watching
-
-from eagle3_operator.testing.cluster import Cluster, now
-from eagle3_operator.testing.scenario import RESULTS, tiny
+from tests.harness.cluster import Cluster, now
+from tests.harness.scenario import RESULTS, tiny
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -100,7 +99,7 @@ async def quiet(pids: list[int], timeout: float) -> None:
 
 
 async def finish_pod(cluster: Cluster, pod: dict[str, Any], message: str) -> None:
-    """What a kubelet reports when the pod's container exits 0 (as eagle3_operator.testing.kubelet)."""
+    """What a kubelet reports when the pod's container exits 0 (as tests.harness.kubelet)."""
     container, at = pod["spec"]["containers"][0], now()
     ended = {"reason": "Completed", "exitCode": 0, "message": message, "startedAt": at, "finishedAt": at}
     status = {

@@ -15,6 +15,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# The benchmarks run as scripts; the operator test harness (tests/harness) imports from the repository root.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
 CHILD = Path(__file__).with_name("operator_child.py")
 # The child's line before it cancels kopf, and the prefix of its reconcile figures (see operator_child.py).
 STOPPING, METRICS = "--- stopping ---", "reconcile metrics:"

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from tests.harness.cluster import Cluster
 
 from eagle3_operator.builders import names
-from eagle3_operator.testing.cluster import Cluster
 
 logger = logging.getLogger(__name__)
 

@@ -82,7 +82,7 @@ class _Observer(logging.Filter):
 for _name in ("speculators", "speculators.metrics"):
     logging.getLogger(_name).addFilter(_Observer())
 """
-OURS = OBSERVER + "from eagle3_operator.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+OURS = OBSERVER + "from eagle3_cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
 STOCK = OBSERVER + (
     "from eagle3_pipeline.speculators_cpu import cpu_adapted\n"
     "from speculators.__main__ import app\n"
@@ -139,8 +139,8 @@ def bench_manifest(work: Path, epochs: int | None) -> Path:
 
 def upstream(manifest: Path, art: Path) -> Any:
     """prepare, extract and vocab by the local runner (reused when complete); returns the train plan."""
-    from eagle3_operator.api.manifest import load_manifest
-    from eagle3_operator.stages import Stage, plan_stages
+    from eagle3_contract.api.manifest import load_manifest
+    from eagle3_contract.stages import Stage, plan_stages
     from eagle3_pipeline.context import models_root
     from eagle3_pipeline.local import LocalOptions, run_local
     from eagle3_pipeline.tiny.build import build

@@ -9,8 +9,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, config
 
-from eagle3_operator.api.base import GROUP, PLURAL, VERSION
-from eagle3_operator.reconcile.progress import Action
+from eagle3_contract.api.base import GROUP, PLURAL, VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -89,24 +88,24 @@ class Kube:
         finally:
             response.release()
 
-    async def apply(self, action: Action) -> bool:
-        """Carry out one planned write. False when it was already done (AlreadyExists / NotFound)."""
-        body = action.body
+    async def apply(self, verb: str, body: dict[str, Any]) -> bool:
+        """Carry out one write (`create`, merge-`patch` or `delete` of `body`). False when it was already
+        done (AlreadyExists / NotFound)."""
         what = f"{body['kind']} {body['metadata']['namespace']}/{body['metadata']['name']}"
-        method, args = self._method(action.verb, body)
-        if action.verb == "create":
+        method, args = self._method(verb, body)
+        if verb == "create":
             call = method(*args, body, _preload_content=False)
-        elif action.verb == "patch":
+        elif verb == "patch":
             call = method(*args, body, _content_type=MERGE_PATCH, _preload_content=False)
         else:
             call = method(*args, propagation_policy="Background", _preload_content=False)
         try:
-            await self._send(action.verb, what, call)
+            await self._send(verb, what, call)
         except ApiError as err:
-            if (action.verb, err.status) in (("create", 409), ("delete", 404)):
+            if (verb, err.status) in (("create", 409), ("delete", 404)):
                 return False
             raise
-        logger.debug("%s %s", action.verb, what)
+        logger.debug("%s %s", verb, what)
         return True
 
     async def patch_run_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:

@@ -19,10 +19,10 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
-from eagle3_operator.api.status import RunPhase, StagePhase
+from eagle3_contract.api.status import RunPhase, StagePhase
+from eagle3_contract.reasons import FAILURE_REASONS
 from eagle3_operator.builders import names
-from eagle3_operator.run_metrics import (
-    FAILURE_REASONS,
+from eagle3_operator.reconcile.run_report import (
     RunReport,
     blocked_pods,
     failure_reason,

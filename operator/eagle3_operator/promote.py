@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 import yaml
 
-from eagle3_operator.api.base import API_VERSION, KIND
-from eagle3_operator.api.status import Checkpoint, ConditionType, StagePhase
-from eagle3_operator.api.validation import InvalidSpecError, parse_spec
-from eagle3_operator.stages import Stage
+from eagle3_contract.api.base import API_VERSION, KIND
+from eagle3_contract.api.status import Checkpoint, ConditionType, StagePhase
+from eagle3_contract.api.validation import InvalidSpecError, parse_spec
+from eagle3_contract.stages import Stage
 
 Format = Literal["manifest", "values"]
 FORMATS: tuple[Format, ...] = ("manifest", "values")

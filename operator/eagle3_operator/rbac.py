@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_operator.api.base import GROUP, PLURAL
+from eagle3_contract.api.base import GROUP, PLURAL
 
 READ = ["get", "list", "watch"]
 

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.builders.pod import MODEL_CACHE_MOUNT
-from eagle3_operator.stages import ARTIFACTS_MOUNT
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.mounts import ARTIFACTS_MOUNT, MODEL_CACHE_MOUNT
 from eagle3_pipeline.errors import StageError
 
 RESULT_FILE = "result.json"

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_operator.stages import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE
-
-# A stage that failed on its input or environment: the message says what, where, and what to do.
-STAGE_ERROR_EXIT_CODE = 1
+from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE
 
 
 class StageError(Exception):

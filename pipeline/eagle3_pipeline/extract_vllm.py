@@ -29,7 +29,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.extract_transformers import ExtractStats, RowSource

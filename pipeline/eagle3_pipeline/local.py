@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_operator.api.manifest import Manifest, load_manifest
-from eagle3_operator.gate import judge_evaluation
-from eagle3_operator.stages import OOM_EXIT_CODE, Stage, StagePlan, plan_stages, stage_argv
+from eagle3_contract.api.manifest import Manifest, load_manifest
+from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.gate import judge_evaluation
+from eagle3_contract.stages import Stage, StagePlan, plan_stages, stage_argv
 from eagle3_pipeline.context import ENV_MODELS_ROOT, is_complete, models_root, read_result
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def run_stage_with_retries(
     while True:
         outcome.attempts += 1
         argv = stage_argv(plan, str(spec_file), str(options.artifacts), budget)
-        command = [options.python, "-m", "eagle3_operator.cli", *argv[1:]]
+        command = [options.python, "-m", "eagle3_cli", *argv[1:]]
         logger.debug("running %s", " ".join(command))
         proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=False)
         outcome.seconds = time.monotonic() - started
@@ -139,7 +140,7 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
 def gate_failure(plan: StagePlan, result: dict[str, Any], required: float | None) -> str | None:
     """Why the run stops after evaluate (the draft failed the gate: it is not exported), or None.
 
-    The operator's verdict (eagle3_operator.gate), so a manifest gates the same way here and in a cluster.
+    The operator's verdict (eagle3_contract.gate), so a manifest gates the same way here and in a cluster.
     """
     if plan.stage != Stage.EVALUATE or plan.skipped:
         return None

@@ -17,16 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eagle3_operator.api.manifest import ManifestError, load_manifest
-from eagle3_operator.stages import DEFINITIONS, Stage
+from eagle3_contract.api.manifest import ManifestError, load_manifest
+from eagle3_contract.exit_codes import STAGE_ERROR_EXIT_CODE
+from eagle3_contract.stages import DEFINITIONS, Stage
 from eagle3_pipeline.context import StageContext, is_complete, read_result
-from eagle3_pipeline.errors import (
-    STAGE_ERROR_EXIT_CODE,
-    CheckFailed,
-    OutOfMemory,
-    StageError,
-    is_out_of_memory,
-)
+from eagle3_pipeline.errors import CheckFailed, OutOfMemory, StageError, is_out_of_memory
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from eagle3_operator.api.spec import Eagle3RunSpec, Scheduler
+from eagle3_contract.api.spec import Eagle3RunSpec, Scheduler
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.speculators_cpu import cpu_adapted
 from eagle3_pipeline.train_metrics import recording

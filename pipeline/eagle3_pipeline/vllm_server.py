@@ -30,7 +30,7 @@ from types import TracebackType
 
 import httpx
 
-from eagle3_operator.api.spec import Verifier
+from eagle3_contract.api.spec import Verifier
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import OutOfMemory, StageError
 

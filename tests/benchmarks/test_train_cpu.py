@@ -15,8 +15,8 @@ from benchmarks.train_cpu import Run, Span
 
 
 def test_the_benchmark_spec_is_the_tiny_example_without_regeneration(tmp_path: Path) -> None:
-    from eagle3_operator.api.manifest import load_manifest
-    from eagle3_operator.stages import Stage, plan_stages
+    from eagle3_contract.api.manifest import load_manifest
+    from eagle3_contract.stages import Stage, plan_stages
 
     run = load_manifest(train_cpu.bench_manifest(tmp_path, epochs=2))
     assert not run.spec.regeneration.enabled and run.spec.training.epochs == 2

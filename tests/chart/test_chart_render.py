@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from eagle3_cli.main import parser as cli_parser
+from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE
 from eagle3_operator import rbac
-from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE
-from eagle3_operator.cli import parser as cli_parser
 from eagle3_operator.observability.alerts import build_prometheus_rule
 from tests.chart.helm import (
     CHART,

@@ -300,7 +300,9 @@ LOCAL_STATE = [
 PACKAGE_FILES = [
     "pyproject.toml",
     "README.md",
-    "operator/eagle3_operator/cli.py",
+    "contract/eagle3_contract/stages.py",
+    "operator/eagle3_operator/handlers.py",
+    "cli/eagle3_cli/main.py",
     "operator/eagle3_operator/py.typed",
     "pipeline/eagle3_pipeline/stage_main.py",
     "images/pipeline/vllm_pins.py",

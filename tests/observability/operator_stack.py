@@ -31,7 +31,8 @@ import kmock
 from prometheus_client import start_http_server
 
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_operator.testing.cluster import (
+from eagle3_pipeline.vllm_server import free_port
+from tests.harness.cluster import (
     NS,
     Cluster,
     Emulator,
@@ -41,8 +42,7 @@ from eagle3_operator.testing.cluster import (
     now,
     running_operator,
 )
-from eagle3_operator.testing.scenario import tiny, wait_job, wait_phase
-from eagle3_pipeline.vllm_server import free_port
+from tests.harness.scenario import tiny, wait_job, wait_phase
 
 T = TypeVar("T")
 NAMESPACE = NS

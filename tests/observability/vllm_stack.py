@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import write_serving_checkpoint
 from eagle3_pipeline.spec_metrics import SpecDecodeCounters, parse_counters

@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
-from eagle3_operator.api.crd import build_crd
+from eagle3_contract.api.crd import build_crd
 from eagle3_operator.rbac import build_cluster_role, build_cluster_role_binding
-from eagle3_operator.testing.cluster import Cluster
+from tests.harness.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "eagle3-test-admin"

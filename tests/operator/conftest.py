@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_operator.testing.cluster import (
+from tests.harness.cluster import (
     Cluster,
     Emulator,
     JobPlayer,
@@ -32,8 +32,8 @@ from eagle3_operator.testing.cluster import (
     declare_resources,
     running_operator,
 )
-from eagle3_operator.testing.kubelet import Kubelet
-from eagle3_operator.testing.scenario import assert_content_types
+from tests.harness.kubelet import Kubelet
+from tests.harness.scenario import assert_content_types
 from tests.operator.apiserver import ServerAccess, external_cluster, start_server
 
 _namespaces = itertools.count(1)

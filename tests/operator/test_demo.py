@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_operator.testing.demo import demo, load_manifest
+from tests.harness.demo import demo, load_manifest
 
 pytestmark = pytest.mark.operator
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
+from eagle3_contract.exit_codes import OOM_EXIT_CODE
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_operator.stages import OOM_EXIT_CODE
-from eagle3_operator.testing.cluster import declare_resources, eventually
-from eagle3_operator.testing.scenario import (
+from tests.harness.cluster import declare_resources, eventually
+from tests.harness.scenario import (
     ORDER,
     complete,
     drive_to_serving,

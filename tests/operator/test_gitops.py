@@ -13,11 +13,11 @@ import kmock
 import pytest
 import yaml
 
+from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE
 from eagle3_operator.k8s import ApiError, Kube
-from eagle3_operator.stages import CHECK_FAILED_EXIT_CODE
-from eagle3_operator.testing.cluster import PLURAL, eventually
-from eagle3_operator.testing.scenario import drive_to_serving, status, tiny, wait_job, wait_phase
-from eagle3_operator.testing.verification import mismatch_message
+from tests.harness.cluster import PLURAL, eventually
+from tests.harness.scenario import drive_to_serving, status, tiny, wait_job, wait_phase
+from tests.harness.verification import mismatch_message
 
 pytestmark = pytest.mark.operator
 
@@ -174,7 +174,7 @@ async def test_promote_reads_the_run_from_the_api_and_its_manifest_serves_the_ve
 async def _eagle3(*argv: str, kubeconfig: str) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"} | {"KUBECONFIG": kubeconfig}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "eagle3_operator.cli", *argv,
+        sys.executable, "-m", "eagle3_cli", *argv,
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     _, stderr = await asyncio.wait_for(proc.communicate(), 60)

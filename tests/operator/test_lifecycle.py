@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_operator.testing.cluster import eventually, running_operator
-from eagle3_operator.testing.scenario import (
+from tests.harness.cluster import eventually, running_operator
+from tests.harness.scenario import (
     ORDER,
     complete,
     drive_to_serving,

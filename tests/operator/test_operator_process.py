@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 import yaml
 
-from eagle3_operator.testing.cluster import eventually
-from eagle3_operator.testing.scenario import tiny, wait_job
+from tests.harness.cluster import eventually
+from tests.harness.scenario import tiny, wait_job
 from tests.operator.apiserver import free_port
 
 pytestmark = pytest.mark.operator
@@ -39,7 +39,7 @@ async def test_the_operator_process_serves_health_and_metrics_and_reconciles(bac
         "KUBECONFIG": str(kubeconfig)
     }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "eagle3_operator.cli", "operator",
+        sys.executable, "-m", "eagle3_cli", "operator",
         "--health-port", str(health), "--metrics-port", str(metrics),
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_operator.api import parse_spec, spec_document
+from eagle3_contract.api import parse_spec, spec_document
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run
-from eagle3_operator.testing.cluster import Cluster
+from tests.harness.cluster import Cluster
 
 pytestmark = pytest.mark.apiserver
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))

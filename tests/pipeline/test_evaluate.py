@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from eagle3_operator.api.manifest import load_manifest
-from eagle3_operator.stages import Stage, plan_stages
+from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.local import LocalOptions, LocalRunError, gate_failure, run_local

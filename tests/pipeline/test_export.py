@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3_operator.api.manifest import load_manifest
+from eagle3_contract.api.manifest import load_manifest
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import (
     foreign_embeddings,

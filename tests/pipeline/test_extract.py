@@ -280,7 +280,7 @@ def test_resume_after_a_killed_stage(tmp_path: Path, tiny_model: Path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "eagle3_operator.cli",
+        "eagle3_cli",
         "stage",
         "extract",
         *stage_args(spec, artifacts, MAX_LEN),

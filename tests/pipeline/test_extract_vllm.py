@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eagle3_operator.api.manifest import load_manifest
+from eagle3_contract.api.manifest import load_manifest
 from eagle3_pipeline.context import work_dir_of
 from eagle3_pipeline.extract_vllm import concurrency_for, extract_args, kv_transfer_config, speculative_config
 from eagle3_pipeline.hidden_states import Layout, file_name

@@ -342,7 +342,7 @@ def killed_then_resumed(
     spec["verifier"]["maxModelLen"] = 512
     marker = uuid.uuid4().hex
     env = {**os.environ, "EAGLE3_VLLM": vllm, "EAGLE3_TEST_MARKER": marker}
-    argv = [sys.executable, "-m", "eagle3_operator.cli", "stage", "generate", "--spec", write_spec(tmp, spec)]
+    argv = [sys.executable, "-m", "eagle3_cli", "stage", "generate", "--spec", write_spec(tmp, spec)]
     argv += ["--artifacts", str(tmp / "art"), "--output", OUTPUT, "--input", INPUT, "--token-budget", "2048"]
     done_file = tmp / "art" / "generate" / ".h.partial" / "conversations.jsonl"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_operator.api.manifest import load_manifest
-from eagle3_operator.stages import Stage, plan_stages
+from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.local import LocalOptions, run_stage_with_retries
 from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
@@ -20,7 +20,7 @@ from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifes
 
 def eagle3(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3_operator.cli", *args],
+        [sys.executable, "-m", "eagle3_cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -30,7 +30,7 @@ def results(artifacts: Path, stage: str) -> list[dict[str, Any]]:
 def test_the_tiny_example_trains_a_draft_vllm_accepts(tmp_path: Path, tiny_models: Path) -> None:
     vllm = vllm_or_skip()
     art = tmp_path / "art"
-    argv = [sys.executable, "-m", "eagle3_operator.cli", "run", str(EXAMPLE), "--artifacts", str(art)]
+    argv = [sys.executable, "-m", "eagle3_cli", "run", str(EXAMPLE), "--artifacts", str(art)]
     argv += ["--models", str(tiny_models), "--vllm", vllm]
     first = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert first.returncode == 0, first.stderr[-4000:]

@@ -132,7 +132,7 @@ def test_speculators_run_yaml_reproduces_the_training_config(upstream: Path, tra
 
 def signal_after_first_epoch(spec_path: str, art: Path, output: str, sig: signal.Signals, log: Path) -> int:
     """Run `eagle3 stage train` as a subprocess, send `sig` once an epoch is complete; its exit code."""
-    argv = [sys.executable, "-m", "eagle3_operator.cli", "stage", "train", "--spec", spec_path]
+    argv = [sys.executable, "-m", "eagle3_cli", "stage", "train", "--spec", spec_path]
     argv += ["--artifacts", str(art), "--output", output] + [f"--input={i}" for i in UPSTREAM]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     metrics = work_dir_of(art / output) / "metrics.jsonl"
@@ -329,7 +329,7 @@ def test_threads_grow_with_the_drafts_hidden_size() -> None:
 def test_the_schedulers_map_onto_speculators(
     upstream: Path, scheduler: str, expected: tuple[str, float], tmp_path: Path
 ) -> None:
-    from eagle3_operator.api.manifest import load_manifest
+    from eagle3_contract.api.manifest import load_manifest
 
     doc = spec(upstream, scheduler=scheduler, warmupRatio=0.1)
     run = load_manifest(write_manifest(tmp_path / "s.yaml", doc))

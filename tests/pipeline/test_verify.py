@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from eagle3_operator.api.validation import parse_spec
+from eagle3_contract.api.validation import parse_spec
+from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE
+from eagle3_contract.stages import Stage, plan_stages
 from eagle3_operator.reconcile.verification import check_failure
-from eagle3_operator.stages import CHECK_FAILED_EXIT_CODE, Stage, plan_stages
 from eagle3_pipeline.draft_checkpoint import write_manifest as write_checkpoint_manifest
 from eagle3_pipeline.stage_main import run_stage
 from tests.pipeline.manifests import write_manifest
@@ -157,7 +158,7 @@ def test_the_command_line_exits_with_the_check_failed_code(verify: Verify, tmp_p
     argv = ["stage", "verify", "--spec", str(manifest), "--artifacts", str(verify.artifacts)]
     argv += ["--output", "verify/cli"]
     proc = subprocess.run(
-        [sys.executable, "-m", "eagle3_operator.cli", *argv], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "eagle3_cli", *argv], capture_output=True, text=True, check=False
     )
     assert proc.returncode == CHECK_FAILED_EXIT_CODE, proc.stderr
     assert "ChecksumMismatch" not in proc.stderr and "has sha256" in proc.stderr
@@ -166,7 +167,7 @@ def test_the_command_line_exits_with_the_check_failed_code(verify: Verify, tmp_p
 
 def test_eagle3_run_verifies_a_pinned_draft_on_every_run(verify: Verify, tmp_path: Path) -> None:
     """The local executor: every stage skipped but verify, which runs each time (never `cached`)."""
-    from eagle3_operator.api.manifest import load_manifest
+    from eagle3_contract.api.manifest import load_manifest
     from eagle3_pipeline.local import LocalOptions, LocalRunError, run_local
 
     manifest = load_manifest(write_manifest(tmp_path / "local.yaml", spec_with_pin(DRAFT, verify.good)))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from eagle3_operator.api.spec import Eagle3RunSpec, Verifier
+from eagle3_contract.api.spec import Eagle3RunSpec, Verifier
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import OutOfMemory, StageError
 from eagle3_pipeline.vllm_server import (

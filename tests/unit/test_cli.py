@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_operator.cli import main
+from eagle3_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,8 +32,8 @@ def test_an_unknown_command_is_a_usage_error(capsys):
 
 
 def test_the_operators_pipeline_image_flag_names_the_specs_default(monkeypatch):
-    from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE
-    from eagle3_operator.cli import parser
+    from eagle3_cli.main import parser
+    from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE
 
     flag = next(
         a

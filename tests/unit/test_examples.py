@@ -28,8 +28,8 @@ from api_support import (
 )
 from celpy import celtypes
 
-from eagle3_operator.api.base import GROUP, KIND, VERSION
-from eagle3_operator.api.validation import parse_spec
+from eagle3_contract.api.base import GROUP, KIND, VERSION
+from eagle3_contract.api.validation import parse_spec
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from eagle3_operator.gate import judge_evaluation
+from eagle3_contract.gate import judge_evaluation
 
 
 @pytest.mark.parametrize(

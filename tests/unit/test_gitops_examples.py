@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from eagle3_operator.api.base import API_VERSION, KIND
-from eagle3_operator.api.validation import parse_spec
+from eagle3_contract.api.base import API_VERSION, KIND
+from eagle3_contract.api.validation import parse_spec
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from planner_world import World, tiny
 
-from eagle3_operator.api.validation import parse_spec, spec_document
-from eagle3_operator.cli import main
+from eagle3_cli.main import main
+from eagle3_contract.api.validation import parse_spec, spec_document
 from eagle3_operator.promote import (
     LAST_APPLIED,
     PromotionError,

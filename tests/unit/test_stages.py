@@ -16,17 +16,9 @@ from builder_cases import KIMI_SPEC, TINY_SPEC, specs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.validation import parse_spec
-from eagle3_operator.stages import (
-    HASH_LENGTH,
-    ORDER,
-    Stage,
-    StagePlan,
-    content_hash,
-    plan_stages,
-    stage_argv,
-)
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.validation import parse_spec
+from eagle3_contract.stages import HASH_LENGTH, ORDER, Stage, StagePlan, content_hash, plan_stages, stage_argv
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALL = {s.value for s in Stage}

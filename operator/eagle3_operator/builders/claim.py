@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eagle3_operator.api.base import API_VERSION, KIND
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.validation import spec_document
+from eagle3_contract.api.base import API_VERSION, KIND
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.validation import spec_document
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import SPEC_KEY

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec
+from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec
+from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE
+from eagle3_contract.mounts import ARTIFACTS_MOUNT, SPEC_MOUNT
+from eagle3_contract.stages import Stage, StagePlan, stage_argv
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, stage_override, volume_mounts
-from eagle3_operator.stages import (
-    ARTIFACTS_MOUNT,
-    CHECK_FAILED_EXIT_CODE,
-    OOM_EXIT_CODE,
-    SPEC_MOUNT,
-    Stage,
-    StagePlan,
-    stage_argv,
-)
 
 DEFAULT_BACKOFF_LIMIT = 2
 

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_operator.api.base import API_VERSION, KIND
+from eagle3_contract.api.base import API_VERSION, KIND
 
 MANAGED_BY = "eagle3-operator"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"

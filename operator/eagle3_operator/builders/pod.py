@@ -7,13 +7,12 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_operator.api.spec import Eagle3RunSpec, StageOverride
+from eagle3_contract.api.spec import Eagle3RunSpec, StageOverride
+from eagle3_contract.mounts import ARTIFACTS_MOUNT, HF_HOME, MODEL_CACHE_MOUNT, SPEC_MOUNT
+from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.stages import ARTIFACTS_MOUNT, SPEC_MOUNT, Stage
 
-MODEL_CACHE_MOUNT = "/models"
-HF_HOME = f"{MODEL_CACHE_MOUNT}/hf"
 SHM_MOUNT = "/dev/shm"
 # The key of the run document in the spec ConfigMap; mounted as the file SPEC_MOUNT.
 SPEC_KEY = "run.json"

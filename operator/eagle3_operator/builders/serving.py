@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.mounts import DRAFT_WEIGHTS, draft_path
+from eagle3_contract.stages import content_hash
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, volume_mounts
-from eagle3_operator.stages import ARTIFACTS_MOUNT, content_hash
 
 PORT = 8000
 PORT_NAME = "http"
 CONTAINER = "vllm"
 DRAFT_CHECK_CONTAINER = "check-draft"
-DRAFT_WEIGHTS = "model.safetensors"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 STARTUP_PERIOD_SECONDS = 10
@@ -23,11 +23,6 @@ STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURE_THRESHOLD = 360
 # A rollout waits out the startup probe before the Deployment reports ProgressDeadlineExceeded.
 PROGRESS_DEADLINE_SECONDS = STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD + 600
-
-
-def draft_path(draft_dir: str) -> str:
-    """The draft's directory in the container: absolute as given, else relative to the artifacts mount."""
-    return draft_dir if draft_dir.startswith("/") else f"{ARTIFACTS_MOUNT}/{draft_dir}"
 
 
 def serving_selector(run: RunRef) -> dict[str, str]:

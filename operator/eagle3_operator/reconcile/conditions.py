@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eagle3_operator.api.status import Condition, ConditionType
+from eagle3_contract.api.status import Condition, ConditionType
 
 
 def set_condition(

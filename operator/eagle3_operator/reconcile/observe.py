@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_operator.api.status import BlockedBy, StagePhase
+from eagle3_contract.api.status import BlockedBy, StagePhase
 from eagle3_operator.builders import names
 
 

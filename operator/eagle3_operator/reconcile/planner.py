@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.status import (
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.status import (
     Checkpoint,
     Condition,
     ConditionType,
@@ -20,16 +20,17 @@ from eagle3_operator.api.status import (
     ServingStatus,
     StagePhase,
 )
-from eagle3_operator.api.validation import InvalidSpecError, parse_spec, spec_document
+from eagle3_contract.api.validation import InvalidSpecError, parse_spec, spec_document
+from eagle3_contract.stages import Stage, StagePlan, content_hash, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.claim import build_artifacts_claim
 from eagle3_operator.builders.configmap import build_spec_configmap
 from eagle3_operator.builders.names import RunRef
+from eagle3_operator.reconcile.actions import Action
 from eagle3_operator.reconcile.conditions import set_condition
 from eagle3_operator.reconcile.observe import Observed
-from eagle3_operator.reconcile.progress import Action, Progress, walk_stages
+from eagle3_operator.reconcile.progress import Progress, walk_stages
 from eagle3_operator.reconcile.serving import plan_serving
-from eagle3_operator.stages import Stage, StagePlan, content_hash, plan_stages
 
 
 @dataclass(frozen=True)

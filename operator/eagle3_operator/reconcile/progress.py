@@ -5,28 +5,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.status import BlockedBy, StagePhase, StageStatus
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.status import BlockedBy, StagePhase, StageStatus
+from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.gate import GateVerdict, judge_evaluation
+from eagle3_contract.stages import Stage, StagePlan
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.gate import GateVerdict, judge_evaluation
+from eagle3_operator.reconcile.actions import Action, object_ref
 from eagle3_operator.reconcile.observe import JobView
 from eagle3_operator.reconcile.verification import check_failure
-from eagle3_operator.stages import OOM_EXIT_CODE, Stage, StagePlan
-
-
-@dataclass(frozen=True)
-class Action:
-    """One API write: `create` tolerates AlreadyExists, `delete` NotFound; `patch` is a merge patch."""
-
-    verb: Literal["create", "patch", "delete"]
-    body: dict[str, Any]
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return self.verb, self.body.get("kind", ""), self.body.get("metadata", {}).get("name", "")
 
 
 @dataclass
@@ -211,11 +201,6 @@ class Walk:
                 )
 
 
-def object_ref(api_version: str, kind: str, name: str, run: RunRef) -> dict[str, Any]:
-    """The minimal body that names an object (for deletes)."""
-    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": run.namespace}}
-
-
 def walk_stages(
     ref: RunRef,
     spec: Eagle3RunSpec,
@@ -239,6 +224,3 @@ def walk_stages(
                 output_dir=None if plan.skipped else plan.output_dir,
             )  # fmt: skip
     return walk.progress
-
-
-__all__ = ["Action", "Progress", "Stage", "is_oom", "object_ref", "parse_result", "walk_stages"]

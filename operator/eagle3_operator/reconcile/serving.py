@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.status import ServingStatus
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.status import ServingStatus
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_deployment, build_pod_monitor, build_service, serving_url
+from eagle3_operator.reconcile.actions import Action, object_ref
 from eagle3_operator.reconcile.observe import Observed
-from eagle3_operator.reconcile.progress import Action, object_ref
 
 POD_MONITOR_API = "monitoring.coreos.com/v1"
 # Pod-spec keys the builder leaves out when unset; a merge patch keeps what it omits, so it clears them.

@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-CHECKSUM_MISMATCH = "ChecksumMismatch"
-CHECKPOINT_MISSING = "CheckpointMissing"
 _REASON = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
 
 

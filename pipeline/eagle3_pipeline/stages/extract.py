@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_operator.api.spec import Eagle3RunSpec, ExtractionBackend
+from eagle3_contract.api.spec import Eagle3RunSpec, ExtractionBackend
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.extract_rows import PreparedRows

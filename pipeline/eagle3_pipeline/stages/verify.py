@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_operator.builders.serving import draft_path
-from eagle3_operator.reconcile.verification import CHECKPOINT_MISSING, CHECKSUM_MISMATCH
+from eagle3_contract.mounts import draft_path
+from eagle3_contract.reasons import CHECKPOINT_MISSING, CHECKSUM_MISMATCH
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import MANIFEST_FILE, WEIGHTS_FILE, sha256_of
 from eagle3_pipeline.errors import CheckFailed, StageError

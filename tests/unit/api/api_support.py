@@ -19,10 +19,10 @@ import jsonschema
 from celpy import celtypes
 from hypothesis import strategies as st
 
-from eagle3_operator.api import spec as spec_module
-from eagle3_operator.api.crd import build_crd
-from eagle3_operator.api.rules import RULES, CrossFieldRule
-from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_contract.api import spec as spec_module
+from eagle3_contract.api.crd import build_crd
+from eagle3_contract.api.rules import RULES, CrossFieldRule
+from eagle3_contract.api.spec import Eagle3RunSpec
 
 Path = tuple[str | int, ...]
 MINIMAL: dict[str, Any] = {"verifier": {"model": "org/verifier"}, "dataset": {"source": "org/chats"}}

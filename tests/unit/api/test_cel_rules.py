@@ -23,7 +23,7 @@ from api_support import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eagle3_operator.api.rules import RULES, CrossFieldRule
+from eagle3_contract.api.rules import RULES, CrossFieldRule
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BY_PATH = {rule.field_path: rule for rule in RULES}

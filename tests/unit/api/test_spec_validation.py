@@ -30,8 +30,8 @@ from api_support import (
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from eagle3_operator.api import InvalidSpecError, parse_spec, spec_document
-from eagle3_operator.api.rules import RULES, CrossFieldRule
+from eagle3_contract.api import InvalidSpecError, parse_spec, spec_document
+from eagle3_contract.api.rules import RULES, CrossFieldRule
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -313,8 +313,8 @@ def test_preserved_objects_take_anything() -> None:
 
 
 def test_the_operators_pipeline_image_fills_only_an_unset_one() -> None:
-    from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE
-    from eagle3_operator.api.validation import with_pipeline_image
+    from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE
+    from eagle3_contract.api.validation import with_pipeline_image
 
     spec = {"verifier": {"model": "m"}, "dataset": {"source": "d"}, "images": {"vllm": "v:1"}}
     filled = with_pipeline_image(spec, "reg/pipeline:2")

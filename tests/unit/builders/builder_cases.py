@@ -7,8 +7,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.validation import parse_spec, spec_document
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.validation import parse_spec, spec_document
+from eagle3_contract.stages import Stage, StagePlan, content_hash, plan_stages
 from eagle3_operator.builders import (
     build_artifacts_claim,
     build_deployment,
@@ -18,7 +19,6 @@ from eagle3_operator.builders import (
     build_spec_configmap,
 )
 from eagle3_operator.builders.names import RunRef, spec_configmap_name
-from eagle3_operator.stages import Stage, StagePlan, content_hash, plan_stages
 
 TINY_RUN = RunRef(name="tiny", namespace="eagle3", uid="00000000-0000-4000-8000-000000000001")
 KIMI_RUN = RunRef(name="kimi-k2-5", namespace="llm", uid="00000000-0000-4000-8000-000000000002")

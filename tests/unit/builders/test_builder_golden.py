@@ -26,6 +26,7 @@ from builder_cases import (
     tiny_spec,
 )
 
+from eagle3_contract.stages import Stage
 from eagle3_operator.builders import (
     build_artifacts_claim,
     build_deployment,
@@ -34,7 +35,6 @@ from eagle3_operator.builders import (
     build_service,
     build_spec_configmap,
 )
-from eagle3_operator.stages import Stage
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_ENV = "EAGLE3_UPDATE_GOLDEN"

@@ -18,7 +18,7 @@ from builder_cases import (
 )
 from hypothesis import given, settings
 
-from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_operator.builders import build_deployment
 from eagle3_operator.builders.names import RunRef
 

@@ -23,11 +23,11 @@ from builder_cases import (
 )
 from hypothesis import given, settings
 
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.validation import parse_spec
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.validation import parse_spec
+from eagle3_contract.stages import plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.stages import plan_stages
 
 
 def pod_of(obj: dict[str, Any]) -> dict[str, Any]:

@@ -21,12 +21,14 @@ from builder_cases import (
     tiny_spec,
 )
 
-from eagle3_operator.api.spec import DEFAULT_PIPELINE_IMAGE
-from eagle3_operator.api.validation import parse_spec
+from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE
+from eagle3_contract.api.validation import parse_spec
+from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.mounts import ARTIFACTS_MOUNT, SPEC_MOUNT
+from eagle3_contract.stages import Stage, plan_stages, stage_argv
 from eagle3_operator.builders import build_artifacts_claim, build_job, build_spec_configmap, names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import artifacts_claim
-from eagle3_operator.stages import ARTIFACTS_MOUNT, OOM_EXIT_CODE, SPEC_MOUNT, Stage, plan_stages, stage_argv
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LONG_RUN = RunRef(name="r" * 40 + "-" + "x" * 59, namespace="eagle3", uid="uid-long")

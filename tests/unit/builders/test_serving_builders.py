@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from builder_cases import KIMI_RUN, KIMI_SPEC, TINY_RUN, draft_dir, kimi_spec, tiny_spec
 
-from eagle3_operator.api.validation import parse_spec
+from eagle3_contract.api.validation import parse_spec
+from eagle3_contract.mounts import draft_path
+from eagle3_contract.stages import content_hash
 from eagle3_operator.builders import build_deployment, build_pod_monitor, build_service, names
-from eagle3_operator.builders.serving import draft_path, serving_url
-from eagle3_operator.stages import content_hash
+from eagle3_operator.builders.serving import serving_url
 
 
 def spec_hash_of(deployment: dict[str, Any]) -> str:

@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tests.harness import scenario
+
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
+from eagle3_operator.reconcile.actions import Action
 from eagle3_operator.reconcile.observe import (
     Observed,
     blocked_by,
@@ -24,8 +27,6 @@ from eagle3_operator.reconcile.observe import (
     serving_pods,
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
-from eagle3_operator.reconcile.progress import Action
-from eagle3_operator.testing import scenario
 
 RUN = RunRef(name="tiny", namespace="eagle3", uid="00000000-0000-4000-8000-00000000000a")
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)

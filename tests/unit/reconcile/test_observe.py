@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_world import condition, job_status, pod_of, terminated, ts
 
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.status import BlockedBy, StagePhase
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.status import BlockedBy, StagePhase
+from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.stages import Stage, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.serving import build_deployment
@@ -26,7 +28,6 @@ from eagle3_operator.reconcile.observe import (
     slim_job,
     slim_pod,
 )
-from eagle3_operator.stages import OOM_EXIT_CODE, Stage, plan_stages
 
 SPEC_CM = "tiny-spec-0123456789ab"
 

@@ -7,12 +7,13 @@ from typing import Any
 
 from planner_world import RESULTS, RUN, World, condition_of, creates, keys, pod_of, tiny, ts
 
-from eagle3_operator.api.status import RunPhase
-from eagle3_operator.api.validation import parse_spec, spec_document
+from eagle3_contract.api.status import RunPhase
+from eagle3_contract.api.validation import parse_spec, spec_document
+from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.stages import content_hash, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.planner import plan_run
-from eagle3_operator.stages import OOM_EXIT_CODE, content_hash, plan_stages
 
 
 def stage_hash(spec: dict[str, Any], stage: str) -> str:

@@ -19,14 +19,15 @@ from hypothesis import strategies as st
 from planner_world import RESULTS, World, job_status, pod_of, terminated, ts
 from test_spec_validation import JSON, field_mutations
 
-from eagle3_operator.api.status import Eagle3RunStatus, RunPhase
-from eagle3_operator.api.validation import parse_spec, spec_document
+from eagle3_contract.api.status import Eagle3RunStatus, RunPhase
+from eagle3_contract.api.validation import parse_spec, spec_document
+from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE
+from eagle3_contract.stages import content_hash, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.planner import Plan, plan_run
-from eagle3_operator.stages import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE, content_hash, plan_stages
 
 PROPERTIES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"

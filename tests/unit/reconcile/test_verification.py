@@ -11,12 +11,12 @@ import json
 from typing import Any
 
 from planner_world import RUN, World, condition_of, creates, keys, tiny
+from tests.harness.verification import mismatch_message
 
-from eagle3_operator.api.status import RunPhase
+from eagle3_contract.api.status import RunPhase
+from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE
 from eagle3_operator.builders import names
 from eagle3_operator.reconcile.verification import check_failure
-from eagle3_operator.stages import CHECK_FAILED_EXIT_CODE
-from eagle3_operator.testing.verification import mismatch_message
 
 GOOD = "ab" * 32
 OTHER = "cd" * 32

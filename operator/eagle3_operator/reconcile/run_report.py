@@ -12,19 +12,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from eagle3_operator.api.status import RunPhase, StagePhase
+from eagle3_contract.api.status import RunPhase, StagePhase
+from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.reasons import DEADLINE_EXCEEDED, ERROR, OUT_OF_MEMORY
+from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import stage_override
 from eagle3_operator.reconcile.observe import JobView
 from eagle3_operator.reconcile.planner import Plan
 from eagle3_operator.reconcile.progress import is_oom
-from eagle3_operator.stages import OOM_EXIT_CODE, Stage
-
-OUT_OF_MEMORY = "OutOfMemory"
-DEADLINE_EXCEEDED = "DeadlineExceeded"
-ERROR = "Error"
-FAILURE_REASONS = (OUT_OF_MEMORY, DEADLINE_EXCEEDED, ERROR)
 
 # How long a stage is expected to run when spec.stages.<stage>.activeDeadlineSeconds is not set: generous
 # figures for a large verifier on one node, for the "stuck in a stage" alert (an override replaces them).

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Eagle3RunSpec
 
 
 class InvalidSpecError(ValueError):

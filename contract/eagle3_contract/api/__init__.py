@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from eagle3_operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.status import Eagle3RunStatus, RunPhase, StagePhase
-from eagle3_operator.api.validation import InvalidSpecError, parse_spec, spec_document
+from eagle3_contract.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.status import Eagle3RunStatus, RunPhase, StagePhase
+from eagle3_contract.api.validation import InvalidSpecError, parse_spec, spec_document
 
 __all__ = [
     "API_VERSION",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eagle3_operator.testing.cluster import Cluster, eventually, now
+from tests.harness.cluster import Cluster, eventually, now
 
 POD_TIMEOUT = 60.0  # the Job controller waits 10 s, then 20 s, ... before replacing a failed pod
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from eagle3_operator.api.base import API_VERSION, KIND
-from eagle3_operator.api.spec import Eagle3RunSpec
-from eagle3_operator.api.validation import InvalidSpecError, parse_spec
+from eagle3_contract.api.base import API_VERSION, KIND
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.validation import InvalidSpecError, parse_spec
 
 DNS_NAME_MAX = 63
 

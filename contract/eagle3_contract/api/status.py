@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from eagle3_operator.api.base import ApiModel
+from eagle3_contract.api.base import ApiModel
 
 
 class RunPhase(StrEnum):

@@ -9,8 +9,8 @@ from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapV
 from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
-from eagle3_operator.api.base import ApiModel
-from eagle3_operator.api.rules import check_cross_field_rules
+from eagle3_contract.api.base import ApiModel
+from eagle3_contract.api.rules import check_cross_field_rules
 
 PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 

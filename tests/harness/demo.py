@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 import kmock
 
-from eagle3_operator.api.manifest import ManifestError
-from eagle3_operator.api.manifest import load_manifest as read_manifest
-from eagle3_operator.testing.cluster import (
+from eagle3_contract.api.manifest import ManifestError
+from eagle3_contract.api.manifest import load_manifest as read_manifest
+from tests.harness.cluster import (
     Cluster,
     Emulator,
     JobPlayer,
@@ -29,7 +29,7 @@ from eagle3_operator.testing.cluster import (
     eventually,
     running_operator,
 )
-from eagle3_operator.testing.scenario import RESULTS, drive_stage, status, wait_phase
+from tests.harness.scenario import RESULTS, drive_stage, status, wait_phase
 
 STAGES = ("prepare", "generate", "extract", "vocab", "train", "evaluate", "export")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from eagle3_operator.api.spec import Eagle3RunSpec
+    from eagle3_contract.api.spec import Eagle3RunSpec
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""run_metrics: the figures the metrics read from a reconcile (plan, status, Jobs), as plain data."""
+"""run_report: the figures the metrics read from a reconcile (plan, status, Jobs), as plain data."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from planner_world import RUN, World, tiny, ts
 
-from eagle3_operator.api.status import RunPhase, StagePhase
+from eagle3_contract.api.status import RunPhase, StagePhase
+from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.stages import Stage
 from eagle3_operator.reconcile.observe import JobView, Termination
-from eagle3_operator.run_metrics import (
+from eagle3_operator.reconcile.run_report import (
     EXPECTED_SECONDS,
     TOKEN_KEYS,
     ServingDraft,
@@ -25,7 +27,6 @@ from eagle3_operator.run_metrics import (
     tokens_processed,
     unix_time,
 )
-from eagle3_operator.stages import OOM_EXIT_CODE, Stage
 
 
 def test_numbers_and_times() -> None:

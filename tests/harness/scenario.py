@@ -7,7 +7,7 @@ from typing import Any
 
 import kmock
 
-from eagle3_operator.testing.cluster import MERGE, Cluster, Player, eventually
+from tests.harness.cluster import MERGE, Cluster, Player, eventually
 
 TINY: dict[str, Any] = {
     "verifier": {"model": "/models/tiny"},

@@ -18,18 +18,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from eagle3_operator.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Eagle3RunSpec
 
 # Bump when a stage program's output format changes: every hash changes and stages re-run.
 STAGE_FORMAT_VERSION = 1
 HASH_LENGTH = 12
-SPEC_MOUNT = "/etc/eagle3/run.json"
-ARTIFACTS_MOUNT = "/artifacts"
-# Exit code a stage program uses when it ran out of (GPU) memory; the operator retries with half the budget.
-OOM_EXIT_CODE = 86
-# Exit code of a check that failed on what it checks (verify: a wrong digest, a missing file): the same files
-# give the same answer, so the Job fails at once (podFailurePolicy FailJob) and nothing retries it.
-CHECK_FAILED_EXIT_CODE = 87
 PINNED_SKIP = "serving.pinnedCheckpoint is set: the pinned draft is served, nothing trains"
 REGENERATION_OFF = "regeneration.enabled is false: training uses the dataset's own answers"
 

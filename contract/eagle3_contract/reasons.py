@@ -1,0 +1,13 @@
+"""Reasons (CamelCase, as condition reasons and metric labels) that both sides name."""
+
+from __future__ import annotations
+
+# verify: the pinned draft's weights have another sha256 than serving.pinnedCheckpoint.sha256.
+CHECKSUM_MISMATCH = "ChecksumMismatch"
+# verify: the pinned draft's directory or weights are missing.
+CHECKPOINT_MISSING = "CheckpointMissing"
+# Why a stage's attempt failed (the executors and the metrics classify every failure as one of these).
+OUT_OF_MEMORY = "OutOfMemory"
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+ERROR = "Error"
+FAILURE_REASONS = (OUT_OF_MEMORY, DEADLINE_EXCEEDED, ERROR)

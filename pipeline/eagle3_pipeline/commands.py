@@ -1,0 +1,58 @@
+"""The pipeline's commands of `eagle3` (`stage`, `run`, `tiny`): parsers here, the stage programs imported
+when run (torch is slow to import)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from eagle3_pipeline.stage_main import run_stage
+
+    return run_stage(args.stage, args.spec, args.artifacts, args.output, args.input, args.token_budget)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from eagle3_pipeline.local import main as run_main
+
+    return run_main(args.file, args.artifacts, args.models, args.vllm, args.until)
+
+
+def _tiny(args: argparse.Namespace) -> int:
+    from eagle3_pipeline.tiny.build import main as tiny_main
+
+    return tiny_main(args.models, force=args.force)
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `stage`, `run` and `tiny` on the `eagle3` command line."""
+    from eagle3_contract.stages import ORDER
+
+    stage = sub.add_parser("stage", help="run one stage program (what a stage Job's container runs)")
+    stage.add_argument("stage", choices=[s.value for s in ORDER], help="the stage to run")
+    stage.add_argument("--spec", required=True, help="the Eagle3Run document (YAML or JSON)")
+    stage.add_argument("--artifacts", required=True, help="root of the artifacts volume")
+    stage.add_argument("--output", required=True, help="output directory, relative to --artifacts")
+    stage.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="an upstream stage's output (repeatable)",
+    )
+    stage.add_argument("--token-budget", type=int, default=None, help="tokens per batch (extract, generate)")
+    stage.set_defaults(func=_stage)
+    run = sub.add_parser("run", help="run an Eagle3Run manifest locally, stage by stage, with resume")
+    run.add_argument("file", help="an Eagle3Run manifest (the document one would kubectl apply)")
+    run.add_argument("--artifacts", help="local artifacts directory (default ./eagle3-artifacts/<run name>)")
+    run.add_argument(
+        "--models",
+        help="local directory standing in for /models (default $EAGLE3_MODELS_ROOT or the user cache)",
+    )
+    run.add_argument("--vllm", help="the `vllm` executable for stages that start a vLLM server")
+    run.add_argument("--until", help="stop after this stage")
+    run.set_defaults(func=_run)
+    tiny = sub.add_parser("tiny", help="build the tiny CPU verifier and example chat dataset (cached)")
+    tiny.add_argument("--models", help="where to put them (default the per-user cache); prints the directory")
+    tiny.add_argument("--force", action="store_true", help="rebuild even when a complete build is cached")
+    tiny.set_defaults(func=_tiny)
