@@ -1,10 +1,10 @@
 """The local executor: `eagle3 run FILE` runs an Eagle3Run's planned stages as `eagle3 stage` subprocesses.
 
 Artifacts live under a local directory with the cluster volume's content-hashed layout (`<stage>/<hash>`), so
-a second run skips every stage whose output is complete and an edited spec re-runs only what it changes. An
-out-of-memory exit is retried at half the token budget down to `dataset.maxSequenceLength`, like the
-operator, and a draft that misses evaluate's gate (`gatePassed` false) stops the run before export, as the
-operator does.
+a second run skips every stage whose output is complete and an edited spec re-runs only what it changes. The
+operator's own policy applies (eagle3_contract.policy and .gate): an out-of-memory exit is retried at half
+the token budget down to `dataset.maxSequenceLength`, an attempt gets the stage's activeDeadlineSeconds, and
+a draft that fails the acceptance gate stops the run before export.
 """
 
 from __future__ import annotations
@@ -20,8 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.manifest import Manifest, load_manifest
-from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.gate import judge_evaluation
+from eagle3_contract.policy import (
+    is_out_of_memory,
+    next_token_budget,
+    out_of_memory_message,
+    out_of_memory_retry_note,
+    stage_deadline,
+)
+from eagle3_contract.reasons import DEADLINE_EXCEEDED
 from eagle3_contract.stages import Stage, StagePlan, plan_stages, stage_argv
 from eagle3_pipeline.context import ENV_MODELS_ROOT, is_complete, models_root, read_result
 
@@ -74,8 +82,12 @@ def snapshot(manifest: Manifest, artifacts: Path) -> Path:
 
 
 def run_stage_with_retries(
-    plan: StagePlan, spec_file: Path, options: LocalOptions, floor: int, env: dict[str, str]
+    plan: StagePlan, spec_file: Path, options: LocalOptions, spec: Eagle3RunSpec, env: dict[str, str]
 ) -> StageOutcome:
+    """Run one stage to success or failure under the contract's policy: an out-of-memory attempt is retried
+    at the next token budget, and an attempt has the stage's deadline, as a Job has in a cluster."""
+    floor = spec.dataset.max_sequence_length
+    deadline = stage_deadline(spec, plan.stage)
     budget = plan.token_budget
     outcome = StageOutcome(stage=plan.stage.value, status="failed")
     started = time.monotonic()
@@ -84,22 +96,30 @@ def run_stage_with_retries(
         argv = stage_argv(plan, str(spec_file), str(options.artifacts), budget)
         command = [options.python, "-m", "eagle3_cli", *argv[1:]]
         logger.debug("running %s", " ".join(command))
-        proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=False)
+        try:
+            proc = subprocess.run(
+                command, env=env, stdout=subprocess.PIPE, text=True, check=False, timeout=deadline
+            )
+        except subprocess.TimeoutExpired:  # the child is killed; its vLLM server dies with it (PDEATHSIG)
+            outcome.seconds = time.monotonic() - started
+            outcome.note = (
+                f"{DEADLINE_EXCEEDED}: the attempt ran past spec.stages.{plan.stage}.activeDeadlineSeconds "
+                f"({deadline} s); raise it, or shrink the dataset"
+            )
+            return outcome
         outcome.seconds = time.monotonic() - started
         if proc.returncode == 0:
             outcome.status = "done"
             outcome.result = read_result(options.artifacts / plan.output_dir)
             return outcome
-        if proc.returncode == OOM_EXIT_CODE and budget is not None and budget // 2 >= floor:
-            budget //= 2
-            outcome.note = f"out of memory: retried at token budget {budget}"
-            logger.warning("stage %s ran out of memory; retrying at token budget %d", plan.stage, budget)
+        retry = next_token_budget(budget, floor) if is_out_of_memory(proc.returncode) else None
+        if retry is not None and budget is not None:
+            outcome.note = out_of_memory_retry_note(outcome.attempts, budget, retry)
+            logger.warning("stage %s ran out of memory; retrying at token budget %d", plan.stage, retry)
+            budget = retry
             continue
-        if proc.returncode == OOM_EXIT_CODE:
-            outcome.note = (
-                f"out of memory at token budget {budget}, and half of it is below dataset.maxSequenceLength "
-                f"({floor}): lower maxSequenceLength or give the stage more memory"
-            )
+        if is_out_of_memory(proc.returncode):
+            outcome.note = out_of_memory_message(plan.stage.value, budget, floor)
         else:
             outcome.note = f"exit code {proc.returncode} (its error is printed above)"
         return outcome
@@ -122,9 +142,7 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
             outcomes.append(StageOutcome(plan.stage.value, "cached", result=result, note=plan.output_dir))
         else:
             sys.stderr.write(f"==> stage {plan.stage} ({plan.output_dir})\n")
-            outcome = run_stage_with_retries(
-                plan, spec_file, options, manifest.spec.dataset.max_sequence_length, env
-            )
+            outcome = run_stage_with_retries(plan, spec_file, options, manifest.spec, env)
             outcomes.append(outcome)
             if outcome.status == "failed":
                 raise LocalRunError(f"stage {plan.stage} failed: {outcome.note}", outcomes)

@@ -84,13 +84,31 @@ def test_out_of_memory_retries_at_half_the_budget_down_to_the_sequence_length(
     monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
     monkeypatch.setenv("FITS", str(fits))
     options = LocalOptions(artifacts=tmp_path / "art", python=str(fake))
-    outcome = run_stage_with_retries(plan, manifest.path, options, 256, dict(os.environ))
+    outcome = run_stage_with_retries(plan, manifest.path, options, manifest.spec, dict(os.environ))
     assert [int(x) for x in (tmp_path / "calls").read_text().split()] == calls
     assert outcome.status == status and outcome.attempts == len(calls)
     if status == "failed":
-        assert "below dataset.maxSequenceLength (256)" in outcome.note
+        assert "halving stops at 256" in outcome.note
     else:
         assert outcome.result == {"tokenBudget": 512}
+
+
+def test_an_attempt_past_the_stage_deadline_fails_as_in_a_cluster(tmp_path: Path) -> None:
+    """spec.stages.<stage>.activeDeadlineSeconds is the Job's deadline and the local attempt's timeout."""
+    spec = base_spec(tmp_path / "m", tmp_path / "d.jsonl", maxSequenceLength=256)
+    spec["stages"] = {"vocab": {"activeDeadlineSeconds": 1}}
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", spec))
+    plan = next(p for p in plan_stages(manifest.spec) if p.stage == Stage.VOCAB)
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    options = LocalOptions(artifacts=tmp_path / "art", python=str(fake))
+    outcome = run_stage_with_retries(plan, manifest.path, options, manifest.spec, dict(os.environ))
+    assert outcome.status == "failed" and outcome.seconds < 20
+    assert (
+        outcome.note.startswith("DeadlineExceeded")
+        and "stages.vocab.activeDeadlineSeconds (1 s)" in outcome.note
+    )
 
 
 @pytest.mark.pipeline

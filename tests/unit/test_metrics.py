@@ -12,9 +12,10 @@ from planner_world import RUN, World, tiny, ts
 
 from eagle3_contract.api.status import RunPhase, StagePhase
 from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.policy import EXPECTED_SECONDS
 from eagle3_operator.metrics import STAGE_BUCKETS, OperatorMetrics
 from eagle3_operator.reconcile.observe import JobView, Termination
-from eagle3_operator.reconcile.run_report import EXPECTED_SECONDS, RunReport, run_report, unix_time
+from eagle3_operator.reconcile.run_report import RunReport, run_report, unix_time
 
 RUNS = "eagle3_operator_runs"
 STAGE = "eagle3_operator_stage_duration_seconds"

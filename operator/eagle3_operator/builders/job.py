@@ -7,10 +7,11 @@ from typing import Any
 from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec
 from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE
 from eagle3_contract.mounts import ARTIFACTS_MOUNT, SPEC_MOUNT
+from eagle3_contract.policy import stage_deadline, stage_override
 from eagle3_contract.stages import Stage, StagePlan, stage_argv
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, stage_override, volume_mounts
+from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, volume_mounts
 
 DEFAULT_BACKOFF_LIMIT = 2
 
@@ -79,8 +80,8 @@ def job_spec(
     override = stage_override(spec, plan.stage)
     backoff = override.backoff_limit if override is not None else None
     out: dict[str, Any] = {"backoffLimit": DEFAULT_BACKOFF_LIMIT if backoff is None else backoff}
-    if override is not None and override.active_deadline_seconds is not None:
-        out["activeDeadlineSeconds"] = override.active_deadline_seconds
+    if (deadline := stage_deadline(spec, plan.stage)) is not None:
+        out["activeDeadlineSeconds"] = deadline
     fail_fast = fail_fast_exit_codes(plan)
     if fail_fast:
         out["podFailurePolicy"] = pod_failure_policy(container["name"], fail_fast)

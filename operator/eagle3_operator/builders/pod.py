@@ -9,7 +9,6 @@ from typing import Any
 
 from eagle3_contract.api.spec import Eagle3RunSpec, StageOverride
 from eagle3_contract.mounts import ARTIFACTS_MOUNT, HF_HOME, MODEL_CACHE_MOUNT, SPEC_MOUNT
-from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 
@@ -46,12 +45,6 @@ class PodShape:
 def artifacts_claim(run: RunRef, spec: Eagle3RunSpec) -> str:
     """The PVC the stages exchange files on: an existing claim, or the one the operator creates."""
     return spec.storage.artifacts.claim_name or names.artifacts_claim_name(run.name)
-
-
-def stage_override(spec: Eagle3RunSpec, stage: Stage) -> StageOverride | None:
-    """`spec.stages.<stage>`, if set."""
-    override = getattr(spec.stages, stage.value)
-    return override if isinstance(override, StageOverride) else None
 
 
 def volumes(run: RunRef, spec: Eagle3RunSpec, shape: PodShape) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3_contract.api.status import BlockedBy, StagePhase
+from eagle3_contract.policy import is_out_of_memory, policy_exit_code
 from eagle3_operator.builders import names
 
 
@@ -38,6 +39,17 @@ class JobView:
     termination: Termination | None = None
     pods_seen: int = 0
     blocked_by: BlockedBy | None = None
+
+    @property
+    def out_of_memory(self) -> bool:
+        """The attempt ran out of memory (the contract's one rule): its container's exit code or OOMKilled,
+        or, when its pod is gone, the exit code its podFailurePolicy failure names."""
+        term = self.termination
+        if term is not None:
+            return is_out_of_memory(term.exit_code, term.reason)
+        return self.failure_reason == "PodFailurePolicy" and is_out_of_memory(
+            policy_exit_code(self.failure_message)
+        )
 
 
 @dataclass(frozen=True)

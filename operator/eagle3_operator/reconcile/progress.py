@@ -9,8 +9,9 @@ from typing import Any
 
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.status import BlockedBy, StagePhase, StageStatus
-from eagle3_contract.exit_codes import OOM_EXIT_CODE
 from eagle3_contract.gate import GateVerdict, judge_evaluation
+from eagle3_contract.policy import next_token_budget, out_of_memory_message, out_of_memory_retry_note
+from eagle3_contract.reasons import OUT_OF_MEMORY
 from eagle3_contract.stages import Stage, StagePlan
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
@@ -35,11 +36,6 @@ class Progress:
     @property
     def complete(self) -> bool:
         return self.blocked_at is None
-
-
-def is_oom(job: JobView) -> bool:
-    term = job.termination
-    return term is not None and (term.reason == "OOMKilled" or term.exit_code == OOM_EXIT_CODE)
 
 
 def parse_result(message: str | None) -> dict[str, Any] | None:
@@ -157,24 +153,18 @@ class Walk:
     def _failed(self, plan: StagePlan, job: JobView, base: StageStatus) -> bool:
         stage = plan.stage.value
         budget = job.token_budget or plan.token_budget
-        floor = min(plan.token_budget or 0, self.spec.dataset.max_sequence_length)
-        if plan.retries_oom and is_oom(job) and budget is not None and budget // 2 >= floor:
-            note = (
-                f"attempt {job.attempt + 1} ran out of memory at a token budget of {budget}; "
-                f"retrying with {budget // 2}"
-            )
-            return self._start(plan, job.attempt + 1, budget // 2, base.model_copy(update={"message": note}))
-        if plan.retries_oom and is_oom(job):
-            reason = "OutOfMemory"
-            message = (
-                f"{stage} ran out of memory even at a token budget of {budget} (halving stops at "
-                f"{floor}: one sample of dataset.maxSequenceLength must fit); lower "
-                f"dataset.maxSequenceLength, use more GPUs (verifier.tensorParallelSize) or a smaller model"
-            )
+        max_len = self.spec.dataset.max_sequence_length
+        retry = next_token_budget(budget, max_len) if plan.retries_oom and job.out_of_memory else None
+        if retry is not None and budget is not None:
+            note = out_of_memory_retry_note(job.attempt + 1, budget, retry)
+            return self._start(plan, job.attempt + 1, retry, base.model_copy(update={"message": note}))
+        if plan.retries_oom and job.out_of_memory:
+            reason = OUT_OF_MEMORY
+            message = out_of_memory_message(stage, budget, max_len)
         elif plan.stage == Stage.VERIFY and (verdict := _check_failure(job)) is not None:
             reason, message = verdict
         else:
-            reason = "OutOfMemory" if is_oom(job) else (job.failure_reason or "JobFailed")
+            reason = OUT_OF_MEMORY if job.out_of_memory else (job.failure_reason or "JobFailed")
             message = _failure_message(job)
         self.progress.stages[stage] = base.model_copy(update={"message": message})
         self.progress.blocked_at = stage

@@ -6,35 +6,19 @@ Pure: the readers here take plain data (the camelCase status document, JobViews)
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from eagle3_contract.api.status import RunPhase, StagePhase
-from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.policy import expected_seconds, stage_deadline
 from eagle3_contract.reasons import DEADLINE_EXCEEDED, ERROR, OUT_OF_MEMORY
 from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.builders.pod import stage_override
 from eagle3_operator.reconcile.observe import JobView
 from eagle3_operator.reconcile.planner import Plan
-from eagle3_operator.reconcile.progress import is_oom
-
-# How long a stage is expected to run when spec.stages.<stage>.activeDeadlineSeconds is not set: generous
-# figures for a large verifier on one node, for the "stuck in a stage" alert (an override replaces them).
-EXPECTED_SECONDS: dict[str, int] = {
-    Stage.PREPARE.value: 2 * 3600,
-    Stage.GENERATE.value: 48 * 3600,
-    Stage.EXTRACT.value: 24 * 3600,
-    Stage.VOCAB.value: 2 * 3600,
-    Stage.TRAIN.value: 72 * 3600,
-    Stage.EVALUATE.value: 6 * 3600,
-    Stage.EXPORT.value: 2 * 3600,
-    Stage.VERIFY.value: 3600,  # hashing a draft of a few GiB
-}
 
 # The key of each stage result that counts the tokens the stage processed (train: the sum over its epochs).
 TOKEN_KEYS: dict[str, str] = {
@@ -43,9 +27,6 @@ TOKEN_KEYS: dict[str, str] = {
     Stage.EXTRACT.value: "tokens",  # tokens whose hidden states are stored
     Stage.EVALUATE.value: "outputTokens",  # tokens generated with the draft
 }
-
-# A Job failed by its podFailurePolicy says which exit code matched the FailJob rule.
-_POLICY_OOM = re.compile(rf"\bexit code {OOM_EXIT_CODE}\b")
 
 
 @dataclass(frozen=True)
@@ -75,9 +56,8 @@ def run_report(ref: RunRef, plan: Plan, jobs: tuple[JobView, ...], now: float) -
     deadlines: dict[str, int] = {}
     if plan.spec is not None:
         for stage in Stage:
-            override = stage_override(plan.spec, stage)
-            if override is not None and override.active_deadline_seconds is not None:
-                deadlines[stage.value] = override.active_deadline_seconds
+            if (deadline := stage_deadline(plan.spec, stage)) is not None:
+                deadlines[stage.value] = deadline
     return RunReport(
         namespace=ref.namespace,
         run=names.run_label(ref.name),
@@ -94,8 +74,7 @@ def run_report(ref: RunRef, plan: Plan, jobs: tuple[JobView, ...], now: float) -
 
 def failure_reason(job: JobView) -> str:
     """OutOfMemory (OOMKilled, or the stage's out-of-memory exit code), DeadlineExceeded, else Error."""
-    policy_oom = job.failure_reason == "PodFailurePolicy" and _POLICY_OOM.search(job.failure_message or "")
-    if is_oom(job) or policy_oom:
+    if job.out_of_memory:
         return OUT_OF_MEMORY
     if job.failure_reason == DEADLINE_EXCEEDED:
         return DEADLINE_EXCEEDED
@@ -147,7 +126,7 @@ def running_stages(status: Mapping[str, Any], deadlines: Mapping[str, int]) -> d
     for stage, st in (status.get("stages") or {}).items():
         started = unix_time(st.get("startTime"))
         if st.get("phase") == StagePhase.RUNNING.value and started is not None:
-            out[stage] = (started, deadlines.get(stage, EXPECTED_SECONDS.get(stage, 24 * 3600)))
+            out[stage] = (started, deadlines.get(stage) or expected_seconds(stage))
     return out
 
 

@@ -11,10 +11,10 @@ from planner_world import RUN, World, tiny, ts
 
 from eagle3_contract.api.status import RunPhase, StagePhase
 from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.policy import EXPECTED_SECONDS
 from eagle3_contract.stages import Stage
 from eagle3_operator.reconcile.observe import JobView, Termination
 from eagle3_operator.reconcile.run_report import (
-    EXPECTED_SECONDS,
     TOKEN_KEYS,
     ServingDraft,
     failure_reason,
