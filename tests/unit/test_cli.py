@@ -43,3 +43,29 @@ def test_the_operators_pipeline_image_flag_names_the_specs_default(monkeypatch):
     assert DEFAULT_PIPELINE_IMAGE in flag.help
     monkeypatch.setenv("EAGLE3_PIPELINE_IMAGE", "reg/p:1")
     assert parser().parse_args(["operator"]).pipeline_image == "reg/p:1"
+
+
+HEAVY = (
+    "torch",
+    "transformers",
+    "speculators",
+    "datasets",
+    "kopf",
+    "kubernetes_asyncio",
+    "prometheus_client",
+)
+
+
+def test_the_command_line_starts_without_either_sides_libraries():
+    """The operator image has no torch and the pipeline image no kopf: the thin entry (and every command's
+    parser) must import neither side's libraries until a command runs."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nfrom eagle3_cli.main import parser\n"
+        "parser().parse_args(['stage', 'prepare', '--spec', 'x', '--artifacts', 'a', '--output', 'o'])\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

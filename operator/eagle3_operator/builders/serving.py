@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.mounts import DRAFT_WEIGHTS, draft_path
 from eagle3_contract.stages import content_hash
+from eagle3_contract.vllm_command import Endpoint, VllmEngine, eagle3_speculative_config, vllm_serve_args
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, volume_mounts
@@ -34,30 +34,16 @@ def serving_selector(run: RunRef) -> dict[str, str]:
 
 
 def vllm_args(spec: Eagle3RunSpec, draft_dir: str) -> list[str]:
-    """`vllm serve` arguments: the verifier, its engine options and the EAGLE-3 draft."""
-    v = spec.verifier
-    args = [
-        v.model,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(PORT),
-        "--tensor-parallel-size",
-        str(v.tensor_parallel_size),
-    ]
-    if v.revision:
-        args += ["--revision", v.revision]
-    if v.trust_remote_code:
-        args += ["--trust-remote-code"]
-    if v.max_model_len is not None:
-        args += ["--max-model-len", str(v.max_model_len)]
-    speculative = {
-        "method": "eagle3",
-        "model": draft_path(draft_dir),
-        "num_speculative_tokens": spec.serving.num_speculative_tokens,
-    }
-    args += ["--speculative-config", json.dumps(speculative, sort_keys=True)]
-    return args + list(v.vllm_args) + list(spec.serving.extra_args)
+    """`vllm serve` arguments: the verifier, its engine options and the EAGLE-3 draft (the contract's one
+    command builder, as evaluate measured it), then `serving.extraArgs`."""
+    return vllm_serve_args(
+        VllmEngine.of(spec.verifier),
+        Endpoint(host="0.0.0.0", port=PORT),
+        speculative_config=eagle3_speculative_config(
+            draft_path(draft_dir), spec.serving.num_speculative_tokens
+        ),
+        extra_args=spec.serving.extra_args,
+    )
 
 
 def _probe(period: int, failures: int | None = None) -> dict[str, Any]:
