@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.prepared import DATA_DIR  # the data stage's layout is written down there
 
 logger = logging.getLogger(__name__)
 
-DATA_DIR = "data"
 REQUIRED_COLUMNS = ("input_ids", "seq_len")
 
 

@@ -113,7 +113,7 @@ STAGE_OOM_RETRY = Alert(
     ),
     runbook=(
         "Nothing to do for a single retry. Repeated retries slow the stage down: set the stage's "
-        "tokenBudget (generation.tokenBudget, extraction.tokenBudget) to the budget that succeeded. If the "
+        "tokenBudget (regeneration.tokenBudget, extraction.tokenBudget) to the budget that succeeded. If the "
         "run failed on OutOfMemory, lower dataset.maxSequenceLength, use more GPUs "
         "(verifier.tensorParallelSize) or give the stage's pods more memory "
         "(spec.stages.{{ $labels.stage }})."
