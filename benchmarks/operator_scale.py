@@ -46,7 +46,8 @@ from scale_common import (
     read_log,
 )
 from tests.harness.cluster import Cluster, Emulator, JobPlayer, declare_resources
-from tests.harness.scenario import RESULTS, tiny
+from tests.harness.results import fake_result
+from tests.harness.scenario import tiny
 
 from eagle3_operator.builders import names
 
@@ -204,7 +205,7 @@ async def drive(
         out.created[run] = time.monotonic()
 
     async def complete(run: str) -> None:
-        await player.succeed(probe.bodies[run], RESULTS["prepare"])
+        await player.succeed(probe.bodies[run], fake_result("prepare"))
         out.completed[run] = time.monotonic()
 
     started, cpu_started = time.monotonic(), cpu()

@@ -70,14 +70,16 @@ def run_ours(run: Path, art: Path) -> dict[str, Any]:
 
 def run_theirs(model: Path, rows: Path, out: Path, seq: int, workers: int, vllm: str) -> dict[str, Any]:
     from eagle3_contract.api.manifest import load_manifest
+    from eagle3_contract.stages import Stage
     from eagle3_pipeline.context import StageContext
     from eagle3_pipeline.vllm_server import VllmServer
 
     spec = load_manifest(manifest(out / "serve.yaml", model, rows, seq)).spec
-    ctx = StageContext("bench", "bench", spec, out, out / "server", token_budget=8192)
+    ctx = StageContext.of_spec(Stage.GENERATE, "bench", spec, out, out / "server", token_budget=8192)
     ctx.begin()
     os.environ["EAGLE3_VLLM"] = vllm
-    with VllmServer(ctx, extra_args=["--enable-scale-out"]) as server:  # serves the render endpoint
+    serve = VllmServer(ctx, spec.verifier, seed=spec.dataset.seed, extra_args=["--enable-scale-out"])
+    with serve as server:  # serves the render endpoint
         cmd = [str(Path(sys.executable).parent / "speculators"), "prepare-data", "--model", str(model)]
         cmd += ["--data", str(rows), "--output", str(out / "speculators"), "--seq-length", str(seq)]
         cmd += ["--render-endpoint", server.root_url, "--num-preprocessing-workers", str(workers)]

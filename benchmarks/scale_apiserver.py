@@ -45,7 +45,8 @@ from scale_common import (
 from scale_figures import HEADER, Sample, ServerFigures, figures, row
 from scale_watch import Seen, namespaced_watches, operator_watching, watching
 from tests.harness.cluster import Cluster, now
-from tests.harness.scenario import RESULTS, tiny
+from tests.harness.results import fake_result
+from tests.harness.scenario import tiny
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -129,7 +130,7 @@ async def drive(
     cluster: Cluster, seen: Seen, runs: list[str], timeout: float, pids: dict[str, int]
 ) -> Driven:
     """Create the runs, wait for their prepare Jobs and pods, finish the pods, wait for the extract Jobs."""
-    out, message = Driven(), json.dumps(RESULTS["prepare"])
+    out, message = Driven(), json.dumps(fake_result("prepare"))
 
     async def create(run: str) -> None:
         await cluster.apply_run(run, tiny())

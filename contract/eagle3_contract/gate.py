@@ -1,17 +1,18 @@
 """The acceptance gate: whether an evaluated draft may be exported and served.
 
 One verdict for the operator (after an evaluate Job) and for the local runner (after the evaluate stage),
-so a manifest gates the same way in a cluster and on a laptop. It is judged from evaluate's result against
-the *current* spec's `evaluation.minAcceptanceLength`: the gate is not part of evaluate's content hash, so a
-reused evaluation may have been judged against another gate when it ran. A draft whose d2t/t2d mapping
+so a manifest gates the same way in a cluster and on a laptop; it is the only verdict (evaluate's result
+carries the figures, not a verdict). It is judged from evaluate's result against the *current* spec's
+`evaluation.minAcceptanceLength`: the gate is not part of evaluate's content hash, so a reused evaluation
+may have been measured under another gate. A draft whose d2t/t2d mapping
 disagrees fails whatever the gate: its proposals land on the wrong tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from eagle3_contract.results import EvaluateResult
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,10 @@ class GateVerdict:
     message: str
 
 
-def judge_evaluation(result: Mapping[str, Any] | None, required: float | None) -> GateVerdict:
-    """The gate's verdict on one evaluate result (its result.json) for `required` (None: no gate)."""
-    result = result or {}
-    measured = result.get("acceptanceLength")
-    if result.get("mappingConsistent") is False:
+def judge_evaluation(result: EvaluateResult | None, required: float | None) -> GateVerdict:
+    """The gate's verdict on one evaluate result (None: none was reported) for `required` (None: no gate)."""
+    measured = result.acceptance_length if result is not None else None
+    if result is not None and result.mapping_consistent is False:
         return GateVerdict(
             False,
             "MappingInconsistent",
@@ -36,7 +36,7 @@ def judge_evaluation(result: Mapping[str, Any] | None, required: float | None) -
         )
     if required is None:
         return GateVerdict(True, "NoGate", "evaluation.minAcceptanceLength is unset: every draft may serve")
-    if isinstance(measured, bool) or not isinstance(measured, int | float):
+    if measured is None:
         return GateVerdict(
             False,
             "EvaluationIncomplete",

@@ -19,9 +19,30 @@ from enum import StrEnum
 from typing import Any
 
 from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.params import (
+    ExportTuning,
+    StageParams,
+    StageTuning,
+    TrainTuning,
+    VerifyTuning,
+    VocabTuning,
+    evaluate_params,
+    evaluate_tuning,
+    export_params,
+    extract_params,
+    extract_tuning,
+    generate_params,
+    generate_tuning,
+    prepare_params,
+    prepare_tuning,
+    train_params,
+    verify_params,
+    vocab_params,
+)
 
-# Bump when a stage program's output format changes: every hash changes and stages re-run.
-STAGE_FORMAT_VERSION = 1
+# Bump when a stage program's output format (or its parameters) changes: every hash changes, stages re-run.
+# 2: the typed stage parameters (eagle3_contract.params) are the hash payload.
+STAGE_FORMAT_VERSION = 2
 HASH_LENGTH = 12
 PINNED_SKIP = "serving.pinnedCheckpoint is set: the pinned draft is served, nothing trains"
 REGENERATION_OFF = "regeneration.enabled is false: training uses the dataset's own answers"
@@ -39,21 +60,6 @@ class Stage(StrEnum):
 
 
 ORDER: tuple[Stage, ...] = tuple(Stage)
-
-
-def _verifier(spec: Eagle3RunSpec) -> dict[str, Any]:
-    v = spec.verifier
-    return {"model": v.model, "revision": v.revision, "trustRemoteCode": v.trust_remote_code}
-
-
-def _vllm_verifier(spec: Eagle3RunSpec) -> dict[str, Any]:
-    v = spec.verifier
-    return _verifier(spec) | {"maxModelLen": v.max_model_len, "vllmArgs": v.vllm_args}
-
-
-def _dump(model: Any, *exclude: str) -> dict[str, Any]:
-    out: dict[str, Any] = model.model_dump(mode="json", by_alias=True, exclude=set(exclude))
-    return out
 
 
 def _data_stage(spec: Eagle3RunSpec) -> Stage:
@@ -81,17 +87,20 @@ def _verifies(spec: Eagle3RunSpec) -> str | None:
 
 @dataclass(frozen=True)
 class StageDef:
-    """A stage: GPUs it needs, whether it runs vLLM, its upstream stages and its content parameters.
+    """A stage: GPUs it needs, whether it runs vLLM, its upstream stages, its parameters and its tuning.
 
-    `skip` says why the stage does not run for a spec (None: it runs); `reuses_output` false makes the
-    program run again even when its output exists (a check must look at the files as they are now).
+    `params` is the stage's hashed payload and what its program reads as `ctx.params`; `tuning` is what the
+    program reads that is NOT hashed (`ctx.tuning`, see eagle3_contract.params). `skip` says why the stage
+    does not run for a spec (None: it runs); `reuses_output` false makes the program run again even when its
+    output exists (a check must look at the files as they are now).
     """
 
     stage: Stage
     gpus: Callable[[Eagle3RunSpec], int]
     uses_vllm: Callable[[Eagle3RunSpec], bool]
     upstream: Callable[[Eagle3RunSpec], tuple[Stage, ...]]
-    params: Callable[[Eagle3RunSpec], dict[str, Any]]
+    params: Callable[[Eagle3RunSpec], StageParams]
+    tuning: Callable[[Eagle3RunSpec], StageTuning]
     token_budget: Callable[[Eagle3RunSpec], int] | None = None
     skip: Callable[[Eagle3RunSpec], str | None] = _trains
     reuses_output: bool = True
@@ -111,19 +120,17 @@ DEFINITIONS: dict[Stage, StageDef] = {
         gpus=_none,
         uses_vllm=lambda s: False,
         upstream=lambda s: (),
-        params=lambda s: {"verifier": _verifier(s), "dataset": _dump(s.dataset)},
+        params=prepare_params,
+        tuning=prepare_tuning,
     ),
     Stage.GENERATE: StageDef(
         Stage.GENERATE,
         gpus=_tp,
         uses_vllm=lambda s: True,
         upstream=lambda s: (Stage.PREPARE,),
-        params=lambda s: {
-            "verifier": _vllm_verifier(s),
-            "regeneration": _dump(s.regeneration, "concurrency", "token_budget", "enabled"),
-            "seed": s.dataset.seed,
-        },
-        token_budget=lambda s: s.regeneration.token_budget,
+        params=generate_params,
+        tuning=generate_tuning,
+        token_budget=lambda s: generate_tuning(s).token_budget,
         skip=_regenerates,
     ),
     Stage.EXTRACT: StageDef(
@@ -131,19 +138,17 @@ DEFINITIONS: dict[Stage, StageDef] = {
         gpus=_tp,
         uses_vllm=lambda s: s.extraction.backend == "vllm",
         upstream=lambda s: (_data_stage(s),),
-        params=lambda s: {
-            "verifier": _verifier(s),
-            "layers": s.extraction.layers,
-            "dtype": s.extraction.dtype,
-        },
-        token_budget=lambda s: s.extraction.token_budget,
+        params=extract_params,
+        tuning=extract_tuning,
+        token_budget=lambda s: extract_tuning(s).token_budget,
     ),
     Stage.VOCAB: StageDef(
         Stage.VOCAB,
         gpus=_none,
         uses_vllm=lambda s: False,
         upstream=lambda s: (_data_stage(s),),
-        params=lambda s: {"vocabSize": s.draft.vocab_size},
+        params=vocab_params,
+        tuning=lambda s: VocabTuning(),
     ),
     Stage.TRAIN: StageDef(
         Stage.TRAIN,
@@ -151,31 +156,32 @@ DEFINITIONS: dict[Stage, StageDef] = {
         uses_vllm=lambda s: False,
         # the data stage too: the trainer reads its dataset (loss masks, the train/validation split)
         upstream=lambda s: (_data_stage(s), Stage.EXTRACT, Stage.VOCAB),
-        params=lambda s: {"verifier": _verifier(s), "draft": _dump(s.draft), "training": _dump(s.training)},
+        params=train_params,
+        tuning=lambda s: TrainTuning(),
     ),
     Stage.EVALUATE: StageDef(
         Stage.EVALUATE,
         gpus=_tp,
         uses_vllm=lambda s: True,
         upstream=lambda s: (_data_stage(s), Stage.TRAIN),
-        params=lambda s: {
-            "verifier": _vllm_verifier(s),
-            "evaluation": _dump(s.evaluation, "min_acceptance_length"),
-        },
+        params=evaluate_params,
+        tuning=evaluate_tuning,
     ),
     Stage.EXPORT: StageDef(
         Stage.EXPORT,
         gpus=_none,
         uses_vllm=lambda s: False,
         upstream=lambda s: (Stage.TRAIN, Stage.VOCAB),
-        params=lambda s: {},
+        params=export_params,
+        tuning=lambda s: ExportTuning(),
     ),
     Stage.VERIFY: StageDef(
         Stage.VERIFY,
         gpus=_none,
         uses_vllm=lambda s: False,
         upstream=lambda s: (),
-        params=lambda s: _dump(s.serving.pinned_checkpoint) if s.serving.pinned_checkpoint else {},
+        params=verify_params,
+        tuning=lambda s: VerifyTuning(),
         skip=_verifies,
         reuses_output=False,
     ),
@@ -216,7 +222,7 @@ def plan_stages(spec: Eagle3RunSpec) -> list[StagePlan]:
             {
                 "stage": stage.value,
                 "format": STAGE_FORMAT_VERSION,
-                "params": d.params(spec),
+                "params": d.params(spec).model_dump(mode="json", by_alias=True),
                 "inputs": {up.value: p.hash for up, p in upstream.items()},
             }
         )

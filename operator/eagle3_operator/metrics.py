@@ -21,17 +21,16 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from eagle3_contract.api.status import RunPhase, StagePhase
 from eagle3_contract.reasons import FAILURE_REASONS
+from eagle3_contract.results import EvaluateResult, ExtractResult, TrainResult, result_of
 from eagle3_operator.builders import names
 from eagle3_operator.reconcile.run_report import (
     RunReport,
     blocked_pods,
     failure_reason,
-    number,
     rolled_out_before,
     running_stages,
     serving_draft,
     stage_results,
-    tokens_processed,
 )
 
 STAGE_BUCKETS = (10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 172800, float("inf"))
@@ -188,22 +187,24 @@ class OperatorMetrics:
         """Per-run figures from the stages' results; a figure stays until a new result replaces it."""
         ns, run = report.namespace, report.run
         results = stage_results(report.status)
-        evaluate, train, extract = (results.get(s, {}) for s in ("evaluate", "train", "extract"))
+        evaluate = result_of(results, EvaluateResult) or EvaluateResult()
+        train = result_of(results, TrainResult) or TrainResult()
+        extract = result_of(results, ExtractResult) or ExtractResult()
         if report.model is not None:
             for slot, metric, value in (
-                ("acceptance_length", self.acceptance, number(evaluate.get("acceptanceLength"))),
-                ("acceptance_rate", self.acceptance_rate, number(evaluate.get("acceptanceRate"))),
+                ("acceptance_length", self.acceptance, evaluate.acceptance_length),
+                ("acceptance_rate", self.acceptance_rate, evaluate.acceptance_rate),
             ):
                 if value is not None:
                     self._series(memory, slot, metric, ns, run, report.model).set(value)
-        for slot, gauge, value in (
-            ("validation_loss", self.validation_loss, number(train.get("bestValLoss"))),
-            ("hidden_state_bytes", self.hidden_bytes, number(extract.get("bytes"))),
+        for slot, gauge, figure in (
+            ("validation_loss", self.validation_loss, train.best_val_loss),
+            ("hidden_state_bytes", self.hidden_bytes, extract.bytes),
         ):
-            if value is not None:
-                self._series(memory, slot, gauge, ns, run).set(value)
+            if figure is not None:
+                self._series(memory, slot, gauge, ns, run).set(figure)
         for stage, result in results.items():
-            tokens = tokens_processed(stage, result)
+            tokens = result.tokens_processed
             if tokens is not None:
                 self._series(memory, f"tokens/{stage}", self.tokens, ns, run, stage).set(tokens)
 

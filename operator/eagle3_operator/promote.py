@@ -25,6 +25,7 @@ import yaml
 from eagle3_contract.api.base import API_VERSION, KIND
 from eagle3_contract.api.status import Checkpoint, ConditionType, StagePhase
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec
+from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage
 
 Format = Literal["manifest", "values"]
@@ -121,12 +122,10 @@ def _figures(checkpoint: Checkpoint, status: Mapping[str, Any]) -> Checkpoint:
     """The acceptance figures of the checkpoint, else of evaluate's result (a status of an older operator)."""
     if checkpoint.acceptance_length is not None:
         return checkpoint
-    result = ((status.get("stages") or {}).get(Stage.EVALUATE.value) or {}).get("result") or {}
-    numbers = {
-        k: float(v)
-        for k in ("acceptanceLength", "acceptanceRate")
-        if isinstance(v := result.get(k), int | float) and not isinstance(v, bool)
-    }
+    evaluate = (status.get("stages") or {}).get(Stage.EVALUATE.value) or {}
+    evaluated = EvaluateResult.parse(evaluate.get("result")) or EvaluateResult()
+    figures = {"acceptanceLength": evaluated.acceptance_length, "acceptanceRate": evaluated.acceptance_rate}
+    numbers = {k: v for k, v in figures.items() if v is not None}
     return Checkpoint.model_validate(checkpoint.model_dump(by_alias=True) | numbers)
 
 

@@ -1,4 +1,8 @@
-"""What a stage program works with: the spec, its input directories, and an output it commits atomically.
+"""What a stage program works with: its parameters, its inputs, and an output it commits atomically.
+
+A program reads the spec only through `params` (what was hashed into its output directory's name) and
+`tuning` (what it reads that changes no output), both computed by the stage's definition in
+eagle3_contract.stages: the program cannot read a field that does not key its output.
 
 A stage writes into a hidden work directory next to its output (`<stage>/.<hash>.partial`) and, when done,
 writes `result.json` there and renames it to `<stage>/<hash>`: an output directory that exists is complete.
@@ -13,15 +17,17 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.mounts import ARTIFACTS_MOUNT, MODEL_CACHE_MOUNT
+from eagle3_contract.params import StageParams, StageTuning
+from eagle3_contract.stages import DEFINITIONS, Stage
 from eagle3_pipeline.errors import StageError
 
 RESULT_FILE = "result.json"
 # Stages whose output is a prepared dataset; generate's (the verifier's own answers) wins when both are given.
-DATA_STAGES = ("generate", "prepare")
+DATA_STAGES = (Stage.GENERATE, Stage.PREPARE)
 # Locally, where the cluster's model cache volume (/models) lives; unset in a pod.
 ENV_MODELS_ROOT = "EAGLE3_MODELS_ROOT"
 
@@ -49,23 +55,55 @@ def work_dir_of(output: Path) -> Path:
     return output.parent / f".{output.name}.partial"
 
 
-@dataclass
-class StageContext:
-    """One invocation of `eagle3 stage <name>`."""
+P = TypeVar("P", bound=StageParams, covariant=True)
+T = TypeVar("T", bound=StageTuning, covariant=True)
 
-    stage: str
+
+@dataclass(frozen=True)
+class StageContext(Generic[P, T]):
+    """One invocation of `eagle3 stage <name>`: a program is typed `run(ctx: StageContext[XParams, XTuning])`.
+
+    There is no spec here on purpose: `params` is the stage's hashed payload, `tuning` its unhashed settings.
+    """
+
+    stage: Stage
     run_name: str
-    spec: Eagle3RunSpec
+    params: P
+    tuning: T
     artifacts: Path
     output: Path
-    inputs: dict[str, Path] = field(default_factory=dict)
+    inputs: dict[Stage, Path] = field(default_factory=dict)
     token_budget: int | None = None
+
+    @classmethod
+    def of_spec(
+        cls,
+        stage: Stage,
+        run_name: str,
+        spec: Eagle3RunSpec,
+        artifacts: Path,
+        output: Path,
+        inputs: dict[Stage, Path] | None = None,
+        token_budget: int | None = None,
+    ) -> StageContext[StageParams, StageTuning]:
+        """The context of `stage` for `spec`: its params and tuning by the functions that made its hash."""
+        d = DEFINITIONS[stage]
+        return StageContext(
+            stage,
+            run_name,
+            d.params(spec),
+            d.tuning(spec),
+            artifacts,
+            output,
+            dict(inputs or {}),
+            token_budget,
+        )
 
     @property
     def work(self) -> Path:
         return work_dir_of(self.output)
 
-    def input(self, name: str) -> Path:
+    def input(self, name: Stage) -> Path:
         """The complete output directory of the upstream stage `name`."""
         path = self.inputs.get(name)
         if path is None:

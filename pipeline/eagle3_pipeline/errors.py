@@ -34,6 +34,11 @@ class CheckFailed(StageError):
         self.reason = reason
         self.detail = detail
 
+    def termination_detail(self) -> dict[str, Any]:
+        """The termination message's fields (the operator parses them into the status); built here only, so
+        the tests that play a failed check's Job without running it quote the stage's own words."""
+        return {"error": str(self), "reason": self.reason, **self.detail}
+
 
 class OutOfMemory(Exception):
     """The stage ran out of (GPU) memory at its token budget: exit OOM_EXIT_CODE, keep partial output.

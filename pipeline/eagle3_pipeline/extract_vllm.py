@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import math
 import os
@@ -29,7 +28,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.params import ExtractParams, ExtractTuning
+from eagle3_contract.vllm_command import hidden_states_speculative_config
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.extract_transformers import ExtractStats, RowSource
@@ -44,19 +44,6 @@ MAX_RETRIES = 3
 HEALTH_INTERVAL_S = 5.0
 
 
-def speculative_config(layout: Layout) -> dict[str, Any]:
-    """vLLM 0.32's `extract_hidden_states` method, as speculators' scripts/launch_vllm.py passes it.
-
-    vLLM collects the ids sorted and deduplicated (EagleModelMixin._set_aux_hidden_state_layers); the
-    layout's ids are sorted, distinct and end with n, so file order = this list.
-    """
-    return {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layout.layer_ids}},
-    }
-
-
 def kv_transfer_config(layout: Layout, staging: Path) -> dict[str, Any]:
     """hs_connectors' own `build_kv_transfer_config` of the `file` or `fp8` backend."""
     from hs_connectors import HiddenStatesBackend
@@ -68,19 +55,13 @@ def kv_transfer_config(layout: Layout, staging: Path) -> dict[str, Any]:
     return config
 
 
-def extract_args(spec: Eagle3RunSpec, layout: Layout, staging: Path, longest_row: int) -> list[str]:
-    """The `vllm serve` options extraction adds to the verifier's own (VllmServer's argv builder)."""
-    args = [
-        "--speculative-config",
-        json.dumps(speculative_config(layout), sort_keys=True),
-        "--kv-transfer-config",
-        json.dumps(kv_transfer_config(layout, staging), sort_keys=True),
-        "--gpu-memory-utilization",
-        str(spec.extraction.gpu_memory_utilization),
-    ]
+def extract_options(tuning: ExtractTuning, layout: Layout, longest_row: int) -> list[str]:
+    """The engine options extraction adds to the verifier's own (before verifier.vllmArgs, which may override
+    them); the speculative and KV-transfer configs are the contract's (eagle3_contract.vllm_command)."""
+    args = ["--gpu-memory-utilization", str(tuning.gpu_memory_utilization)]
     if layout.dtype != FP8:  # the connector writes the model's dtype; fp8 quantizes from it
         args += ["--dtype", layout.dtype]
-    if spec.verifier.max_model_len is None:  # no KV cache for a context longer than the longest row
+    if tuning.max_model_len is None:  # no KV cache for a context longer than the longest row
         args += ["--max-model-len", str(longest_row + 1)]
     return args
 
@@ -202,7 +183,11 @@ async def _worker(
 
 
 def run_vllm(
-    ctx: StageContext, rows: RowSource, todo: Sequence[int], layout: Layout, token_budget: int
+    ctx: StageContext[ExtractParams, ExtractTuning],
+    rows: RowSource,
+    todo: Sequence[int],
+    layout: Layout,
+    token_budget: int,
 ) -> ExtractStats:
     """Start `vllm serve` for extraction (VllmServer), request every row in `todo`, stop the server."""
     from eagle3_pipeline.vllm_server import VllmServer
@@ -213,16 +198,26 @@ def run_vllm(
     shutil.rmtree(staging, ignore_errors=True)  # a killed attempt's half-written files
     staging.mkdir(parents=True)
     longest = max(rows.seq_lens[i] for i in todo)
-    max_model_len = ctx.spec.verifier.max_model_len
+    max_model_len = ctx.tuning.max_model_len
     if max_model_len is not None and longest + 1 > max_model_len:
         raise StageError(
             f"a row has {longest} tokens, but spec.verifier.maxModelLen {max_model_len} leaves no room for "
             "the one token vLLM generates per extraction request; raise verifier.maxModelLen above "
             "dataset.maxSequenceLength (or leave it unset)"
         )
-    args = extract_args(ctx.spec, layout, staging, longest)
+    verifier = ctx.tuning.engine(ctx.params.verifier)
+    server = VllmServer(
+        ctx,
+        verifier,
+        seed=ctx.tuning.seed,
+        # vLLM collects the ids sorted and deduplicated: the layout's are, and end with n (file order)
+        speculative_config=hidden_states_speculative_config(layout.layer_ids),
+        kv_transfer_config=kv_transfer_config(layout, staging),
+        options=extract_options(ctx.tuning, layout, longest),
+        max_num_batched_tokens=token_budget,
+    )
     try:
-        with VllmServer(ctx, extra_args=args, max_num_batched_tokens=token_budget) as server:
+        with server:
             return asyncio.run(
                 request_all(
                     server.base_url,

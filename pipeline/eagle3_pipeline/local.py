@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from eagle3_contract.policy import (
     stage_deadline,
 )
 from eagle3_contract.reasons import DEADLINE_EXCEEDED
+from eagle3_contract.results import EvaluateResult, StageResult, parse_result
 from eagle3_contract.stages import Stage, StagePlan, plan_stages, stage_argv
 from eagle3_pipeline.context import ENV_MODELS_ROOT, is_complete, models_root, read_result
 
@@ -47,7 +48,7 @@ class StageOutcome:
     status: str  # done | cached | skipped | failed
     seconds: float = 0.0
     attempts: int = 0
-    result: dict[str, Any] = field(default_factory=dict)
+    result: StageResult | None = None  # the stage's result.json, typed (eagle3_contract.results)
     note: str = ""
 
 
@@ -110,7 +111,7 @@ def run_stage_with_retries(
         outcome.seconds = time.monotonic() - started
         if proc.returncode == 0:
             outcome.status = "done"
-            outcome.result = read_result(options.artifacts / plan.output_dir)
+            outcome.result = parse_result(plan.stage, read_result(options.artifacts / plan.output_dir))
             return outcome
         retry = next_token_budget(budget, floor) if is_out_of_memory(proc.returncode) else None
         if retry is not None and budget is not None:
@@ -138,7 +139,7 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
         if plan.skipped:
             outcomes.append(StageOutcome(plan.stage.value, "skipped", note=plan.skipped))
         elif plan.reuses_output and is_complete(options.artifacts / plan.output_dir):
-            result = read_result(options.artifacts / plan.output_dir)
+            result = parse_result(plan.stage, read_result(options.artifacts / plan.output_dir))
             outcomes.append(StageOutcome(plan.stage.value, "cached", result=result, note=plan.output_dir))
         else:
             sys.stderr.write(f"==> stage {plan.stage} ({plan.output_dir})\n")
@@ -155,42 +156,23 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
     return outcomes
 
 
-def gate_failure(plan: StagePlan, result: dict[str, Any], required: float | None) -> str | None:
+def gate_failure(plan: StagePlan, result: StageResult | None, required: float | None) -> str | None:
     """Why the run stops after evaluate (the draft failed the gate: it is not exported), or None.
 
     The operator's verdict (eagle3_contract.gate), so a manifest gates the same way here and in a cluster.
     """
     if plan.stage != Stage.EVALUATE or plan.skipped:
         return None
-    verdict = judge_evaluation(result, required)
+    evaluated = result if isinstance(result, EvaluateResult) else None
+    verdict = judge_evaluation(evaluated, required)
     if verdict.passed:
         return None
+    notes = evaluated.message if evaluated is not None else None
     return (
         f"the draft failed the gate ({verdict.reason}): {verdict.message}. Export and serving do not run "
-        f"(evaluate says: {result.get('message', 'nothing more')}; its whole result is in "
+        f"(evaluate says: {notes or 'nothing more'}; its whole result is in "
         f"{plan.output_dir}/result.json)"
     )
-
-
-# What the summary shows of each stage's result (the whole result is in <output>/result.json).
-SUMMARY_FIELDS = (
-    "samples",
-    "skippedTotal",
-    "regenerated",
-    "failed",
-    "tokens",
-    "assistantTokens",
-    "tokensPerSecond",
-    "bytesPerToken",
-    "draftVocabSize",
-    "coverage",
-    "bestValLoss",
-    "estimatedAcceptanceLength",
-    "acceptanceLength",
-    "acceptanceRate",
-    "speedup",
-    "bytes",
-)
 
 
 def summary_table(outcomes: list[StageOutcome]) -> Any:
@@ -200,7 +182,9 @@ def summary_table(outcomes: list[StageOutcome]) -> Any:
     for column in ("stage", "status", "seconds", "attempts", "result"):
         table.add_column(column)
     for o in outcomes:
-        shown = [f"{k}={_short(o.result[k])}" for k in SUMMARY_FIELDS if k in o.result]
+        # each stage's model picks what its row shows (StageResult.summary); the rest is in result.json
+        figures = o.result.summary() if o.result is not None else {}
+        shown = [f"{k}={_short(v)}" for k, v in figures.items()]
         text = ", ".join(shown) or o.note
         table.add_row(o.stage, o.status, f"{o.seconds:.1f}", str(o.attempts or ""), text)
     return table

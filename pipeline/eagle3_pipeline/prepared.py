@@ -16,11 +16,13 @@ import logging
 import os
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from eagle3_contract.params import VerifierRef
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.conversations import Conversation, RowError, Skips
 from eagle3_pipeline.errors import StageError
@@ -32,6 +34,15 @@ DATA_DIR = "data"
 TOKEN_FREQ_FILE = "token_freq.pt"
 CONVERSATIONS_FILE = "conversations.jsonl"
 TRAIN, VAL = "train", "val"
+
+
+@dataclass(frozen=True)
+class Tokenizing:
+    """How a data stage tokenizes (prepare's and generate's params carry the same three fields)."""
+
+    verifier: VerifierRef
+    max_sequence_length: int
+    loss_on_reasoning: bool
 
 
 def assign_splits(conversations: list[Conversation], fraction: float, seed: int) -> list[Conversation]:
@@ -53,10 +64,9 @@ def assign_splits(conversations: list[Conversation], fraction: float, seed: int)
     return train + val
 
 
-def load_tokenizer(ctx: StageContext) -> Any:
+def load_tokenizer(ctx: StageContext[Any, Any], verifier: VerifierRef) -> Any:
     from transformers import AutoTokenizer
 
-    verifier = ctx.spec.verifier
     try:
         return AutoTokenizer.from_pretrained(
             ctx.local_path(verifier.model),
@@ -70,18 +80,22 @@ def load_tokenizer(ctx: StageContext) -> Any:
         ) from None
 
 
-def chat_template(ctx: StageContext) -> ChatTemplate:
+def chat_template(ctx: StageContext[Any, Any], verifier: VerifierRef) -> ChatTemplate:
     try:
-        return ChatTemplate(load_tokenizer(ctx))
+        return ChatTemplate(load_tokenizer(ctx, verifier))
     except ValueError as exc:
-        raise StageError(f"verifier.model {ctx.spec.verifier.model}: {exc}") from None
+        raise StageError(f"verifier.model {verifier.model}: {exc}") from None
 
 
 def tokenize_all(
-    ctx: StageContext, template: ChatTemplate, conversations: list[Conversation], skips: Skips
+    ctx: StageContext[Any, Any],
+    tokenizing: Tokenizing,
+    template: ChatTemplate,
+    conversations: list[Conversation],
+    skips: Skips,
 ) -> list[tuple[Conversation, Tokenized]]:
-    limit = ctx.spec.dataset.max_sequence_length
-    loss_on_reasoning = ctx.spec.dataset.loss_on_reasoning
+    limit = tokenizing.max_sequence_length
+    loss_on_reasoning = tokenizing.loss_on_reasoning
     rows = []
     for conv in tqdm(conversations, desc=f"{ctx.stage}: tokenizing", unit="row", mininterval=1.0):
         try:
@@ -140,15 +154,19 @@ def write_conversations(path: Path, conversations: list[Conversation]) -> None:
 
 
 def write_prepared(
-    work: Path, conversations: list[Conversation], ctx: StageContext, skips: Skips | None = None
+    work: Path,
+    conversations: list[Conversation],
+    ctx: StageContext[Any, Any],
+    tokenizing: Tokenizing,
+    skips: Skips | None = None,
 ) -> dict[str, Any]:
     """Tokenize, mask and save `conversations` (which carry their split) into `work`; returns statistics."""
     import torch
 
     skips = skips if skips is not None else Skips()
-    template = chat_template(ctx)
+    template = chat_template(ctx, tokenizing.verifier)
     started = time.monotonic()
-    rows = tokenize_all(ctx, template, conversations, skips)
+    rows = tokenize_all(ctx, tokenizing, template, conversations, skips)
     seconds = time.monotonic() - started
     rows.sort(key=lambda r: r[0]["split"] != TRAIN)  # stable: train rows first, then validation
     n_train = sum(1 for c, _ in rows if c["split"] == TRAIN)

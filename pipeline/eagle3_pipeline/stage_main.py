@@ -19,6 +19,8 @@ from typing import Any
 
 from eagle3_contract.api.manifest import ManifestError, load_manifest
 from eagle3_contract.exit_codes import STAGE_ERROR_EXIT_CODE
+from eagle3_contract.params import StageParams, StageTuning
+from eagle3_contract.results import StageResult, check_result
 from eagle3_contract.stages import DEFINITIONS, Stage
 from eagle3_pipeline.context import StageContext, is_complete, read_result
 from eagle3_pipeline.errors import CheckFailed, OutOfMemory, StageError, is_out_of_memory
@@ -30,7 +32,9 @@ TERMINATION_LOG = "/dev/termination-log"
 ENV_TERMINATION_LOG = "EAGLE3_TERMINATION_LOG"
 TERMINATION_LIMIT = 4096
 
-StageProgram = Callable[[StageContext], dict[str, Any]]
+# A program returns its result as a dict or as its stage's model (eagle3_contract.results); either way it is
+# checked against the model before it is committed, so a wrong type fails the stage, not a reader later.
+StageProgram = Callable[[StageContext[Any, Any]], dict[str, Any] | StageResult]
 
 
 def program(stage: str) -> StageProgram:
@@ -62,23 +66,24 @@ def write_termination_message(payload: dict[str, Any]) -> None:
 
 def build_context(
     stage: str, spec_path: str, artifacts: str, output: str, inputs: list[str], token_budget: int | None
-) -> StageContext:
+) -> StageContext[StageParams, StageTuning]:
+    """The program's context: its params and tuning computed from the manifest by the stage's definition,
+    the very functions that made the hash in its output directory's name."""
     manifest = load_manifest(spec_path)
     root = Path(artifacts).resolve()
-    parsed: dict[str, Path] = {}
+    parsed: dict[Stage, Path] = {}
     for item in inputs:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise StageError(f"--input {item!r}: expected NAME=DIR (DIR relative to --artifacts)")
-        parsed[name] = root / path
-    return StageContext(
-        stage=stage,
-        run_name=manifest.name,
-        spec=manifest.spec,
-        artifacts=root,
-        output=root / output,
-        inputs=parsed,
-        token_budget=token_budget,
+        try:
+            parsed[Stage(name)] = root / path
+        except ValueError:
+            raise StageError(
+                f"--input {item!r}: {name} is not a stage; NAME is one of {', '.join(Stage)}"
+            ) from None
+    return StageContext.of_spec(
+        Stage(stage), manifest.name, manifest.spec, root, root / output, parsed, token_budget
     )
 
 
@@ -103,11 +108,11 @@ def run_stage(
     try:
         run = program(stage)
         ctx.begin()
-        result = ctx.commit(run(ctx))
+        result = ctx.commit(check_result(stage, run(ctx)))
     except CheckFailed as exc:
         ctx.discard()
-        detail = {"error": str(exc), "reason": exc.reason, **exc.detail}  # the status prefixes the stage
-        return _fail(f"stage {stage}: {exc}", exc.exit_code, detail)
+        # the status prefixes the stage
+        return _fail(f"stage {stage}: {exc}", exc.exit_code, exc.termination_detail())
     except StageError as exc:
         if not exc.keep_work:
             ctx.discard()
@@ -136,7 +141,7 @@ def _fail(message: str, code: int = STAGE_ERROR_EXIT_CODE, detail: dict[str, Any
     return code
 
 
-def _oom(stage: str, ctx: StageContext, detail: str) -> int:
+def _oom(stage: str, ctx: StageContext[Any, Any], detail: str) -> int:
     message = (
         f"stage {stage}: out of memory at token budget {ctx.token_budget}: {detail}; "
         "retry with a smaller budget (the finished part is kept)"

@@ -1,10 +1,10 @@
 """EAGLE-3 draft training with speculators: the objects `speculators train` builds, from one TrainConfig.
 
-`train_config` turns the spec and the upstream outputs into speculators' own `TrainConfig` (its schema fills
-in the eagle3 defaults: Llama draft layers, Muon + AdamW, KL loss against the verifier, ...). The stage saves
-it as `run.yaml` beside the checkpoints, the file `speculators train --config run.yaml` reads. `train` then
-does what `speculators.train.cli.main` does for eagle3, calling the same functions: `set_seed`,
-`parse_vocab_mappings`, `build_draft_model`, the hidden-states backend's `from_train_args`,
+`train_config` turns the stage's params and the upstream outputs into speculators' own `TrainConfig` (its
+schema fills in the eagle3 defaults: Llama draft layers, Muon + AdamW, KL loss against the verifier, ...).
+The stage saves it as `run.yaml` beside the checkpoints, the file `speculators train --config run.yaml`
+reads. `train` then does what `speculators.train.cli.main` does for eagle3, calling the same functions:
+`set_seed`, `parse_vocab_mappings`, `build_draft_model`, the hidden-states backend's `from_train_args`,
 `create_train_val_loaders` (ArrowDataset over the data stage's dataset, hidden states from extract's files,
 `on_missing="raise"`), the model's trainer kwargs, `TrainerConfig`, `Trainer.run_training`. It leaves out
 main's console and metric-backend setup (metrics go to `train_metrics.MetricsRecorder`) and its
@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from eagle3_contract.api.spec import Eagle3RunSpec, Scheduler
+from eagle3_contract.api.spec import Scheduler
+from eagle3_contract.params import TrainParams
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.speculators_cpu import cpu_adapted
 from eagle3_pipeline.train_metrics import recording
@@ -71,18 +72,18 @@ def scheduler_settings(kind: Scheduler) -> dict[str, Any]:
     return {"scheduler_type": kind.value}
 
 
-def train_config(spec: Eagle3RunSpec, src: DraftSources, save_path: Path, *, cpu: bool) -> Any:
+def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu: bool) -> Any:
     """speculators' TrainConfig for this run (a StageError names what speculators refused)."""
     from pydantic import ValidationError
     from speculators.train.config import TrainConfig
 
-    t = spec.training
+    t = params.training
     cli: dict[str, Any] = {
         "speculator_type": "eagle3",
-        "seed": spec.dataset.seed,
+        "seed": params.seed,
         "verifier_name_or_path": src.verifier,
         "trust_remote_code": src.trust_remote_code,
-        "num_layers": spec.draft.layers,
+        "num_layers": params.draft.layers,
         "target_layer_ids": list(src.aux_layers),
         "draft_vocab_size": src.vocab_size,
         "d2t_path": str(src.d2t),

@@ -1,6 +1,6 @@
 """A vLLM OpenAI-compatible server that a stage starts, waits for, and stops: generate and evaluate use it.
 
-    with VllmServer(ctx) as server:              # `vllm serve` the verifier on a free loopback port
+    with VllmServer(ctx, verifier, seed=seed) as server:  # `vllm serve` the verifier on a loopback port
         client = AsyncOpenAI(base_url=server.base_url, api_key="none")
         ... model=server.model_name ...
 
@@ -24,13 +24,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
 from eagle3_contract.api.spec import Verifier
+from eagle3_contract.vllm_command import Endpoint, VllmEngine, vllm_serve_args
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import OutOfMemory, StageError
 
@@ -72,26 +74,28 @@ def build_serve_argv(
     served_model_name: str = SERVED_MODEL_NAME,
     enforce_eager: bool = False,
     host: str = HOST,
+    speculative_config: Mapping[str, Any] | None = None,
+    kv_transfer_config: Mapping[str, Any] | None = None,
+    options: Sequence[str] = (),
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The `vllm serve` command line for the verifier; `verifier.vllmArgs` come after ours, then `extra_args`.
-
-    vLLM's parser keeps the last value of a repeated option, so the spec's vllmArgs can override our defaults.
-    """
-    argv = [executable, "serve", model_path, "--served-model-name", served_model_name]
-    argv += ["--host", host, "--port", str(port), "--seed", str(seed)]
-    argv += ["--tensor-parallel-size", str(verifier.tensor_parallel_size)]
-    if verifier.revision:
-        argv += ["--revision", verifier.revision]
-    if verifier.trust_remote_code:
-        argv.append("--trust-remote-code")
-    if verifier.max_model_len is not None:
-        argv += ["--max-model-len", str(verifier.max_model_len)]
-    if max_num_batched_tokens is not None:
-        argv += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
-    if enforce_eager:
-        argv.append("--enforce-eager")
-    return argv + list(verifier.vllm_args) + list(extra_args)
+    """The `vllm serve` command line of a stage's server: the contract's one builder (the serving
+    Deployment's too), with the verifier at its local path on this machine."""
+    return [
+        executable,
+        "serve",
+        *vllm_serve_args(
+            VllmEngine.of(verifier, model=model_path),
+            Endpoint(host, port, served_model_name),
+            speculative_config=speculative_config,
+            kv_transfer_config=kv_transfer_config,
+            seed=seed,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enforce_eager=enforce_eager,
+            options=options,
+            extra_args=extra_args,
+        ),
+    ]
 
 
 def find_vllm(env: dict[str, str] | None = None) -> str:
@@ -139,12 +143,21 @@ def _die_with_parent() -> None:
 
 
 class VllmServer:
-    """`vllm serve` for the stage's verifier, as a context manager: healthy on enter, gone on exit."""
+    """`vllm serve` for the stage's verifier, as a context manager: healthy on enter, gone on exit.
+
+    `verifier` and `seed` come from the stage's params and tuning (`VllmVerifier.engine`); `ctx` gives the
+    work directory, the local paths and the token budget of the command line.
+    """
 
     def __init__(
         self,
-        ctx: StageContext,
+        ctx: StageContext[Any, Any],
+        verifier: Verifier,
         *,
+        seed: int,
+        speculative_config: Mapping[str, Any] | None = None,
+        kv_transfer_config: Mapping[str, Any] | None = None,
+        options: Sequence[str] = (),
         extra_args: Sequence[str] = (),
         max_num_batched_tokens: int | None = None,
         served_model_name: str = SERVED_MODEL_NAME,
@@ -153,6 +166,11 @@ class VllmServer:
         log_path: Path | None = None,
     ) -> None:
         self.ctx = ctx
+        self.verifier = verifier
+        self.seed = seed
+        self.speculative_config = speculative_config
+        self.kv_transfer_config = kv_transfer_config
+        self.options = list(options)
         self.extra_args = list(extra_args)
         self.max_num_batched_tokens = (
             max_num_batched_tokens if max_num_batched_tokens is not None else ctx.token_budget
@@ -214,16 +232,18 @@ class VllmServer:
                 raise
 
     def _argv(self, executable: str) -> list[str]:
-        spec = self.ctx.spec
         return build_serve_argv(
             executable,
-            spec.verifier,
-            model_path=self.ctx.local_path(spec.verifier.model),
+            self.verifier,
+            model_path=self.ctx.local_path(self.verifier.model),
             port=self.port,
-            seed=spec.dataset.seed,
+            seed=self.seed,
             max_num_batched_tokens=self.max_num_batched_tokens,
             served_model_name=self.model_name,
             enforce_eager=not accelerator_present(),
+            speculative_config=self.speculative_config,
+            kv_transfer_config=self.kv_transfer_config,
+            options=self.options,
             extra_args=self.extra_args,
         )
 

@@ -22,11 +22,11 @@ import kopf
 from kubernetes_asyncio import client as k8s
 
 import eagle3_operator.handlers  # noqa: F401  (registers the handlers in kopf's default registry)
+from eagle3_contract.api.base import API_VERSION, GROUP, KIND, PLURAL, SINGULAR, VERSION
 from eagle3_operator.builders import names
 from eagle3_operator.k8s import Kube
 from eagle3_operator.metrics import OperatorMetrics
 
-GROUP, VERSION, PLURAL = "eagle3.dev", "v1alpha1", "eagle3runs"
 MERGE = "application/merge-patch+json"
 NS = "e3"
 
@@ -66,8 +66,8 @@ class Emulator(kmock.KubernetesEmulator):
 def declare_resources(mock: Any, pod_monitors: bool = False) -> None:
     mock.resources.load_bundled()
     mock.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
-        kind="Eagle3Run",
-        singular="eagle3run",
+        kind=KIND,
+        singular=SINGULAR,
         namespaced=True,
         verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
         subresources={"status"},
@@ -126,22 +126,22 @@ class Cluster:
     # The Eagle3Run and its children.
     async def apply_run(self, name: str, spec: dict[str, Any]) -> Any:
         body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "Eagle3Run",
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": name},
             "spec": spec,
         }
-        return await self.create(f"{GROUP}/{VERSION}", PLURAL, body)
+        return await self.create(API_VERSION, PLURAL, body)
 
     async def run(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.get(f"{GROUP}/{VERSION}", PLURAL, name)
+        result: dict[str, Any] = await self.get(API_VERSION, PLURAL, name)
         return result
 
     async def edit_run(self, name: str, spec_patch: dict[str, Any]) -> Any:
         run = await self.run(name)
         generation = int(run["metadata"].get("generation", 1)) + 1
         return await self.patch(
-            f"{GROUP}/{VERSION}", PLURAL, name, {"metadata": {"generation": generation}, "spec": spec_patch}
+            API_VERSION, PLURAL, name, {"metadata": {"generation": generation}, "spec": spec_patch}
         )
 
     async def jobs(self, run: str, stage: str | None = None) -> list[dict[str, Any]]:

@@ -29,7 +29,8 @@ from tests.harness.cluster import (
     eventually,
     running_operator,
 )
-from tests.harness.scenario import RESULTS, drive_stage, status, wait_phase
+from tests.harness.results import fake_result
+from tests.harness.scenario import drive_stage, status, wait_phase
 
 STAGES = ("prepare", "generate", "extract", "vocab", "train", "evaluate", "export")
 
@@ -58,14 +59,14 @@ def show_status(st: dict[str, Any]) -> None:
 async def play_stages(cluster: Cluster, player: Player, name: str) -> None:
     """Succeed each stage's Job as the operator creates it, printing the Job and its command."""
     for stage in STAGES:
-        job = await drive_stage(cluster, player, name, stage, RESULTS.get(stage, {}))
+        job = await drive_stage(cluster, player, name, stage, fake_result(stage))
         if job is None:
             why = (await status(cluster, name))["stages"][stage].get("message")
             print(f"- {stage}: skipped ({why})")
             continue
         print(f"- {stage}: the operator created")
         show_job(job)
-        print(f"  the Job succeeded with {json.dumps(RESULTS.get(stage, {}))}")
+        print(f"  the Job succeeded with {json.dumps(fake_result(stage))}")
 
 
 async def play_serving(cluster: Cluster, name: str) -> dict[str, Any]:

@@ -2,37 +2,22 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import kmock
 
+from tests import tiny_spec
 from tests.harness.cluster import MERGE, Cluster, Player, eventually
+from tests.harness.results import fake_result
 
-TINY: dict[str, Any] = {
-    "verifier": {"model": "/models/tiny"},
-    "dataset": {"source": "/data/chat.jsonl", "maxSequenceLength": 256},
-    "extraction": {"layers": [1, 2], "backend": "transformers", "tokenBudget": 1024},
-    "training": {"sequenceLength": 256, "epochs": 2},
-    "evaluation": {"minAcceptanceLength": 1.2},
-    "serving": {"replicas": 1},
-}
+# The scenarios' run: the tiny example without regeneration (they drive the six stages of ORDER).
+TINY: dict[str, Any] = tiny_spec.tiny(regeneration={"enabled": False})
 ORDER = ("prepare", "extract", "vocab", "train", "evaluate", "export")
-RESULTS: dict[str, dict[str, Any]] = {
-    "prepare": {"samples": 240, "skipped": {"too_long": 3}},
-    "extract": {"tokens": 51200, "bytes": 1048576},
-    "vocab": {"coverage": 0.97},
-    "train": {"valLoss": 2.1, "epochs": 2},
-    "evaluate": {"acceptanceLength": 1.6, "acceptanceRate": 0.2},
-    "export": {"sha256": "ab" * 32, "bytes": 123456},
-}
 
 
-def tiny(**overrides: Any) -> dict[str, Any]:
-    spec = copy.deepcopy(TINY)
-    for section, values in overrides.items():
-        spec[section] = {**spec.get(section, {}), **values} if isinstance(values, dict) else values
-    return spec
+def tiny(**sections: Any) -> dict[str, Any]:
+    """TINY with `sections` merge-patched in (see tests.tiny_spec.derive)."""
+    return tiny_spec.derive(TINY, **sections)
 
 
 async def status(cluster: Cluster, run: str) -> dict[str, Any]:
@@ -65,10 +50,11 @@ async def wait_job(cluster: Cluster, run: str, stage: str) -> dict[str, Any]:
 async def complete(
     cluster: Cluster, player: Player, run: str, stages: tuple[str, ...], **results: Any
 ) -> None:
-    """Succeed each stage's Job in order, waiting for the operator to create it."""
+    """Succeed each stage's Job in order, waiting for the operator to create it; a stage's result is the fake
+    one (tests.harness.results) unless `results` names another."""
     for stage in stages:
         job = await wait_job(cluster, run, stage)
-        await player.succeed(job, results.get(stage, RESULTS[stage]))
+        await player.succeed(job, results.get(stage, fake_result(stage)))
 
 
 async def drive_to_serving(cluster: Cluster, player: Player, run: str) -> dict[str, Any]:

@@ -1,19 +1,17 @@
 """What `eagle3 stage verify` reports when the weights on the volume are not the pinned ones, for the tests
-that play its Job (the planner's and the operator's) without running the stage program."""
+that play its Job (the planner's and the operator's) without running the stage program.
+
+The message comes from the stage program's own `checksum_mismatch` and `CheckFailed.termination_detail`, the
+code that writes it in a real Job, so the played message cannot drift from the real one.
+"""
 
 from __future__ import annotations
 
 import json
 
+from eagle3_pipeline.stages.verify import checksum_mismatch
+
 
 def mismatch_message(expected: str, actual: str, path: str) -> str:
     """The verify Job's termination message for a pinned checkpoint whose weights have another sha256."""
-    error = (
-        f"/artifacts/{path}/model.safetensors has sha256 {actual}, but serving.pinnedCheckpoint.sha256 is "
-        f"{expected}: these are not the weights that were promoted; pin the checkpoint a run exported "
-        "(`eagle3 promote RUN` copies its path and sha256)"
-    )
-    return json.dumps(
-        {"error": error, "reason": "ChecksumMismatch", "path": path, "file": "model.safetensors",
-         "expected": expected, "actual": actual}
-    )  # fmt: skip
+    return json.dumps(checksum_mismatch(path, expected, actual).termination_detail())

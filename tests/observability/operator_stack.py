@@ -42,6 +42,7 @@ from tests.harness.cluster import (
     now,
     running_operator,
 )
+from tests.harness.results import fake_result
 from tests.harness.scenario import tiny, wait_job, wait_phase
 
 T = TypeVar("T")
@@ -60,19 +61,6 @@ def spec_of(run: str, model: str) -> dict[str, Any]:
         "broken": {"prepare": {"backoffLimit": 0}},
     }.get(run, {})
     return tiny(verifier={"model": model}, evaluation={"minAcceptanceLength": 1.1}, stages=stages)
-
-
-# Stage results shaped as the stage programs write them (the keys the operator's metrics read).
-RESULTS: dict[str, dict[str, Any]] = {
-    "prepare": {"samples": 240, "tokens": 48_000},
-    "extract": {"samples": 240, "tokens": 48_000, "bytes": 3 * 128 * 2 * 48_000},
-    "vocab": {"draftVocabSize": 256},
-    "train": {
-        "bestValLoss": 2.1,
-        "bestEpoch": 1,
-        "epochs": [{"trainTokens": 43_200}, {"trainTokens": 43_200}],
-    },
-}
 
 
 class OperatorStack:
@@ -173,11 +161,11 @@ class OperatorStack:
 
     async def _good_until_evaluate(self) -> None:
         for stage in ("prepare", "extract", "vocab", "train"):
-            await self._succeed("good", stage, RESULTS[stage])
+            await self._succeed("good", stage, fake_result(stage))
 
     async def _bad_until_evaluate(self) -> None:
         assert self.cluster is not None and self.player is not None
-        await self._succeed("bad", "prepare", RESULTS["prepare"])
+        await self._succeed("bad", "prepare", fake_result("prepare"))
         first = await wait_job(self.cluster, "bad", "extract")
         await self._start_job(first)
         await asyncio.sleep(RUNNING_S)
@@ -185,7 +173,7 @@ class OperatorStack:
             first, "CUDA out of memory", reason="OOMKilled", exit_code=137, job_reason="PodFailurePolicy"
         )
         for stage in ("extract", "vocab", "train"):  # extract: the retry at half the budget
-            await self._succeed("bad", stage, RESULTS[stage])
+            await self._succeed("bad", stage, fake_result(stage))
 
     async def _stuck(self) -> None:
         assert self.cluster is not None and self.player is not None

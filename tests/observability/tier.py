@@ -75,7 +75,6 @@ def evaluate(tier: Tier, models: Path) -> dict[str, Any]:
         "acceptanceByPosition": list(acceptance.by_position),
         "drafts": delta.drafts,
         "outputTokens": good.completion_tokens - tokens_before,
-        "gatePassed": True,
     }
 
 

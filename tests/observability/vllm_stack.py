@@ -14,7 +14,6 @@ verifier's path as the served model name, as the Deployment does (`vllm serve /m
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -27,6 +26,8 @@ import httpx
 import torch
 
 from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.stages import Stage
+from eagle3_contract.vllm_command import eagle3_speculative_config
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import write_serving_checkpoint
 from eagle3_pipeline.spec_metrics import SpecDecodeCounters, parse_counters
@@ -101,12 +102,14 @@ def spec() -> Eagle3RunSpec:
 
 
 def server_for(run: str, draft: Path, work: Path) -> VllmServer:
-    ctx = StageContext("serve", run, spec(), work / "artifacts", work / run / "out")
-    speculative = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
-    extra = ["--speculative-config", json.dumps(speculative), "--max-num-seqs", str(MAX_NUM_SEQS)]
+    served = spec()
+    ctx = StageContext.of_spec(Stage.EVALUATE, run, served, work / "artifacts", work / run / "out")
     return VllmServer(
         ctx,
-        extra_args=extra,
+        served.verifier,
+        seed=served.dataset.seed,
+        speculative_config=eagle3_speculative_config(str(draft), NUM_SPECULATIVE_TOKENS),
+        extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)],
         served_model_name=MODEL,
         startup_timeout_s=600.0,
         stop_grace_s=10.0,

@@ -119,7 +119,8 @@ async def test_a_crash_looping_vllm_is_why_the_run_is_not_ready(backend):
 async def test_out_of_memory_in_extraction_retries_with_half_the_token_budget(backend, reason, exit_code):
     cluster, player, metrics = backend.cluster, backend.player, OperatorMetrics()
     async with backend.operator(metrics):
-        await cluster.apply_run("tiny", tiny(stages={"extract": {"backoffLimit": 0}}))
+        spec = tiny(extraction={"tokenBudget": 1024}, stages={"extract": {"backoffLimit": 0}})
+        await cluster.apply_run("tiny", spec)
         await complete(cluster, player, "tiny", ("prepare",))
         first = await wait_job(cluster, "tiny", "extract")
         await player.fail(
@@ -147,7 +148,11 @@ async def test_out_of_memory_at_the_smallest_budget_fails_with_advice(backend):
     cluster, player = backend.cluster, backend.player
     # Already at dataset.maxSequenceLength: nothing to halve. backoffLimit 0: a real Job controller waits
     # 10 s, 20 s, ... between pods, and the pods' reason decides here, not their count.
-    spec = tiny(extraction={"tokenBudget": 256}, stages={"extract": {"backoffLimit": 0}})
+    spec = tiny(
+        dataset={"maxSequenceLength": 256},
+        extraction={"tokenBudget": 256},
+        stages={"extract": {"backoffLimit": 0}},
+    )
     async with backend.operator():
         await cluster.apply_run("tiny", spec)
         await complete(cluster, player, "tiny", ("prepare",))

@@ -13,9 +13,10 @@ import kmock
 import pytest
 import yaml
 
+from eagle3_contract.api.base import PLURAL
 from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE
 from eagle3_operator.k8s import ApiError, Kube
-from tests.harness.cluster import PLURAL, eventually
+from tests.harness.cluster import eventually
 from tests.harness.scenario import drive_to_serving, status, tiny, wait_job, wait_phase
 from tests.harness.verification import mismatch_message
 
@@ -132,7 +133,7 @@ async def test_kube_reads_a_run_and_says_when_there_is_none(backend):
             await kube.get_run(cluster.ns, "absent")
     finally:
         await kube.close()
-    assert run["kind"] == "Eagle3Run" and run["spec"]["verifier"]["model"] == "/models/tiny"
+    assert run["kind"] == "Eagle3Run" and run["spec"]["verifier"]["model"] == tiny()["verifier"]["model"]
 
 
 async def test_promote_reads_the_run_from_the_api_and_its_manifest_serves_the_verified_draft(

@@ -6,8 +6,11 @@ import asyncio
 
 import pytest
 
+from eagle3_contract.api.base import API_VERSION, PLURAL
+from eagle3_operator.builders.names import ANNOTATION_SPEC_HASH, LABEL_MANAGED_BY
 from eagle3_operator.metrics import OperatorMetrics
 from tests.harness.cluster import eventually, running_operator
+from tests.harness.results import fake_result
 from tests.harness.scenario import (
     ORDER,
     complete,
@@ -19,9 +22,8 @@ from tests.harness.scenario import (
 )
 
 pytestmark = pytest.mark.operator
-MANAGED = "app.kubernetes.io/managed-by"
-SPEC_HASH = "eagle3.dev/spec-hash"
 PORT = {"name": "http", "port": 8000, "protocol": "TCP"}
+MODEL = tiny()["verifier"]["model"]  # the `model` label of the run's series
 
 
 async def test_run_goes_from_prepare_to_serving(backend):
@@ -41,17 +43,17 @@ async def test_run_goes_from_prepare_to_serving(backend):
     assert sorted(j["metadata"]["labels"]["eagle3.dev/stage"] for j in jobs) == sorted(ORDER)
     for job in jobs:
         labels = job["metadata"]["labels"]
-        assert labels[MANAGED] == "eagle3-operator" and labels["eagle3.dev/run"] == "tiny"
+        assert labels[LABEL_MANAGED_BY] == "eagle3-operator" and labels["eagle3.dev/run"] == "tiny"
         assert job["metadata"]["ownerReferences"][0]["kind"] == "Eagle3Run"
         assert job["metadata"]["ownerReferences"][0]["uid"]
     assert first["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["eagle3", "stage", "prepare"]
     assert final["phase"] == "Serving"
     assert final["acceptanceLength"] == 1.6
-    assert final["stages"]["prepare"]["result"] == {"samples": 240, "skipped": {"too_long": 3}}
+    assert final["stages"]["prepare"]["result"] == fake_result("prepare")  # the termination message, as is
     assert final["checkpoint"] == {
         "path": final["stages"]["export"]["outputDir"],
-        "sha256": "ab" * 32,
-        "bytes": 123456,
+        "sha256": fake_result("export")["sha256"],
+        "bytes": fake_result("export")["bytes"],
         "acceptanceLength": 1.6,
         "acceptanceRate": 0.2,
     }
@@ -70,13 +72,13 @@ async def test_run_goes_from_prepare_to_serving(backend):
     assert "ownerReferences" not in claim["metadata"], "the artifacts volume outlives the run by default"
     backend.assert_content_types()
     sample, run = metrics.registry.get_sample_value, {"namespace": cluster.ns, "run": "tiny"}
-    assert sample("eagle3_run_acceptance_length", run | {"model": "/models/tiny"}) == 1.6
+    assert sample("eagle3_run_acceptance_length", run | {"model": MODEL}) == 1.6
     prepare = {"namespace": cluster.ns, "stage": "prepare"}
     assert sample("eagle3_operator_stage_duration_seconds_count", prepare) == 1
     attempts = {s: sample("eagle3_operator_stage_attempts_total", run | {"stage": s}) for s in ORDER}
     assert attempts == dict.fromkeys(ORDER, 1.0), "one Job per stage, each counted once"
     assert sample("eagle3_operator_runs", {"namespace": cluster.ns, "phase": "Serving"}) == 1
-    draft = {"model": "/models/tiny", "checkpoint": final["checkpoint"]["path"], "sha256": "ab" * 32}
+    draft = {"model": MODEL, "checkpoint": final["checkpoint"]["path"], "sha256": "ab" * 32}
     assert sample("eagle3_serving_draft_info", run | draft) == 1
     assert sample("eagle3_serving_draft_rollout_timestamp_seconds", run | {"sha256": "ab" * 32}) > 0
 
@@ -129,11 +131,13 @@ async def test_pinned_checkpoint_serves_without_training(backend):
 async def test_gate_failure_keeps_the_previous_draft_serving(backend):
     cluster, player = backend.cluster, backend.player
     async with backend.operator():
-        await cluster.apply_run("tiny", tiny())
+        await cluster.apply_run("tiny", tiny(evaluation={"minAcceptanceLength": 1.2}))
         before = await drive_to_serving(cluster, player, "tiny")
         await cluster.edit_run("tiny", {"training": {"epochs": 1}})
         await complete(cluster, player, "tiny", ("train",))
-        await complete(cluster, player, "tiny", ("evaluate",), evaluate={"acceptanceLength": 1.05})
+        await complete(
+            cluster, player, "tiny", ("evaluate",), evaluate=fake_result("evaluate", acceptance_length=1.05)
+        )
         st = await wait_phase(cluster, "tiny", "Failed")
         deployment = await cluster.deployment("tiny")
     conditions = {c["type"]: c for c in st["conditions"]}
@@ -154,7 +158,7 @@ async def test_deleting_a_run_stops_everything_and_keeps_the_artifacts(backend):
         job = await wait_job(cluster, "tiny", "prepare")
         await wait_phase(cluster, "tiny", "Running")
         await eventually(lambda: _remembered(metrics, cluster.ns), what="metrics remember the run")
-        await cluster.delete("eagle3.dev/v1alpha1", "eagle3runs", "tiny")
+        await cluster.delete(API_VERSION, PLURAL, "tiny")
         await eventually(lambda: _forgotten(metrics, cluster.ns), what="metrics forget the run")
         if backend.real:
             await eventually(lambda: _gone(cluster, "tiny"), timeout=60, what="the garbage collector's work")
@@ -197,15 +201,15 @@ async def test_an_upgraded_operator_converges_the_service_an_older_one_made(back
         await cluster.apply_run("tiny", tiny())
         await drive_to_serving(cluster, player, "tiny")
         service = await eventually(lambda: cluster.get("v1", "services", "tiny-vllm"))
-    wanted = service["metadata"]["annotations"][SPEC_HASH]
-    older = {"metadata": {"annotations": {SPEC_HASH: None}}}
+    wanted = service["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+    older = {"metadata": {"annotations": {ANNOTATION_SPEC_HASH: None}}}
     older["spec"] = {"ports": [{**PORT, "targetPort": 9000}]}
     await cluster.patch("v1", "services", "tiny-vllm", older)  # what an operator before the hash made
     async with backend.operator():
 
         async def converged():
             now = await cluster.get("v1", "services", "tiny-vllm")
-            return now if now["metadata"].get("annotations", {}).get(SPEC_HASH) == wanted else None
+            return now if now["metadata"].get("annotations", {}).get(ANNOTATION_SPEC_HASH) == wanted else None
 
         service = await eventually(converged, what="the Service patched back to the builder's")
     assert service["spec"]["ports"] == [{**PORT, "targetPort": "http"}]

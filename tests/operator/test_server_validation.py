@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from eagle3_contract.api import parse_spec, spec_document
+from eagle3_contract.api.base import API_VERSION, PLURAL
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run
@@ -40,7 +41,7 @@ def real(backend):
 async def test_an_example_passes_a_server_side_dry_run_and_keeps_every_field(real, path):
     doc = yaml.safe_load(path.read_text())
     doc["metadata"]["namespace"] = real.cluster.ns
-    stored = await dry_run(real.cluster, "eagle3.dev/v1alpha1", "eagle3runs", doc)
+    stored = await dry_run(real.cluster, API_VERSION, PLURAL, doc)
     assert stored["spec"] == spec_document(parse_spec(doc["spec"])), "pruned or defaulted differently"
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.gate import GateVerdict, judge_evaluation
+from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
@@ -154,9 +156,11 @@ def test_held_out_prompts_come_from_validation_rows(tmp_path: Path) -> None:
 # --- the result and the gate --------------------------------------------------------------------------------
 
 
-def context(tmp_path: Path, **evaluation: Any) -> StageContext:
+def context(tmp_path: Path, **evaluation: Any) -> StageContext[Any, Any]:
     manifest = load_manifest(write_manifest(tmp_path / "run.yaml", evaluate_spec(**evaluation)))
-    return StageContext("evaluate", manifest.name, manifest.spec, tmp_path, tmp_path / "evaluate" / "h")
+    return StageContext.of_spec(
+        Stage.EVALUATE, manifest.name, manifest.spec, tmp_path, tmp_path / "evaluate" / "h"
+    )
 
 
 def evaluation(prompts: int, accepted: float, mapping: str | None = None, base: bool = True) -> Evaluation:
@@ -169,6 +173,11 @@ def evaluation(prompts: int, accepted: float, mapping: str | None = None, base: 
     )
 
 
+def judged(result: dict[str, Any], required: float | None) -> GateVerdict:
+    """The gate's verdict on a result, as the operator and `eagle3 run` judge it (eagle3_contract.gate)."""
+    return judge_evaluation(EvaluateResult.model_validate(result), required)
+
+
 def test_the_result_carries_the_figures_and_passes_the_gate(tmp_path: Path) -> None:
     ctx = context(tmp_path, prompts=3, numSpeculativeTokens=3, minAcceptanceLength=1.5)
     result = summarize(ctx, evaluation(3, accepted=60))
@@ -177,29 +186,34 @@ def test_the_result_carries_the_figures_and_passes_the_gate(tmp_path: Path) -> N
     assert result["drafts"] == 100 and result["acceptedTokensByPosition"] == [42, 18, 0]
     assert result["outputTokensPerSecond"] == 150 and result["baselineOutputTokensPerSecond"] == 100
     assert result["speedup"] == 1.5 and result["outputsMatchingBaseline"] == 2
-    assert result["gatePassed"] is True and result["minAcceptanceLength"] == 1.5
-    assert result["message"] == "mean acceptance length 1.600 reaches evaluation.minAcceptanceLength 1.5"
+    assert "gatePassed" not in result and "minAcceptanceLength" not in result  # the verdict is the gate's
+    assert result["message"] is None  # nothing the figures do not say
+    verdict = judged(result, 1.5)
+    assert verdict.passed and verdict.message == (
+        "mean acceptance length 1.600 reaches evaluation.minAcceptanceLength 1.5"
+    )
     assert len(json.dumps(result)) < 4096  # it is the container's termination message too
 
 
 def test_below_the_gate_the_message_names_both_lengths(tmp_path: Path) -> None:
     ctx = context(tmp_path, prompts=8, numSpeculativeTokens=3, minAcceptanceLength=1.7)
     result = summarize(ctx, evaluation(3, accepted=60))
-    assert result["gatePassed"] is False
-    assert "mean acceptance length 1.600 is below evaluation.minAcceptanceLength 1.7" in result["message"]
+    verdict = judged(result, 1.7)
+    assert not verdict.passed
+    assert "mean acceptance length 1.600 is below evaluation.minAcceptanceLength 1.7" in verdict.message
     assert "3 held-out prompts, fewer than evaluation.prompts 8" in result["message"]
 
 
 def test_without_a_gate_it_passes_and_says_so(tmp_path: Path) -> None:
     result = summarize(context(tmp_path, prompts=3), evaluation(3, accepted=0))
-    assert result["gatePassed"] is True and result["minAcceptanceLength"] is None
-    assert "no gate" in result["message"]
+    verdict = judged(result, None)
+    assert verdict.passed and verdict.reason == "NoGate" and "is unset" in verdict.message
 
 
 def test_a_broken_mapping_fails_the_gate_whatever_the_acceptance(tmp_path: Path) -> None:
     ctx = context(tmp_path, prompts=3, minAcceptanceLength=1.1)
     result = summarize(ctx, evaluation(3, accepted=90, mapping="d2t maps 5 of 8 draft tokens", base=False))
-    assert result["gatePassed"] is False and result["mappingConsistent"] is False
+    assert result["mappingConsistent"] is False and judged(result, 1.1).reason == "MappingInconsistent"
     assert "d2t and t2d disagree (d2t maps 5 of 8 draft tokens)" in result["message"]
     assert result["speedup"] is None and result["outputsMatchingBaseline"] is None
 
@@ -208,7 +222,7 @@ def test_embeddings_of_another_verifier_are_named(tmp_path: Path) -> None:
     ev = evaluation(3, accepted=9)
     ev = Evaluation(ev.prompts, 3, ev.draft, ev.baseline, None, ev.source, "2 of 1024 rows ... differ")
     result = summarize(context(tmp_path, prompts=3, minAcceptanceLength=1.5), ev)
-    assert result["embeddingsMatchVerifier"] is False and result["gatePassed"] is False
+    assert result["embeddingsMatchVerifier"] is False and not judged(result, 1.5).passed
     assert (
         "2 of 1024 rows ... differ: the draft was trained for another version of verifier.model"
         in (result["message"])
@@ -230,7 +244,7 @@ def test_the_local_run_stops_before_export_when_the_gate_fails(tmp_path: Path) -
         if plan.stage == Stage.EXPORT or plan.skipped:
             continue
         (art / plan.output_dir).mkdir(parents=True)
-        result = {"acceptanceLength": 1.25, "gatePassed": False, "message": "below"}
+        result = {"acceptanceLength": 1.25, "message": "measured on 3 held-out prompts"}
         (art / plan.output_dir / "result.json").write_text(
             json.dumps(result if plan.stage == Stage.EVALUATE else {})
         )
@@ -239,7 +253,8 @@ def test_the_local_run_stops_before_export_when_the_gate_fails(tmp_path: Path) -
     message, outcomes = failed.value.args
     below = "mean acceptance length 1.250 is below evaluation.minAcceptanceLength 2.0"
     assert f"(AcceptanceBelowGate): {below}" in message
-    assert "Export and serving do not run" in message and "evaluate says: below" in message
+    assert "Export and serving do not run" in message
+    assert "evaluate says: measured on 3 held-out prompts" in message  # its notes, not a verdict
     assert outcomes[-1].stage == "evaluate" and outcomes[-1].note == "gate failed"
     assert not (art / "export").exists()
 
@@ -247,6 +262,7 @@ def test_the_local_run_stops_before_export_when_the_gate_fails(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("result", "required", "stops"),
     [
+        # an older evaluate wrote its own verdict (gatePassed): the current spec's gate decides
         ({"acceptanceLength": 1.25, "gatePassed": False}, 1.2, False),  # judged at a stricter gate before
         ({"acceptanceLength": 1.25, "gatePassed": True}, 1.5, True),  # the gate was raised since
         ({"acceptanceLength": 3.0, "gatePassed": False, "mappingConsistent": False}, None, True),
@@ -259,7 +275,7 @@ def test_the_gate_is_the_current_specs(
 ) -> None:
     manifest = load_manifest(write_manifest(tmp_path / "run.yaml", evaluate_spec(prompts=4)))
     plan = next(p for p in plan_stages(manifest.spec) if p.stage == Stage.EVALUATE)
-    assert (gate_failure(plan, result, required) is not None) is stops
+    assert (gate_failure(plan, EvaluateResult.parse(result), required) is not None) is stops
 
 
 # --- with vLLM ----------------------------------------------------------------------------------------------
@@ -322,7 +338,7 @@ def test_acceptance_follows_from_vllms_raw_counters(good_run: Run) -> None:
     by_position = [a / r["drafts"] for a in r["acceptedTokensByPosition"]]
     assert r["acceptanceByPosition"] == pytest.approx(by_position, abs=1e-6)
     # the fitted draft is a working one: 1.5 to 1.75 tokens per step, most of them at position 0
-    assert r["acceptanceLength"] > 1.3 and r["gatePassed"] is True and r["embeddingsMatchVerifier"] is True
+    assert r["acceptanceLength"] > 1.3 and judged(r, 1.3).passed and r["embeddingsMatchVerifier"] is True
     assert r["acceptanceByPosition"][0] > 0.4
     assert r["outputTokens"] == r["baselineOutputTokens"]
     assert r["outputsMatchingBaseline"] >= PROMPTS - 1  # greedy decoding is lossless up to numerics
@@ -348,7 +364,7 @@ def test_a_shuffled_mapping_fails_the_gate_with_a_clear_message(
     run = evaluate_in(root, vllm_env, draft, prompts=PROMPTS, minAcceptanceLength=1.3)
     r = run.result
     assert run.code == 0  # the stage measured the draft; the gate is the operator's decision
-    assert r["gatePassed"] is False and r["mappingConsistent"] is False
+    assert r["mappingConsistent"] is False and judged(r, 1.3).reason == "MappingInconsistent"
     assert (
         "the draft's d2t and t2d disagree" in r["message"] and "re-run stages vocab and train" in r["message"]
     )

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.stages import Stage
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import (
     foreign_embeddings,
@@ -262,7 +263,7 @@ def test_vllm_accepts_the_export_as_it_accepts_the_full_checkpoint(
     data = write_data_stage(art, conversations(vllm_models / DATASET))
     prompts, _ = held_out_prompts(art / data / "conversations.jsonl", 16)
     manifest = load_manifest(write_manifest(root / "run.yaml", evaluate_spec(prompts=16)))
-    ctx = StageContext("evaluate", manifest.name, manifest.spec, art, art / "evaluate" / "h")
+    ctx = StageContext.of_spec(Stage.EVALUATE, manifest.name, manifest.spec, art, art / "evaluate" / "h")
     ctx.begin()
     full, slim = measure(ctx, prompts, exported.source), measure(ctx, prompts, exported.output)
     assert full.outputs == slim.outputs and full.output_tokens == slim.output_tokens

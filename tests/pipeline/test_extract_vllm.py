@@ -17,8 +17,10 @@ import torch
 from safetensors import safe_open
 
 from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.params import extract_tuning
+from eagle3_contract.vllm_command import hidden_states_speculative_config
 from eagle3_pipeline.context import work_dir_of
-from eagle3_pipeline.extract_vllm import concurrency_for, extract_args, kv_transfer_config, speculative_config
+from eagle3_pipeline.extract_vllm import concurrency_for, extract_options, kv_transfer_config
 from eagle3_pipeline.hidden_states import Layout, file_name
 from eagle3_pipeline.stage_main import run_stage
 from eagle3_pipeline.vllm_server import build_serve_argv
@@ -58,7 +60,7 @@ def one_torch_thread() -> Any:
 
 
 def test_speculative_config_is_what_speculators_launch_script_passes() -> None:
-    assert speculative_config(LAYOUT) == {
+    assert hidden_states_speculative_config(LAYOUT.layer_ids) == {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, LAYERS]}},
@@ -77,15 +79,14 @@ def test_kv_transfer_config_comes_from_hs_connectors(tmp_path: Path) -> None:
     assert fp8["kv_connector_module_path"] == "hs_connectors.fp8_hidden_states_connector"
 
 
-def test_extract_args(tmp_path: Path, tiny_model: Path) -> None:
+def test_extract_options(tmp_path: Path, tiny_model: Path) -> None:
     spec = load_manifest(write_manifest(tmp_path / "run.yaml", tiny_model, layers=[1, 2])).spec
-    args = extract_args(spec, LAYOUT, tmp_path / "staging", longest_row=50)
+    args = extract_options(extract_tuning(spec), LAYOUT, longest_row=50)
     options = dict(zip(args[::2], args[1::2], strict=True))
-    assert json.loads(options["--speculative-config"]) == speculative_config(LAYOUT)
     assert options["--gpu-memory-utilization"] == "0.9"
     assert options["--dtype"] == "bfloat16"  # the connector writes the model dtype
     assert options["--max-model-len"] == "51"  # longest row + the one generated token
-    fp8 = extract_args(spec, Layout((1, 2), LAYERS, HIDDEN, "fp8"), tmp_path, longest_row=50)
+    fp8 = extract_options(extract_tuning(spec), Layout((1, 2), LAYERS, HIDDEN, "fp8"), longest_row=50)
     assert "--dtype" not in fp8
 
 
@@ -157,7 +158,7 @@ def test_vllm_accepts_the_serve_command(tmp_path: Path, tiny_model: Path) -> Non
         manifest = write_manifest(tmp_path / f"{dtype}.yaml", tiny_model, layers=[1, 2], dtype=dtype)
         spec = load_manifest(manifest).spec
         layout = Layout((1, 2), LAYERS, HIDDEN, dtype)
-        extra = extract_args(spec, layout, tmp_path / "staging", longest_row=MAX_LEN)
+        extra = extract_options(extract_tuning(spec), layout, longest_row=MAX_LEN)
         argvs.append(
             build_serve_argv(
                 "vllm",
@@ -167,7 +168,9 @@ def test_vllm_accepts_the_serve_command(tmp_path: Path, tiny_model: Path) -> Non
                 seed=0,
                 max_num_batched_tokens=256,
                 enforce_eager=True,
-                extra_args=extra,
+                speculative_config=hidden_states_speculative_config(layout.layer_ids),
+                kv_transfer_config=kv_transfer_config(layout, tmp_path / "staging"),
+                options=extra,
             )
         )
     # vLLM imports the fp8 connector's module: hs_connectors (pure Python) must be in its environment too,

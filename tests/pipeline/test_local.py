@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.results import ExtractResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.local import LocalOptions, run_stage_with_retries
 from tests.pipeline.chat_templates import save_verifier
@@ -90,7 +91,7 @@ def test_out_of_memory_retries_at_half_the_budget_down_to_the_sequence_length(
     if status == "failed":
         assert "halving stops at 256" in outcome.note
     else:
-        assert outcome.result == {"tokenBudget": 512}
+        assert outcome.result == ExtractResult(token_budget=512)  # result.json, typed
 
 
 def test_an_attempt_past_the_stage_deadline_fails_as_in_a_cluster(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from eagle3_contract.params import train_params
 from eagle3_pipeline import speculators_cpu
 from eagle3_pipeline.context import work_dir_of
 from eagle3_pipeline.stage_main import run_stage
@@ -347,7 +348,7 @@ def test_the_schedulers_map_onto_speculators(
         vocab_size=32,
         train_ratio=0.8,
     )
-    cfg = train_config(run.spec, sources, tmp_path / "ckpt", cpu=False)
+    cfg = train_config(train_params(run.spec), sources, tmp_path / "ckpt", cpu=False)
     flat = cfg.flatten()
     assert (flat["scheduler_type"], flat["scheduler_num_cosine_cycles"]) == expected
     assert flat["scheduler_warmup_ratio"] == 0.1

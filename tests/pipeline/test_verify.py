@@ -19,6 +19,7 @@ from safetensors.numpy import save_file
 
 from eagle3_contract.api.validation import parse_spec
 from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE
+from eagle3_contract.results import VerifyResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_operator.reconcile.verification import check_failure
 from eagle3_pipeline.draft_checkpoint import write_manifest as write_checkpoint_manifest
@@ -175,7 +176,9 @@ def test_eagle3_run_verifies_a_pinned_draft_on_every_run(verify: Verify, tmp_pat
     for _ in range(2):
         outcomes = {o.stage: o for o in run_local(manifest, options)}
         assert {s for s, o in outcomes.items() if o.status == "skipped"} == set(outcomes) - {"verify"}
-        assert outcomes["verify"].status == "done" and outcomes["verify"].result["sha256"] == verify.good
+        verified = outcomes["verify"].result  # result.json, typed
+        assert outcomes["verify"].status == "done"
+        assert isinstance(verified, VerifyResult) and verified.sha256 == verify.good
     (verify.artifacts / DRAFT / "model.safetensors").write_bytes(b"not the promoted weights")
     with pytest.raises(LocalRunError, match=f"stage verify failed: exit code {CHECK_FAILED_EXIT_CODE}"):
         run_local(manifest, options)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from eagle3_contract.api.spec import Eagle3RunSpec, Verifier
+from eagle3_contract.stages import Stage
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import OutOfMemory, StageError
 from eagle3_pipeline.vllm_server import (
@@ -108,7 +109,7 @@ def test_vllms_own_parser_reads_our_command_line() -> None:
             max_num_batched_tokens=8192,
             served_model_name="verifier",
             enforce_eager=True,
-            extra_args=["--speculative-config", json.dumps(SPECULATIVE)],
+            speculative_config=SPECULATIVE,
         ),
         build_serve_argv(vllm, Verifier(model="m"), model_path="/local/m", port=9000, seed=0),
     ]
@@ -170,13 +171,20 @@ def fake_vllm(directory: Path, body: str) -> Path:
     return exe
 
 
-def context(tmp_path: Path) -> StageContext:
-    spec = Eagle3RunSpec.model_validate(
-        {"verifier": {"model": "/artifacts/models/v"}, "dataset": {"source": "d.jsonl", "seed": 5}}
-    )
-    ctx = StageContext("generate", "t", spec, tmp_path / "art", tmp_path / "art" / "generate" / "h")
+SPEC = Eagle3RunSpec.model_validate(
+    {"verifier": {"model": "/artifacts/models/v"}, "dataset": {"source": "d.jsonl", "seed": 5}}
+)
+
+
+def context(tmp_path: Path) -> StageContext[Any, Any]:
+    art = tmp_path / "art"
+    ctx = StageContext.of_spec(Stage.GENERATE, "t", SPEC, art, art / "generate" / "h")
     ctx.begin()
     return ctx
+
+
+def server(ctx: StageContext[Any, Any], **options: Any) -> VllmServer:
+    return VllmServer(ctx, SPEC.verifier, seed=SPEC.dataset.seed, **options)
 
 
 def test_early_exit_reports_the_log_tail_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,7 +196,7 @@ def test_early_exit_reports_the_log_tail_and_env(tmp_path: Path, monkeypatch: py
     ctx = context(tmp_path)
     with (
         pytest.raises(StageError, match=r"exited with code 3") as info,
-        VllmServer(ctx, max_num_batched_tokens=64),
+        server(ctx, max_num_batched_tokens=64),
     ):
         pass
     assert "ValueError: no such model" in str(info.value)
@@ -203,7 +211,7 @@ def test_early_exit_reports_the_log_tail_and_env(tmp_path: Path, monkeypatch: py
 def test_out_of_memory_at_start_is_an_oom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     exe = fake_vllm(tmp_path, 'echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"; exit 1')
     monkeypatch.setenv(ENV_VLLM, str(exe))
-    with pytest.raises(OutOfMemory, match=r"ran out of memory"), VllmServer(context(tmp_path)):
+    with pytest.raises(OutOfMemory, match=r"ran out of memory"), server(context(tmp_path)):
         pass
 
 
@@ -213,13 +221,13 @@ def test_a_server_that_never_answers_times_out_and_is_killed(
     # ignores SIGTERM, and so does its child in the same process group: SIGKILL must follow
     exe = fake_vllm(tmp_path, "trap '' TERM; sleep 300 & sleep 300 & wait")
     monkeypatch.setenv(ENV_VLLM, str(exe))
-    server = VllmServer(context(tmp_path), startup_timeout_s=2.0, stop_grace_s=1.0)
+    never = server(context(tmp_path), startup_timeout_s=2.0, stop_grace_s=1.0)
     started = time.monotonic()
     with pytest.raises(StageError, match=r"did not answer /health within 2 s"):
-        server.start()
+        never.start()
     assert time.monotonic() - started < 20
-    assert server.pid is not None
+    assert never.pid is not None
     deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously: give the kernel a moment
-    while group_members(server.pid) and time.monotonic() < deadline:
+    while group_members(never.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert group_members(server.pid) == [], "no live process of the server's group is left"
+    assert group_members(never.pid) == [], "no live process of the server's group is left"

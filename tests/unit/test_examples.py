@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 import yaml
-from api_support import (
+from celpy import celtypes
+
+from eagle3_contract.api.base import GROUP, KIND, VERSION
+from eagle3_contract.api.validation import parse_spec
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.reconcile.observe import Observed
+from eagle3_operator.reconcile.planner import plan_run
+from tests.unit.api.api_support import (
     cel_program,
     crd_validator,
     defaulted,
@@ -26,13 +33,6 @@ from api_support import (
     to_cel,
     walk_values,
 )
-from celpy import celtypes
-
-from eagle3_contract.api.base import GROUP, KIND, VERSION
-from eagle3_contract.api.validation import parse_spec
-from eagle3_operator.builders.names import RunRef
-from eagle3_operator.reconcile.observe import Observed
-from eagle3_operator.reconcile.planner import plan_run
 
 ROOT = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLES = sorted(p for p in ROOT.rglob("*") if p.suffix in {".yaml", ".yml"})

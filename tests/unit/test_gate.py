@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from eagle3_contract.gate import judge_evaluation
+from eagle3_contract.results import EvaluateResult
 
 
 @pytest.mark.parametrize(
@@ -15,6 +16,7 @@ from eagle3_contract.gate import judge_evaluation
         ({"acceptanceLength": 2.5}, 2.0, True, "AcceptanceAboveGate"),
         ({"acceptanceLength": 2.0}, 2.0, True, "AcceptanceAboveGate"),  # reaching the gate is enough
         ({"acceptanceLength": 1.99}, 2.0, False, "AcceptanceBelowGate"),
+        # an older evaluate wrote its own verdict: the current gate decides, not that
         ({"acceptanceLength": 1.25, "gatePassed": False}, 1.2, True, "AcceptanceAboveGate"),  # gate lowered
         ({"acceptanceLength": 1.25, "gatePassed": True}, 1.5, False, "AcceptanceBelowGate"),  # gate raised
         ({"acceptanceLength": 1.0}, None, True, "NoGate"),
@@ -30,13 +32,14 @@ from eagle3_contract.gate import judge_evaluation
 def test_the_verdict_follows_the_current_gate_and_the_mapping(
     result: dict[str, Any] | None, required: float | None, passed: bool, reason: str
 ) -> None:
-    verdict = judge_evaluation(result, required)
+    """Each result is read as the operator reads evaluate's termination message (a bad type is dropped)."""
+    verdict = judge_evaluation(EvaluateResult.parse(result), required)
     assert (verdict.passed, verdict.reason) == (passed, reason)
     assert verdict.message
 
 
 def test_a_failed_verdict_says_what_was_measured_and_what_keeps_serving() -> None:
-    verdict = judge_evaluation({"acceptanceLength": 1.6}, 2.0)
+    verdict = judge_evaluation(EvaluateResult(acceptance_length=1.6), 2.0)
     assert verdict.message == (
         "mean acceptance length 1.600 is below evaluation.minAcceptanceLength 2.0; "
         "the previous draft (if any) keeps serving"

@@ -8,14 +8,17 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from planner_world import RUN, World, tiny, ts
 
 from eagle3_contract.api.status import RunPhase, StagePhase
 from eagle3_contract.exit_codes import OOM_EXIT_CODE
 from eagle3_contract.policy import EXPECTED_SECONDS
+from eagle3_contract.results import TrainEpoch
+from eagle3_contract.stages import Stage
 from eagle3_operator.metrics import STAGE_BUCKETS, OperatorMetrics
 from eagle3_operator.reconcile.observe import JobView, Termination
 from eagle3_operator.reconcile.run_report import RunReport, run_report, unix_time
+from tests.harness.results import fake_result
+from tests.unit.reconcile.planner_world import RUN, World, tiny, ts
 
 RUNS = "eagle3_operator_runs"
 STAGE = "eagle3_operator_stage_duration_seconds"
@@ -24,25 +27,19 @@ FAILURES = "eagle3_operator_stage_failures_total"
 LAST_FAILURE = "eagle3_run_stage_last_failure_timestamp_seconds"
 NOW = 1_750_000_000.0
 
-# Stage results with the keys the stage programs write (eagle3_pipeline.stages.<stage>.run()).
-EVALUATE = {
-    "prompts": 8, "numSpeculativeTokens": 3, "drafts": 120, "draftTokens": 360, "acceptedTokens": 198,
-    "acceptedTokensByPosition": [90, 66, 42], "acceptanceRate": 0.55, "acceptanceLength": 2.65,
-    "acceptanceByPosition": [0.75, 0.55, 0.35], "outputTokens": 512, "gatePassed": True, "seconds": 41.2,
-}  # fmt: skip
-TRAIN = {
-    "epochs": [
-        {"epoch": 0, "trainTokens": 4096, "valLoss": 5.1}, {"epoch": 1, "trainTokens": 4096, "valLoss": 4.2},
+# The fake stage results (tests.harness.results) with the figures these tests read.
+EVALUATE = fake_result(Stage.EVALUATE, acceptance_rate=0.55, acceptance_length=2.65, output_tokens=512)
+TRAIN = fake_result(
+    Stage.TRAIN,
+    best_val_loss=4.2,
+    epochs=[
+        TrainEpoch(epoch=0, train_tokens=4096, val_loss=5.1),
+        TrainEpoch(epoch=1, train_tokens=4096, val_loss=4.2),
     ],
-    "bestEpoch": 1, "bestValLoss": 4.2, "estimatedAcceptanceLength": 1.9, "trainTokensPerSecond": 812.5,
-    "checkpoint": "checkpoints/best", "seconds": 12.0,
-}  # fmt: skip
-EXTRACT = {
-    "samples": 3, "tokens": 1536, "extractedTokens": 1536, "bytes": 3145728, "bytesPerToken": 2048.0,
-    "layers": [1, 2, 3], "tokenBudget": 1024, "seconds": 2.5,
-}  # fmt: skip
-PREPARE = {"format": "conversations", "conversations": 3, "samples": 3, "tokens": 1600, "seconds": 0.4}
-GENERATE = {"rows": 3, "regenerated": 3, "outputTokens": 900, "tokens": 1700, "seconds": 30.0}
+)
+EXTRACT = fake_result(Stage.EXTRACT, tokens=1536, bytes=3145728)
+PREPARE = fake_result(Stage.PREPARE, tokens=1600)
+GENERATE = fake_result(Stage.GENERATE, output_tokens=900, tokens=1700)
 
 
 def sample(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import yaml
-from planner_world import World, tiny
 
 from eagle3_cli.main import main
 from eagle3_contract.api.validation import parse_spec, spec_document
@@ -28,6 +27,8 @@ from eagle3_operator.promote import (
     render,
     select_run,
 )
+from tests.harness.results import fake_result
+from tests.unit.reconcile.planner_world import World, tiny
 
 SHA = "cd" * 32
 NAMESPACE = "ml"
@@ -37,9 +38,9 @@ def exported_world(**sections: Any) -> World:
     """A tiny run with a gate that trained, passed the gate and exported (its Deployment not ready yet)."""
     world = World(tiny(evaluation={"minAcceptanceLength": 1.5}, **sections))
     world.run_to("evaluate")
-    world.succeed("evaluate", {"acceptanceLength": 2.25, "acceptanceRate": 0.4167})
+    world.succeed("evaluate", fake_result("evaluate", acceptance_length=2.25, acceptance_rate=0.4167))
     world.step()
-    world.succeed("export", {"sha256": SHA, "bytes": 3 * (1 << 20)})
+    world.succeed("export", fake_result("export", sha256=SHA, bytes=3 * (1 << 20)))
     world.step()
     return world
 
@@ -109,7 +110,7 @@ def test_without_a_last_applied_spec_the_server_defaults_are_left_out(run: dict[
     pinned = with_pin(run["spec"], run["status"]["checkpoint"]["path"])
     assert parse_spec(manifest["spec"]) == parse_spec(pinned), "the same spec"
     assert "nodePool" not in manifest["spec"] and "images" not in manifest["spec"], "defaults are not written"
-    assert manifest["spec"]["verifier"] == {"model": "/models/tiny"}
+    assert manifest["spec"]["verifier"] == tiny()["verifier"], "as written, no defaults"
 
 
 def test_a_last_applied_spec_that_is_not_the_live_one_is_not_used(run: dict[str, Any]) -> None:

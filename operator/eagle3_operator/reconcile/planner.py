@@ -21,6 +21,7 @@ from eagle3_contract.api.status import (
     StagePhase,
 )
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec, spec_document
+from eagle3_contract.results import EvaluateResult, ExportResult
 from eagle3_contract.stages import Stage, StagePlan, content_hash, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.claim import build_artifacts_claim
@@ -114,24 +115,22 @@ def _checkpoint(spec: Eagle3RunSpec, progress: Progress, previous: Eagle3RunStat
         and export.phase == StagePhase.SUCCEEDED
         and export.output_dir
     ):
-        result = export.result or {}
-        size = result.get("bytes")
-        digest = result.get("sha256")
-        evaluated = progress.stages.get(Stage.EVALUATE.value)
-        figures = (evaluated.result if evaluated is not None else None) or {}
+        exported = ExportResult.parse(export.result) or ExportResult()
+        figures = _evaluated(progress) or EvaluateResult()
         return Checkpoint(
             path=export.output_dir,
-            sha256=digest if isinstance(digest, str) else None,
-            bytes=size if isinstance(size, int) and not isinstance(size, bool) else None,
-            acceptance_length=_number(figures.get("acceptanceLength")),
-            acceptance_rate=_number(figures.get("acceptanceRate")),
+            sha256=exported.sha256,
+            bytes=exported.bytes,
+            acceptance_length=figures.acceptance_length,
+            acceptance_rate=figures.acceptance_rate,
         )
     return previous.checkpoint
 
 
-def _number(value: Any) -> float | None:
-    """A JSON number as a float; anything else (bool, string, null) as None."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+def _evaluated(progress: Progress) -> EvaluateResult | None:
+    """evaluate's result in this walk's status, if it has one."""
+    evaluate = progress.stages.get(Stage.EVALUATE.value)
+    return EvaluateResult.parse(evaluate.result) if evaluate is not None else None
 
 
 def _phase(spec: Eagle3RunSpec, progress: Progress, serving: ServingStatus | None) -> RunPhase:
@@ -236,14 +235,13 @@ def plan_run(
     creates = {a.body["kind"] for a in changes if a.verb == "create"}
     actions = _storage_actions(ref, spec, observed, spec_hash, creates) + changes
     actions += _stale_configmaps(ref, observed, configmap)
-    evaluate = progress.stages.get(Stage.EVALUATE.value)
-    accepted = (evaluate.result or {}).get("acceptanceLength") if evaluate else None
+    evaluated = _evaluated(progress)
     phase = _phase(spec, progress, serving)
     status = Eagle3RunStatus(
         phase=phase,
         current_stage=progress.blocked_at or (names.SERVE_STAGE if spec.serving.enabled else None),
         observed_generation=generation,
-        acceptance_length=float(accepted) if isinstance(accepted, int | float) else None,
+        acceptance_length=evaluated.acceptance_length if evaluated is not None else None,
         conditions=_conditions(spec, progress, serving, previous.conditions, now, generation),
         stages=progress.stages,
         checkpoint=checkpoint,

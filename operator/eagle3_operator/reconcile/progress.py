@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.status import BlockedBy, StagePhase, StageStatus
 from eagle3_contract.gate import GateVerdict, judge_evaluation
 from eagle3_contract.policy import next_token_budget, out_of_memory_message, out_of_memory_retry_note
 from eagle3_contract.reasons import OUT_OF_MEMORY
+from eagle3_contract.results import EvaluateResult, StageResult, parse_message, parse_result
 from eagle3_contract.stages import Stage, StagePlan
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
@@ -38,17 +37,6 @@ class Progress:
         return self.blocked_at is None
 
 
-def parse_result(message: str | None) -> dict[str, Any] | None:
-    """A stage's termination message: a JSON object on success; anything else is kept as text."""
-    if not message:
-        return None
-    try:
-        value = json.loads(message)
-    except ValueError:
-        return {"message": message[-2000:]}
-    return value if isinstance(value, dict) else {"value": value}
-
-
 def _seconds(start: str | None, end: str | None) -> float | None:
     if not start or not end:
         return None
@@ -60,6 +48,10 @@ def _seconds(start: str | None, end: str | None) -> float | None:
     return max((t1 - t0).total_seconds(), 0.0)
 
 
+def _evaluated(result: StageResult | None) -> EvaluateResult | None:
+    return result if isinstance(result, EvaluateResult) else None
+
+
 def _failure_message(job: JobView) -> str:
     last = job.termination.message if job.termination and job.termination.message else None
     cause = job.failure_message or job.failure_reason or "the Job failed"
@@ -68,7 +60,7 @@ def _failure_message(job: JobView) -> str:
 
 
 def _check_failure(job: JobView) -> tuple[str, str] | None:
-    return check_failure(job.name, parse_result(job.termination.message if job.termination else None))
+    return check_failure(job.name, parse_message(job.termination.message if job.termination else None))
 
 
 @dataclass
@@ -96,7 +88,9 @@ class Walk:
         latest = mine[-1] if mine else None
         if latest is None and remembered is not None and remembered.phase == StagePhase.SUCCEEDED:
             self.progress.stages[stage] = remembered  # its Job is gone (deleted or TTL); the result stays
-            return self._gate(remembered.result) if plan.stage == Stage.EVALUATE else True
+            return (
+                self._gate(EvaluateResult.parse(remembered.result)) if plan.stage == Stage.EVALUATE else True
+            )
         if latest is None:
             attempt = remembered.attempts if remembered and remembered.phase == StagePhase.FAILED else 0
             budget = remembered.token_budget if remembered and remembered.token_budget else plan.token_budget
@@ -117,13 +111,15 @@ class Walk:
                 update={"phase": StagePhase.RUNNING, "message": "waiting for the stage's result"}
             )
         if base.phase == StagePhase.SUCCEEDED:
-            result = parse_result(latest.termination.message if latest.termination else None)
+            result = parse_result(plan.stage, latest.termination.message if latest.termination else None)
             if result is None and remembered is not None and remembered.job_name == latest.name:
-                result = remembered.result  # its pods are gone (pod GC, eviction); the result was recorded
-            self.progress.stages[stage] = base.model_copy(update={"result": result, "message": None})
+                # its pods are gone (pod GC, eviction); the result was recorded
+                result = parse_result(plan.stage, remembered.result)
+            document = result.document() if result is not None else None
+            self.progress.stages[stage] = base.model_copy(update={"result": document, "message": None})
             if remembered is None or remembered.phase != StagePhase.SUCCEEDED:
                 self.progress.finished.append((stage, _seconds(latest.start_time, latest.completion_time)))
-            return self._gate(result) if plan.stage == Stage.EVALUATE else True
+            return self._gate(_evaluated(result)) if plan.stage == Stage.EVALUATE else True
         if base.phase == StagePhase.FAILED:
             return self._failed(plan, latest, base)
         self.progress.stages[stage] = base.model_copy(update={"blocked_by": latest.blocked_by})
@@ -171,7 +167,7 @@ class Walk:
         self.progress.failed = (reason, f"stage {stage}: {message}")
         return False
 
-    def _gate(self, result: dict[str, Any] | None) -> bool:
+    def _gate(self, result: EvaluateResult | None) -> bool:
         """After evaluate: the draft goes on to export and serving only if it passes the gate."""
         verdict = judge_evaluation(result, self.spec.evaluation.min_acceptance_length)
         self.progress.gate = verdict

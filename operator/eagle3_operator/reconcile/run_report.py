@@ -1,6 +1,7 @@
 """What one reconcile tells the metrics about a run, read from the plan, the status and the observed Jobs.
 
-Pure: the readers here take plain data (the camelCase status document, JobViews) and return numbers;
+Pure: the readers here take plain data (the camelCase status document, JobViews) and return numbers or the
+stages' typed results (eagle3_contract.results, which also knows the tokens each stage processed);
 `OperatorMetrics` (metrics.py) turns them into Prometheus series and remembers what it counted.
 """
 
@@ -14,19 +15,12 @@ from typing import Any
 from eagle3_contract.api.status import RunPhase, StagePhase
 from eagle3_contract.policy import expected_seconds, stage_deadline
 from eagle3_contract.reasons import DEADLINE_EXCEEDED, ERROR, OUT_OF_MEMORY
+from eagle3_contract.results import StageResult, parse_result
 from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import JobView
 from eagle3_operator.reconcile.planner import Plan
-
-# The key of each stage result that counts the tokens the stage processed (train: the sum over its epochs).
-TOKEN_KEYS: dict[str, str] = {
-    Stage.PREPARE.value: "tokens",  # tokenized conversation tokens
-    Stage.GENERATE.value: "outputTokens",  # tokens the verifier generated
-    Stage.EXTRACT.value: "tokens",  # tokens whose hidden states are stored
-    Stage.EVALUATE.value: "outputTokens",  # tokens generated with the draft
-}
 
 
 @dataclass(frozen=True)
@@ -81,13 +75,6 @@ def failure_reason(job: JobView) -> str:
     return ERROR
 
 
-def number(value: Any) -> float | None:
-    """A JSON number as a float; anything else (bool, string, null) as None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
 def unix_time(value: Any) -> float | None:
     """An RFC 3339 time of the API (`2025-01-02T03:04:05Z`) as unix time."""
     if not isinstance(value, str) or not value:
@@ -98,26 +85,17 @@ def unix_time(value: Any) -> float | None:
         return None
 
 
-def stage_results(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """The result of every stage that succeeded, by stage."""
-    out: dict[str, Mapping[str, Any]] = {}
+def stage_results(status: Mapping[str, Any]) -> dict[Stage, StageResult]:
+    """The typed result of every stage that succeeded, by stage (a stage this version does not know is left
+    out; a malformed result keeps its well-typed fields)."""
+    out: dict[Stage, StageResult] = {}
     for stage, st in (status.get("stages") or {}).items():
-        result = st.get("result")
-        if st.get("phase") == StagePhase.SUCCEEDED.value and isinstance(result, Mapping):
-            out[stage] = result
+        raw = st.get("result")
+        if st.get("phase") != StagePhase.SUCCEEDED.value or not isinstance(raw, Mapping):
+            continue
+        if (result := parse_result(stage, raw)) is not None:
+            out[Stage(stage)] = result
     return out
-
-
-def tokens_processed(stage: str, result: Mapping[str, Any]) -> float | None:
-    """Tokens a stage processed, from its result (see TOKEN_KEYS); train sums its epochs' trainTokens."""
-    if stage == Stage.TRAIN.value:
-        epochs = result.get("epochs")
-        if not isinstance(epochs, list) or not epochs:
-            return None  # a result over 4 KiB loses its lists (stage_main keeps the scalars)
-        counts = [number(e.get("trainTokens")) if isinstance(e, Mapping) else None for e in epochs]
-        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
-    key = TOKEN_KEYS.get(stage)
-    return number(result.get(key)) if key else None
 
 
 def running_stages(status: Mapping[str, Any], deadlines: Mapping[str, int]) -> dict[str, tuple[float, int]]:

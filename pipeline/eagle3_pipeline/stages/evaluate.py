@@ -13,13 +13,14 @@ the acceptance by draft position; the two runs give output tokens per second and
 speculative decoding is lossless up to numerics: `outputsMatchingBaseline` counts the prompts whose answer
 with the draft is the verifier's own.
 
-The gate: `gatePassed` is true when the mean acceptance length reaches `evaluation.minAcceptanceLength` (or
-no gate is set) and the draft's d2t and t2d agree; `message` says why it failed. The stage succeeds either
-way: the operator (and `eagle3 run`) stop before export when the gate fails. The gate is not part of the
-stage's content hash, so they compare `acceptanceLength` with the spec's current gate, not `gatePassed`.
-A draft whose mapping is broken fails the gate whatever its speed, so the verifier is not served alone for
-it (the baseline figures are null); one whose d2t points outside the verifier's vocabulary cannot be served
-at all: a StageError. The result also says whether the draft's copy of the verifier's embeddings is the
+The result holds figures, not a verdict: the gate (`eagle3_contract.gate.judge_evaluation`) is judged by the
+operator and `eagle3 run` from `acceptanceLength` and `mappingConsistent` against the spec's current
+`evaluation.minAcceptanceLength` (not part of the stage's content hash), and they stop before export when it
+fails; the stage succeeds either way. `message` notes what the figures do not say (fewer prompts than asked
+for, failed requests, a mapping problem, embeddings of another verifier), or is null. A draft whose mapping
+is broken fails the gate whatever its speed, so the verifier is not served alone for it (the baseline
+figures are null); one whose d2t points outside the verifier's vocabulary cannot be served at all: a
+StageError. The result also says whether the draft's copy of the verifier's embeddings is the
 verifier's own (`embeddingsMatchVerifier`: a draft trained for another version of the verifier). The work
 directory keeps the vLLM logs; the slim draft is deleted after the run (export writes the one that ships).
 """
@@ -27,7 +28,6 @@ directory keeps the vLLM logs; the slim draft is deleted after the run (export w
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 import time
@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.params import EvaluateParams, EvaluateTuning
+from eagle3_contract.stages import Stage
+from eagle3_contract.vllm_command import eagle3_speculative_config
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import (
     best_checkpoint,
@@ -66,13 +69,15 @@ METRICS_SETTLE_S = 30.0  # the server records a step's counters as it returns th
 FAILED_EXAMPLES = 3
 
 
-def run(ctx: StageContext) -> dict[str, Any]:
+Context = StageContext[EvaluateParams, EvaluateTuning]
+
+
+def run(ctx: Context) -> dict[str, Any]:
     started = time.monotonic()
-    evaluation = ctx.spec.evaluation
-    prompts, held_out = held_out_prompts(ctx.data_input() / CONVERSATIONS_FILE, evaluation.prompts)
-    source = best_checkpoint(ctx.input("train"))
+    prompts, held_out = held_out_prompts(ctx.data_input() / CONVERSATIONS_FILE, ctx.params.prompts)
+    source = best_checkpoint(ctx.input(Stage.TRAIN))
     vocab = target_vocab_size(read_config(source))
-    slim = write_serving_checkpoint(source, ctx.work / DRAFT_DIR, ctx.spec.verifier.model)
+    slim = write_serving_checkpoint(source, ctx.work / DRAFT_DIR, ctx.params.verifier.model)
     d2t, t2d = slim.weights.tensors.get("d2t"), slim.weights.tensors.get("t2d")
     unservable = unservable_mapping(d2t, vocab)
     if unservable:
@@ -81,7 +86,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
             "vocab and train"
         )
     problem = mapping_problem(d2t, t2d, vocab)
-    foreign = foreign_embeddings(source, ctx.local_path(ctx.spec.verifier.model))
+    foreign = foreign_embeddings(source, ctx.local_path(ctx.params.verifier.model))
     with_draft = measure(ctx, prompts, slim.path)
     shutil.rmtree(slim.path, ignore_errors=True)
     # a draft with a broken mapping fails the gate whatever its speed: no need to serve the verifier alone
@@ -143,21 +148,17 @@ class Measurement:
         return self.output_tokens / self.seconds if self.seconds > 0 else None
 
 
-def speculative_config(ctx: StageContext, draft: Path) -> dict[str, Any]:
-    return {
-        "method": "eagle3",
-        "model": str(draft),
-        "num_speculative_tokens": ctx.spec.evaluation.num_speculative_tokens,
-    }
-
-
-def measure(ctx: StageContext, prompts: list[list[Message]], draft: Path | None) -> Measurement:
+def measure(ctx: Context, prompts: list[list[Message]], draft: Path | None) -> Measurement:
     """Serve the verifier (with `draft` when given), answer every prompt, and read the counters around it."""
     label = "draft" if draft is not None else "baseline"
-    extra = [] if draft is None else ["--speculative-config", json.dumps(speculative_config(ctx, draft))]
-    with VllmServer(ctx, extra_args=extra, log_path=ctx.work / f"vllm-{label}.log") as server:
+    # the serving Deployment's speculative config (eagle3_contract.vllm_command), with the slim draft
+    k = ctx.params.num_speculative_tokens
+    config = None if draft is None else eagle3_speculative_config(str(draft), k)
+    verifier = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
+    log = ctx.work / f"vllm-{label}.log"
+    with VllmServer(ctx, verifier, seed=ctx.tuning.seed, speculative_config=config, log_path=log) as server:
         before = read_counters(server)
-        result = asyncio.run(answer_all(server, prompts, ctx.spec.evaluation.max_tokens))
+        result = asyncio.run(answer_all(server, prompts, ctx.params.max_tokens))
         result.server_start_s = server.started_s
         if draft is not None:
             after = settled_counters(server, before, result.output_tokens)
@@ -250,8 +251,8 @@ class Evaluation:
     foreign_embeddings: str | None = None
 
 
-def summarize(ctx: StageContext, ev: Evaluation) -> dict[str, Any]:
-    k = ctx.spec.evaluation.num_speculative_tokens
+def summarize(ctx: Context, ev: Evaluation) -> dict[str, Any]:
+    k = ctx.params.num_speculative_tokens
     counters = ev.draft.counters
     assert counters is not None  # measure() sets them for a draft server
     problems = consistency_problems(counters, k)
@@ -261,16 +262,15 @@ def summarize(ctx: StageContext, ev: Evaluation) -> dict[str, Any]:
         acceptance = Acceptance.from_counters(counters)
     except ValueError as exc:
         raise StageError(f"the draft was never asked for tokens: {exc}; are all answers 1 token?") from None
-    gate_passed, message = gate(ctx, acceptance.length, ev)
     base = ev.baseline
     speed, base_speed = ev.draft.tokens_per_second, base.tokens_per_second if base else None
     return {
         "prompts": len(ev.prompts),
-        "promptsRequested": ctx.spec.evaluation.prompts,
+        "promptsRequested": ctx.params.prompts,
         "heldOutPrompts": ev.held_out,
         "failedPrompts": len(failures(ev)),
         "numSpeculativeTokens": k,
-        "maxTokens": ctx.spec.evaluation.max_tokens,
+        "maxTokens": ctx.params.max_tokens,
         "drafts": int(counters.drafts),
         "draftTokens": int(counters.draft_tokens),
         "acceptedTokens": int(counters.accepted),
@@ -284,9 +284,7 @@ def summarize(ctx: StageContext, ev: Evaluation) -> dict[str, Any]:
         "baselineOutputTokensPerSecond": round(base_speed, 2) if base_speed else None,
         "speedup": round(speed / base_speed, 4) if speed and base_speed else None,
         "outputsMatchingBaseline": matching(ev.draft.outputs, base.outputs) if base else None,
-        "gatePassed": gate_passed,
-        "minAcceptanceLength": ctx.spec.evaluation.min_acceptance_length,
-        "message": message,
+        "message": "; ".join(notes(ctx, ev)) or None,
         "mappingConsistent": ev.mapping_problem is None,
         "embeddingsMatchVerifier": ev.foreign_embeddings is None,
         "draftCheckpoint": relative_to(ev.source, ctx.artifacts),
@@ -313,35 +311,26 @@ def matching(outputs: list[str | None], baseline: list[str | None]) -> int:
     return sum(1 for a, b in zip(outputs, baseline, strict=True) if a is not None and a == b)
 
 
-def gate(ctx: StageContext, length: float, ev: Evaluation) -> tuple[bool, str]:
-    """(passed, message): the gate on the mean acceptance length and on the draft's vocabulary mapping."""
-    evaluation = ctx.spec.evaluation
-    required = evaluation.min_acceptance_length
-    measured = f"mean acceptance length {length:.3f}"
-    if required is None:
-        passed, notes = True, [f"{measured} (no gate: evaluation.minAcceptanceLength is unset)"]
-    elif length >= required:
-        passed, notes = True, [f"{measured} reaches evaluation.minAcceptanceLength {required}"]
-    else:
-        passed = False
-        notes = [f"{measured} is below evaluation.minAcceptanceLength {required}: the draft is not exported"]
+def notes(ctx: Context, ev: Evaluation) -> list[str]:
+    """What the result's figures do not say; the gate's verdict is not among them (eagle3_contract.gate)."""
+    evaluation = ctx.params
+    out: list[str] = []
     if ev.mapping_problem is not None:
-        passed = False
-        notes.append(
+        out.append(
             f"the draft's d2t and t2d disagree ({ev.mapping_problem}): its proposals land on the wrong "
             "tokens; re-run stages vocab and train (the verifier was not measured alone)"
         )
     if ev.foreign_embeddings is not None:
-        notes.append(
+        out.append(
             f"{ev.foreign_embeddings}: the draft was trained for another version of verifier.model "
-            f"{ctx.spec.verifier.model}; re-run the pipeline from extract for this verifier"
+            f"{ctx.params.verifier.model}; re-run the pipeline from extract for this verifier"
         )
     if len(ev.prompts) < evaluation.prompts:
-        notes.append(
+        out.append(
             f"measured on {len(ev.prompts)} held-out prompts, fewer than evaluation.prompts "
             f"{evaluation.prompts} (the validation split has no more)"
         )
     failed = failures(ev)
     if failed:
-        notes.append(f"{len(failed)} requests failed, e.g. {'; '.join(failed[:FAILED_EXAMPLES])}")
-    return passed, "; ".join(notes)
+        out.append(f"{len(failed)} requests failed, e.g. {'; '.join(failed[:FAILED_EXAMPLES])}")
+    return out

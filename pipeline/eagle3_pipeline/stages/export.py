@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle3_contract.params import ExportParams, ExportTuning
+from eagle3_contract.stages import Stage
 from eagle3_pipeline.context import StageContext, read_result
 from eagle3_pipeline.draft_checkpoint import (
     ServingWeights,
@@ -41,11 +43,11 @@ logger = logging.getLogger(__name__)
 MAX_OVERHEAD = 0.05  # the serving checkpoint may exceed its weights' bf16 bytes + the mapping by this much
 
 
-def run(ctx: StageContext) -> dict[str, Any]:
+def run(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
     started = time.monotonic()
-    train, vocab = ctx.input("train"), ctx.input("vocab")
+    train, vocab = ctx.input(Stage.TRAIN), ctx.input(Stage.VOCAB)
     source = best_checkpoint(train)
-    verifier = ctx.spec.verifier.model
+    verifier = ctx.params.verifier.model
     slim = write_serving_checkpoint(source, ctx.work, verifier)
     weights = slim.weights
     check_mapping(weights.tensors.get("d2t"), weights.tensors.get("t2d"), vocab, source)
@@ -53,7 +55,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         ctx.work,
         {
             "verifier": verifier,
-            "verifierRevision": ctx.spec.verifier.revision,
+            "verifierRevision": ctx.params.verifier.revision,
             "trainableParameters": weights.trainable_parameters,
             "draftHeadParameters": weights.head_parameters,
         },

@@ -15,11 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_contract.api.spec import Eagle3RunSpec, ExtractionBackend
+from eagle3_contract.api.spec import ExtractionBackend
+from eagle3_contract.params import ExtractParams, ExtractTuning, VerifierRef
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.extract_rows import PreparedRows
-from eagle3_pipeline.extract_transformers import ExtractStats, VerifierRef
+from eagle3_pipeline.extract_transformers import ExtractStats
+from eagle3_pipeline.extract_transformers import VerifierRef as LocalVerifier
 from eagle3_pipeline.hidden_states import (
     METADATA_FILE,
     Layout,
@@ -40,7 +42,7 @@ class VerifierShape:
     vocab_size: int | None
 
 
-def verifier_shape(ref: VerifierRef) -> VerifierShape:
+def verifier_shape(ref: LocalVerifier) -> VerifierShape:
     """Layers, hidden size and vocabulary from the verifier's config (the text config of multimodal ones)."""
     from transformers import AutoConfig
 
@@ -61,21 +63,24 @@ def verifier_shape(ref: VerifierRef) -> VerifierShape:
     return VerifierShape(layers, hidden, vocab if isinstance(vocab, int) else None)
 
 
-def run(ctx: StageContext) -> dict[str, Any]:
+Context = StageContext[ExtractParams, ExtractTuning]
+
+
+def run(ctx: Context) -> dict[str, Any]:
     started = time.monotonic()
-    spec = ctx.spec
+    params = ctx.params
     source = ctx.data_input()
-    v = spec.verifier
-    ref = VerifierRef(ctx.local_path(v.model), v.revision, v.trust_remote_code)
+    v = params.verifier
+    ref = LocalVerifier(ctx.local_path(v.model), v.revision, v.trust_remote_code)
     shape = verifier_shape(ref)
     layout = Layout(
-        aux_layers=resolve_aux_layers(spec.extraction.layers, shape.num_hidden_layers),
+        aux_layers=resolve_aux_layers(params.layers, shape.num_hidden_layers),
         num_hidden_layers=shape.num_hidden_layers,
         hidden_size=shape.hidden_size,
-        dtype=spec.extraction.dtype.value,
+        dtype=params.dtype.value,
     )
     rows = PreparedRows.load(source, shape.vocab_size)
-    budget = ctx.token_budget if ctx.token_budget is not None else spec.extraction.token_budget
+    budget = ctx.token_budget if ctx.token_budget is not None else ctx.tuning.token_budget
     done = scan_done(ctx.work, rows.seq_lens, layout)
     todo = [i for i in range(len(rows)) if i not in done]
     logger.info(
@@ -90,7 +95,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         layout.dtype,
         budget,
     )
-    backend = spec.extraction.backend
+    backend = ctx.tuning.backend
     if backend == ExtractionBackend.VLLM:
         from eagle3_pipeline.extract_vllm import run_vllm
 
@@ -101,14 +106,14 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 def _run_transformers(
-    ctx: StageContext, ref: VerifierRef, rows: PreparedRows, todo: list[int], layout: Layout, budget: int
+    ctx: Context, ref: LocalVerifier, rows: PreparedRows, todo: list[int], layout: Layout, budget: int
 ) -> ExtractStats:
     from eagle3_pipeline import extract_transformers as tf
 
     batches = plan_batches([(i, rows.seq_lens[i]) for i in todo], budget)  # before loading the model
     if not batches:
         return ExtractStats()
-    if ctx.spec.verifier.tensor_parallel_size > 1:
+    if ctx.tuning.tensor_parallel_size > 1:
         logger.warning("the transformers backend runs on one device; verifier.tensorParallelSize is ignored")
     device = tf.pick_device()
     model = tf.load_verifier(ref, device)
@@ -117,7 +122,7 @@ def _run_transformers(
     return tf.extract(extractor, batches, rows, ctx.work, budget)
 
 
-def metadata_of(spec: Eagle3RunSpec, layout: Layout, *, samples: int, tokens: int) -> dict[str, Any]:
+def metadata_of(verifier: VerifierRef, layout: Layout, *, samples: int, tokens: int) -> dict[str, Any]:
     """`metadata.json`: what the train stage needs to read the files (the layers, the transfer to use)."""
     return {
         "format": "speculators hs_{i}.safetensors (hidden_states [T, L, H], token_ids [T])",
@@ -127,18 +132,14 @@ def metadata_of(spec: Eagle3RunSpec, layout: Layout, *, samples: int, tokens: in
         "numHiddenLayers": layout.num_hidden_layers,
         "hiddenSize": layout.hidden_size,
         "dtype": layout.dtype,
-        "verifier": {
-            "model": spec.verifier.model,
-            "revision": spec.verifier.revision,
-            "trustRemoteCode": spec.verifier.trust_remote_code,
-        },
+        "verifier": verifier.model_dump(mode="json", by_alias=True),
         "samples": samples,
         "tokens": tokens,
     }
 
 
 def _finish(
-    ctx: StageContext,
+    ctx: Context,
     rows: PreparedRows,
     layout: Layout,
     stats: ExtractStats,
@@ -152,7 +153,7 @@ def _finish(
         raise RuntimeError(f"extract: no hidden states for rows {missing[:10]} ({len(missing)} rows)")
     size = total_bytes(ctx.work, range(len(rows)))
     tokens = rows.total_tokens
-    metadata = metadata_of(ctx.spec, layout, samples=len(rows), tokens=tokens)
+    metadata = metadata_of(ctx.params.verifier, layout, samples=len(rows), tokens=tokens)
     (ctx.work / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     result = {
         "samples": len(rows),
@@ -168,7 +169,7 @@ def _finish(
         "hiddenSize": layout.hidden_size,
         "dtype": layout.dtype,
         "transfer": layout.transfer,
-        "backend": ctx.spec.extraction.backend.value,
+        "backend": ctx.tuning.backend.value,
         "tokenBudget": budget,
         "resumed": resumed,
     }

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from eagle3_contract.params import GenerateParams, GenerateTuning
+from eagle3_contract.stages import Stage
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.prepared import CONVERSATIONS_FILE, write_conversations
+from eagle3_pipeline.prepared import CONVERSATIONS_FILE, Tokenizing, write_conversations
 from eagle3_pipeline.vllm_server import VllmServer
 
 logger = logging.getLogger(__name__)
@@ -37,9 +39,12 @@ REQUEST_TIMEOUT_S = 3600.0
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-def run(ctx: StageContext) -> dict[str, Any]:
+Context = StageContext[GenerateParams, GenerateTuning]
+
+
+def run(ctx: Context) -> dict[str, Any]:
     started = time.monotonic()
-    conversations = read_input(ctx.input("prepare") / CONVERSATIONS_FILE)
+    conversations = read_input(ctx.input(Stage.PREPARE) / CONVERSATIONS_FILE)
     ids = {c["id"] for c in conversations}
     done_file = ctx.work / CONVERSATIONS_FILE
     done = read_done(done_file, ids)
@@ -47,8 +52,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     logger.info("%d conversations: %d done by an earlier attempt", len(conversations), len(done))
     progress = Progress(rows=len(conversations), resumed=len(done))
     if todo:
-        budget = ctx.token_budget or ctx.spec.regeneration.token_budget
-        with VllmServer(ctx, max_num_batched_tokens=budget) as server:
+        budget = ctx.token_budget or ctx.tuning.token_budget
+        verifier = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
+        with VllmServer(ctx, verifier, seed=ctx.params.seed, max_num_batched_tokens=budget) as server:
             progress.server_start_s = server.started_s
             generation_started = time.monotonic()
             asyncio.run(regenerate_all(ctx, server, todo, progress))
@@ -58,7 +64,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
     write_conversations(done_file, ordered)
     from eagle3_pipeline.prepared import write_prepared  # torch, transformers: imported when needed
 
-    stats = write_prepared(ctx.work, ordered, ctx)
+    p = ctx.params
+    stats = write_prepared(
+        ctx.work, ordered, ctx, Tokenizing(p.verifier, p.max_sequence_length, p.loss_on_reasoning)
+    )
     return stats | progress.result(time.monotonic() - started)  # tokensPerSecond: generated tokens
 
 
@@ -269,12 +278,12 @@ class Rows:
 
 
 async def regenerate_all(
-    ctx: StageContext, server: VllmServer, todo: list[tuple[int, Conversation]], progress: Progress
+    ctx: Context, server: VllmServer, todo: list[tuple[int, Conversation]], progress: Progress
 ) -> None:
     """Regenerate `todo` against `server`, at most `regeneration.concurrency` conversations in flight."""
     from openai import AsyncOpenAI
 
-    reg = ctx.spec.regeneration
+    reg = ctx.params.regeneration
     sampling = Sampling(server.model_name, reg.max_tokens, reg.temperature, reg.reasoning.value == "keep")
     client = AsyncOpenAI(
         base_url=server.base_url, api_key="unused", max_retries=REQUEST_RETRIES, timeout=REQUEST_TIMEOUT_S
@@ -287,7 +296,7 @@ async def regenerate_all(
         allowed_failures=int(reg.max_failed_fraction * progress.rows),
     )
     try:
-        await run_rows(client, sampling, todo, rows, server, reg.concurrency, ctx.spec.dataset.seed)
+        await run_rows(client, sampling, todo, rows, server, ctx.tuning.concurrency, ctx.params.seed)
     finally:
         rows.done.close()
         rows.failed.close()

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.params import TrainParams, TrainTuning
+from eagle3_contract.stages import Stage
 from eagle3_pipeline.context import StageContext, read_result
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.hidden_states import METADATA_FILE, file_name
@@ -64,15 +66,17 @@ BEST = "checkpoint_best"
 INFO_FILE = "trainer.json"
 WEIGHTS = "model.safetensors"
 
+Context = StageContext[TrainParams, TrainTuning]
 
-def run(ctx: StageContext) -> dict[str, Any]:
+
+def run(ctx: Context) -> dict[str, Any]:
     started = time.monotonic()
     src = sources(ctx)
     save_path, metrics = ctx.work / CHECKPOINTS, ctx.work / METRICS_FILE
-    epochs = ctx.spec.training.epochs
+    epochs = ctx.params.training.epochs
     complete = keep_complete_epochs(save_path, metrics)
     on_cpu = not has_accelerator()
-    cfg = train_config(ctx.spec, src, save_path, cpu=on_cpu)
+    cfg = train_config(ctx.params, src, save_path, cpu=on_cpu)
     save_path.mkdir(parents=True, exist_ok=True)
     (save_path / RUN_CONFIG_FILE).write_text(cfg.dump_yaml())
     if complete < epochs:
@@ -99,15 +103,15 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "seconds": round(time.monotonic() - started, 3),
         "draftVocabSize": src.vocab_size,
         "auxLayers": src.aux_layers,
-        "tttSteps": ctx.spec.training.ttt_steps,
+        "tttSteps": ctx.params.training.ttt_steps,
     }
 
 
-def launch(ctx: StageContext, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool) -> None:
+def launch(ctx: Context, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool) -> None:
     """Train in this process, or under torchrun with one process per GPU when training.gpus > 1."""
     import torch
 
-    gpus = ctx.spec.training.gpus
+    gpus = ctx.params.training.gpus
     info = ctx.work / INFO_FILE
     if gpus <= 1 or on_cpu:
         if gpus > 1:
@@ -132,13 +136,13 @@ def launch(ctx: StageContext, cfg: Any, hidden_size: int, metrics: Path, on_cpu:
         raise RuntimeError(f"torchrun exited with code {code} (its workers' errors are above)")
 
 
-def sources(ctx: StageContext) -> DraftSources:
+def sources(ctx: Context) -> DraftSources:
     """The upstream outputs, checked against each other before anything is trained."""
-    extract, vocab, data = ctx.input("extract"), ctx.input("vocab"), ctx.data_input()
+    extract, vocab, data = ctx.input(Stage.EXTRACT), ctx.input(Stage.VOCAB), ctx.data_input()
     metadata = read_metadata(extract)
     rows, n_train = dataset_split(data / DATA_DIR)
     check_hidden_states(extract, metadata, rows)
-    v = ctx.spec.verifier
+    v = ctx.params.verifier
     return DraftSources(
         verifier=verifier_at_revision(ctx.local_path(v.model), v.revision),
         trust_remote_code=v.trust_remote_code,
@@ -180,9 +184,9 @@ def read_metadata(extract: Path) -> dict[str, Any]:
     return metadata
 
 
-def vocab_files(ctx: StageContext, vocab: Path) -> dict[str, Any]:
+def vocab_files(ctx: Context, vocab: Path) -> dict[str, Any]:
     result = read_result(vocab)
-    size = ctx.spec.draft.vocab_size
+    size = ctx.params.draft.vocab_size
     if result.get("draftVocabSize") != size:
         raise StageError(
             f"{vocab} maps a draft vocabulary of {result.get('draftVocabSize')} tokens, the spec asks "

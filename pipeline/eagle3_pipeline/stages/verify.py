@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.mounts import draft_path
+from eagle3_contract.params import VerifyParams, VerifyTuning
 from eagle3_contract.reasons import CHECKPOINT_MISSING, CHECKSUM_MISMATCH
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import MANIFEST_FILE, WEIGHTS_FILE, sha256_of
@@ -31,9 +32,9 @@ logger = logging.getLogger(__name__)
 WHAT_TO_DO = "pin the checkpoint a run exported (`eagle3 promote RUN` copies its path and sha256)"
 
 
-def run(ctx: StageContext) -> dict[str, Any]:
+def run(ctx: StageContext[VerifyParams, VerifyTuning]) -> dict[str, Any]:
     started = time.monotonic()
-    pinned = ctx.spec.serving.pinned_checkpoint
+    pinned = ctx.params.pinned_checkpoint
     if pinned is None or pinned.sha256 is None:
         raise StageError(
             "stage verify checks serving.pinnedCheckpoint against its sha256, but this spec sets no "
@@ -54,16 +55,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         )
     actual = sha256_of(weights)
     if actual != pinned.sha256:
-        raise CheckFailed(
-            CHECKSUM_MISMATCH,
-            f"{shown}/{WEIGHTS_FILE} has sha256 {actual}, but serving.pinnedCheckpoint.sha256 is "
-            f"{pinned.sha256}: these are not the weights that were promoted (the files were replaced, or the "
-            f"pin names another checkpoint); {WHAT_TO_DO}",
-            path=pinned.path,
-            file=WEIGHTS_FILE,
-            expected=pinned.sha256,
-            actual=actual,
-        )
+        raise checksum_mismatch(pinned.path, pinned.sha256, actual)
     files = check_manifest(directory, shown, pinned.path, actual) or {
         WEIGHTS_FILE: {"sha256": actual, "bytes": weights.stat().st_size}
     }
@@ -76,6 +68,21 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "manifest": (directory / MANIFEST_FILE).is_file(),
         "seconds": round(time.monotonic() - started, 3),
     }
+
+
+def checksum_mismatch(path: str, expected: str, actual: str) -> CheckFailed:
+    """The failed check for pinned weights with another sha256; the operator tests play it (by
+    `termination_detail()`) without running the stage, so its words are written only here."""
+    return CheckFailed(
+        CHECKSUM_MISMATCH,
+        f"{draft_path(path)}/{WEIGHTS_FILE} has sha256 {actual}, but serving.pinnedCheckpoint.sha256 is "
+        f"{expected}: these are not the weights that were promoted (the files were replaced, or the "
+        f"pin names another checkpoint); {WHAT_TO_DO}",
+        path=path,
+        file=WEIGHTS_FILE,
+        expected=expected,
+        actual=actual,
+    )
 
 
 def check_manifest(directory: Path, shown: str, path: str, weights_sha256: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.params import VocabParams, VocabTuning
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.prepared import TOKEN_FREQ_FILE
@@ -28,10 +29,10 @@ def t2d_file(n: int) -> str:
     return f"t2d-{n}.npy"
 
 
-def target_vocab_size(ctx: StageContext) -> int:
+def target_vocab_size(ctx: StageContext[VocabParams, VocabTuning]) -> int:
     from transformers import AutoConfig
 
-    v = ctx.spec.verifier
+    v = ctx.params.verifier
     try:
         config = AutoConfig.from_pretrained(
             ctx.local_path(v.model), revision=v.revision, trust_remote_code=v.trust_remote_code
@@ -60,13 +61,13 @@ def load_frequencies(data_dir: Path) -> dict[int, int]:
     return freq
 
 
-def run(ctx: StageContext) -> dict[str, Any]:
+def run(ctx: StageContext[VocabParams, VocabTuning]) -> dict[str, Any]:
     import numpy as np
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     data_dir = ctx.data_input()
     freq = load_frequencies(data_dir)
-    n = ctx.spec.draft.vocab_size
+    n = ctx.params.vocab_size
     target = target_vocab_size(ctx)
     if n > target:
         raise StageError(f"draft.vocabSize {n} is larger than the verifier's vocabulary ({target} tokens)")

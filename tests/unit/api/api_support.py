@@ -25,7 +25,6 @@ from eagle3_contract.api.rules import RULES, CrossFieldRule
 from eagle3_contract.api.spec import Eagle3RunSpec
 
 Path = tuple[str | int, ...]
-MINIMAL: dict[str, Any] = {"verifier": {"model": "org/verifier"}, "dataset": {"source": "org/chats"}}
 PRESERVE = "x-kubernetes-preserve-unknown-fields"
 INT_OR_STRING = "x-kubernetes-int-or-string"
 
@@ -37,10 +36,6 @@ def root_schema() -> dict[str, Any]:
 
 def spec_schema() -> dict[str, Any]:
     return root_schema()["properties"]["spec"]  # type: ignore[no-any-return]
-
-
-def minimal() -> dict[str, Any]:
-    return copy.deepcopy(MINIMAL)
 
 
 # --- what the API server does to a stored object -------------------------------------------------------

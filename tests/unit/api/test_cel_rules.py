@@ -10,20 +10,20 @@ import re
 from typing import Any
 
 import pytest
-from api_support import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eagle3_contract.api.rules import RULES, CrossFieldRule
+from tests.tiny_spec import minimal
+from tests.unit.api.api_support import (
     cel_holds,
     cel_program,
     defaulted,
-    minimal,
     python_holds,
     set_path,
     spec_schema,
     valid_specs,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from eagle3_contract.api.rules import RULES, CrossFieldRule
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BY_PATH = {rule.field_path: rule for rule in RULES}

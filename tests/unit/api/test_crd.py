@@ -7,24 +7,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from api_support import (
-    INT_OR_STRING,
-    PRESERVE,
-    apply_defaults,
-    cel_holds,
-    crd_validator,
-    defaulted,
-    minimal,
-    root_schema,
-    spec_schema,
-    valid_specs,
-)
 from hypothesis import HealthCheck, given, settings
 
 from eagle3_contract.api.base import GROUP, KIND, PLURAL, SHORT_NAMES, VERSION
 from eagle3_contract.api.crd import CRD_NAME, HEADER, build_crd, render_crd_yaml
 from eagle3_contract.api.rules import RULES
 from eagle3_contract.api.validation import parse_spec, spec_document
+from tests.tiny_spec import minimal
+from tests.unit.api.api_support import (
+    INT_OR_STRING,
+    PRESERVE,
+    apply_defaults,
+    cel_holds,
+    crd_validator,
+    defaulted,
+    root_schema,
+    spec_schema,
+    valid_specs,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "crds" / "eagle3runs.eagle3.dev.yaml"

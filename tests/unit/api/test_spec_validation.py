@@ -11,7 +11,13 @@ import re
 from typing import Any
 
 import pytest
-from api_support import (
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from eagle3_contract.api import InvalidSpecError, parse_spec, spec_document
+from eagle3_contract.api.rules import RULES, CrossFieldRule
+from tests.tiny_spec import minimal
+from tests.unit.api.api_support import (
     INT_OR_STRING,
     PRESERVE,
     Path,
@@ -20,18 +26,12 @@ from api_support import (
     defaulted,
     from_schema,
     get_path,
-    minimal,
     problem_path,
     set_path,
     spec_schema,
     valid_specs,
     walk_values,
 )
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
-
-from eagle3_contract.api import InvalidSpecError, parse_spec, spec_document
-from eagle3_contract.api.rules import RULES, CrossFieldRule
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

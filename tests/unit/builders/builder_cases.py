@@ -19,18 +19,13 @@ from eagle3_operator.builders import (
     build_spec_configmap,
 )
 from eagle3_operator.builders.names import RunRef, spec_configmap_name
+from tests.tiny_spec import tiny
 
 TINY_RUN = RunRef(name="tiny", namespace="eagle3", uid="00000000-0000-4000-8000-000000000001")
 KIMI_RUN = RunRef(name="kimi-k2-5", namespace="llm", uid="00000000-0000-4000-8000-000000000002")
 
-TINY_SPEC: dict[str, Any] = {
-    "verifier": {"model": "/models/tiny-llama", "tensorParallelSize": 1},
-    "dataset": {"source": "/artifacts/datasets/chat.jsonl", "maxSamples": 64, "maxSequenceLength": 256},
-    "extraction": {"backend": "transformers", "tokenBudget": 1024, "dtype": "float16"},
-    "draft": {"vocabSize": 512},
-    "training": {"epochs": 1, "sequenceLength": 256},
-    "storage": {"artifacts": {"size": "5Gi", "accessModes": ["ReadWriteOnce"], "deleteWithRun": True}},
-}
+# The tiny example; its claim is deleted with the run, so the builders' owner reference on it is covered.
+TINY_SPEC: dict[str, Any] = tiny(storage={"artifacts": {"deleteWithRun": True}})
 
 KIMI_SPEC: dict[str, Any] = {
     "verifier": {

@@ -13,7 +13,17 @@ from typing import Any
 
 import pytest
 import yaml
-from builder_cases import (
+
+from eagle3_contract.stages import Stage
+from eagle3_operator.builders import (
+    build_artifacts_claim,
+    build_deployment,
+    build_job,
+    build_pod_monitor,
+    build_service,
+    build_spec_configmap,
+)
+from tests.unit.builders.builder_cases import (
     KIMI_RUN,
     PINNED_SHA256,
     TINY_RUN,
@@ -24,16 +34,6 @@ from builder_cases import (
     plan_of,
     spec_hash,
     tiny_spec,
-)
-
-from eagle3_contract.stages import Stage
-from eagle3_operator.builders import (
-    build_artifacts_claim,
-    build_deployment,
-    build_job,
-    build_pod_monitor,
-    build_service,
-    build_spec_configmap,
 )
 
 GOLDEN = Path(__file__).parent / "golden"

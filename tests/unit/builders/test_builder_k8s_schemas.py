@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builder_cases import (
+from hypothesis import given, settings
+
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_operator.builders import build_deployment
+from eagle3_operator.builders.names import RunRef
+from tests.unit.builders.builder_cases import (
     KIMI_RUN,
     PINNED_SHA256,
     TINY_RUN,
@@ -16,11 +21,6 @@ from builder_cases import (
     stage_jobs,
     tiny_spec,
 )
-from hypothesis import given, settings
-
-from eagle3_contract.api.spec import Eagle3RunSpec
-from eagle3_operator.builders import build_deployment
-from eagle3_operator.builders.names import RunRef
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

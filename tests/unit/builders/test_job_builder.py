@@ -9,7 +9,16 @@ import re
 from typing import Any
 
 import pytest
-from builder_cases import (
+
+from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE
+from eagle3_contract.api.validation import parse_spec
+from eagle3_contract.exit_codes import OOM_EXIT_CODE
+from eagle3_contract.mounts import ARTIFACTS_MOUNT, SPEC_MOUNT
+from eagle3_contract.stages import Stage, plan_stages, stage_argv
+from eagle3_operator.builders import build_artifacts_claim, build_job, build_spec_configmap, names
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.pod import artifacts_claim
+from tests.unit.builders.builder_cases import (
     KIMI_RUN,
     TINY_RUN,
     TINY_SPEC,
@@ -20,15 +29,6 @@ from builder_cases import (
     stage_jobs,
     tiny_spec,
 )
-
-from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE
-from eagle3_contract.api.validation import parse_spec
-from eagle3_contract.exit_codes import OOM_EXIT_CODE
-from eagle3_contract.mounts import ARTIFACTS_MOUNT, SPEC_MOUNT
-from eagle3_contract.stages import Stage, plan_stages, stage_argv
-from eagle3_operator.builders import build_artifacts_claim, build_job, build_spec_configmap, names
-from eagle3_operator.builders.names import RunRef
-from eagle3_operator.builders.pod import artifacts_claim
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LONG_RUN = RunRef(name="r" * 40 + "-" + "x" * 59, namespace="eagle3", uid="uid-long")

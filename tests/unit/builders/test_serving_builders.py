@@ -7,13 +7,22 @@ import json
 from typing import Any
 
 import pytest
-from builder_cases import KIMI_RUN, KIMI_SPEC, TINY_RUN, draft_dir, kimi_spec, tiny_spec
 
 from eagle3_contract.api.validation import parse_spec
 from eagle3_contract.mounts import draft_path
 from eagle3_contract.stages import content_hash
 from eagle3_operator.builders import build_deployment, build_pod_monitor, build_service, names
 from eagle3_operator.builders.serving import serving_url
+from tests.tiny_spec import derive
+from tests.unit.builders.builder_cases import (
+    KIMI_RUN,
+    KIMI_SPEC,
+    TINY_RUN,
+    TINY_SPEC,
+    draft_dir,
+    kimi_spec,
+    tiny_spec,
+)
 
 
 def spec_hash_of(deployment: dict[str, Any]) -> str:
@@ -86,7 +95,9 @@ def test_vllm_command_and_args() -> None:
     speculative = json.loads(args[args.index("--speculative-config") + 1])
     assert speculative == {"method": "eagle3", "model": "/artifacts/export/abc", "num_speculative_tokens": 4}
     assert args[-3:] == ["--enable-expert-parallel", "--gpu-memory-utilization", "0.92"]
-    tiny = vllm(build_deployment(TINY_RUN, tiny_spec(), "/drafts/x"))["args"]
+    # the tiny run without its maxModelLen: a flag the spec leaves unset is not passed
+    unset = parse_spec(derive(TINY_SPEC, verifier={"maxModelLen": None}))
+    tiny = vllm(build_deployment(TINY_RUN, unset, "/drafts/x"))["args"]
     assert not {"--revision", "--trust-remote-code", "--max-model-len"} & set(tiny)
     assert tiny[-2:] == [
         "--speculative-config",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from obs_support import dashboard, panels
 
 from eagle3_operator.observability import queries as q
 from eagle3_operator.observability.dashboard import build_dashboard
+from tests.unit.observability.obs_support import dashboard, panels
 
 # title -> (type, unit, the queries it must show)
 REQUIRED: dict[str, tuple[str, str, list[str]]] = {

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
-from obs_support import all_queries
 
 from eagle3_operator.observability import generate
 from eagle3_operator.observability import queries as q
 from eagle3_operator.observability.alerts import build_prometheus_rule
+from tests.unit.observability.obs_support import all_queries
 
 ROOT = generate.REPO_ROOT
 RULES = ROOT / generate.RULES_PATH

@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from obs_support import (
+
+from eagle3_operator.observability import queries as q
+from tests.unit.observability.obs_support import (
     CONTRACT_METRICS,
     DRAFT_TOKENS,
     DRAFTS,
@@ -25,8 +27,6 @@ from obs_support import (
     selectors,
     variable_queries,
 )
-
-from eagle3_operator.observability import queries as q
 
 ALL = all_queries()
 DASHBOARD = panel_queries() + annotation_queries()

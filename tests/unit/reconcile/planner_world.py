@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests.harness import scenario
-
+from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.actions import Action
@@ -27,23 +26,17 @@ from eagle3_operator.reconcile.observe import (
     serving_pods,
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
+from tests import tiny_spec
+from tests.harness.results import fake_result
+from tests.tiny_spec import apply_merge_patch
 
 RUN = RunRef(name="tiny", namespace="eagle3", uid="00000000-0000-4000-8000-00000000000a")
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
-# The operator tests' tiny spec without its gate (gate tests here set their own).
-TINY: dict[str, Any] = {k: v for k, v in scenario.TINY.items() if k != "evaluation"}
-RESULTS: dict[str, dict[str, Any]] = {
-    "prepare": {"samples": 240},
-    "generate": {"samples": 240, "tokens": 9000},
-    "extract": {"tokens": 51200},
-    "vocab": {"coverage": 0.97},
-    "train": {"valLoss": 2.1},
-    "evaluate": {"acceptanceLength": 1.6},
-    "export": {"sha256": "ab" * 32, "bytes": 123456},
-    "verify": {"path": "export/abc", "sha256": "ef" * 32, "bytes": 123456},
-}
+# The tiny example without regeneration (the operator scenarios' run) and without its evaluation section, so
+# without a gate (gate tests here set their own).
+TINY: dict[str, Any] = tiny_spec.tiny(regeneration={"enabled": False}, evaluation=None)
 
 
 def ts(seconds: float) -> str:
@@ -52,11 +45,8 @@ def ts(seconds: float) -> str:
 
 
 def tiny(**sections: Any) -> dict[str, Any]:
-    """The tiny spec with `sections` merged in (a dict merges into the section, anything else replaces it)."""
-    doc = copy.deepcopy(TINY)
-    for key, value in sections.items():
-        doc[key] = {**doc.get(key, {}), **value} if isinstance(value, dict) else value
-    return doc
+    """TINY with `sections` merge-patched in (see tests.tiny_spec.derive)."""
+    return tiny_spec.derive(TINY, **sections)
 
 
 def condition(kind: str, reason: str = "", message: str = "", at: str | None = None) -> dict[str, Any]:
@@ -83,19 +73,6 @@ def terminated(
         term["startedAt"] = at
         term["finishedAt"] = at
     return term
-
-
-def apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386, section 2, as written there (what the API server does with a merge patch)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = apply_merge_patch(out.get(key), value)
-    return out
 
 
 def pod_of(job: dict[str, Any], suffix: str, state: dict[str, Any], phase: str) -> dict[str, Any]:
@@ -248,7 +225,7 @@ class World:
                            condition("Complete", "CompletionsReached", "", end)],
         }  # fmt: skip
         if pod_terminated:
-            message = RESULTS.get(stage) if result is None else result
+            message = fake_result(stage) if result is None else result
             text = message if isinstance(message, str) else json.dumps(message)
             state = {"terminated": terminated(0, message=text, at=end)}
             self.pods[job["metadata"]["name"]] = pod_of(job, "a", state, "Succeeded")
@@ -285,7 +262,7 @@ class World:
 
     def run_to(self, stop: str, results: dict[str, Any] | None = None) -> Plan:
         """Step and let each created stage Job succeed, until the Job of `stop` has been created."""
-        results = RESULTS | (results or {})
+        results = {s.value: fake_result(s) for s in Stage} | (results or {})
         plan = self.step()
         for _ in range(20):
             created = [a.body for a in plan.actions if a.verb == "create" and a.body["kind"] == "Job"]

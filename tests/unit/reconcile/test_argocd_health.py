@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 from lupa import lua51
-from planner_world import World, pod_of, tiny, ts
+
+from tests.unit.reconcile.planner_world import World, pod_of, tiny, ts
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIG = REPO / "examples" / "gitops" / "argocd" / "argocd-cm.yaml"

@@ -6,10 +6,8 @@ import copy
 from typing import Any
 
 import pytest
-from builder_cases import TINY_RUN, specs, stage_jobs, tiny_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from planner_world import condition, job_status, pod_of, terminated, ts
 
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.status import BlockedBy, StagePhase
@@ -28,6 +26,8 @@ from eagle3_operator.reconcile.observe import (
     slim_job,
     slim_pod,
 )
+from tests.unit.builders.builder_cases import TINY_RUN, specs, stage_jobs, tiny_spec
+from tests.unit.reconcile.planner_world import condition, job_status, pod_of, terminated, ts
 
 SPEC_CM = "tiny-spec-0123456789ab"
 

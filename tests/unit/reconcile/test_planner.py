@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from planner_world import RESULTS, RUN, World, condition_of, creates, keys, pod_of, tiny, ts
-
 from eagle3_contract.api.status import RunPhase
 from eagle3_contract.api.validation import parse_spec, spec_document
 from eagle3_contract.exit_codes import OOM_EXIT_CODE
@@ -14,6 +12,17 @@ from eagle3_contract.stages import content_hash, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.planner import plan_run
+from tests.harness.results import fake_result
+from tests.unit.reconcile.planner_world import (
+    RUN,
+    World,
+    condition_of,
+    creates,
+    keys,
+    pod_of,
+    tiny,
+    ts,
+)
 
 
 def stage_hash(spec: dict[str, Any], stage: str) -> str:
@@ -189,7 +198,7 @@ def test_deleting_a_failed_job_retries_the_stage_as_the_next_attempt() -> None:
 
 
 def test_an_out_of_memory_exit_retries_with_half_the_token_budget() -> None:
-    world = World(tiny())
+    world = World(tiny(extraction={"tokenBudget": 1024}))
     world.run_to("extract")
     oom(world, "extract")
     plan = world.step()
@@ -208,7 +217,7 @@ def test_an_out_of_memory_exit_retries_with_half_the_token_budget() -> None:
 
 
 def test_an_oom_killed_container_retries_too() -> None:
-    world = World(tiny())
+    world = World(tiny(extraction={"tokenBudget": 1024}))
     world.run_to("extract")
     oom(world, "extract", exit_code=137)
     [job] = creates(world.step(), "Job")
@@ -216,7 +225,8 @@ def test_an_oom_killed_container_retries_too() -> None:
 
 
 def test_repeated_out_of_memory_stops_at_the_sequence_length_floor() -> None:
-    world = World(tiny())  # tokenBudget 1024, maxSequenceLength 256: 1024 -> 512 -> 256 -> fail
+    # tokenBudget 1024, maxSequenceLength 256: 1024 -> 512 -> 256 -> fail
+    world = World(tiny(extraction={"tokenBudget": 1024}, dataset={"maxSequenceLength": 256}))
     world.run_to("extract")
     budgets = []
     for _ in range(5):
@@ -401,7 +411,7 @@ def test_removing_placement_removes_it_from_the_deployment() -> None:
     plan = world.step()
     assert keys(plan) == [("patch", "Deployment", names.serving_name(RUN.name))]
     draft = f"export/{stage_hash(world.spec, 'export')}"
-    wanted = build_deployment(RUN, parse_spec(world.spec), draft, RESULTS["export"]["sha256"])
+    wanted = build_deployment(RUN, parse_spec(world.spec), draft, fake_result("export")["sha256"])
     assert world.deployment["spec"] == wanted["spec"]
     assert world.deployment["metadata"] == wanted["metadata"]
     assert world.step().actions == ()
@@ -609,7 +619,7 @@ def test_a_remembered_success_survives_its_job_being_deleted() -> None:
     assert creates(plan, "Job") == []
     for stage in ("prepare", "extract"):
         assert plan.status["stages"][stage]["phase"] == "Succeeded"
-        assert plan.status["stages"][stage]["result"] == RESULTS[stage]
+        assert plan.status["stages"][stage]["result"] == fake_result(stage)
     assert plan.finished == ()
 
 
@@ -621,8 +631,8 @@ def test_a_remembered_result_survives_the_pods_of_a_kept_job_being_deleted() -> 
     plan = world.step()
     assert plan.actions == ()
     assert plan.phase != RunPhase.FAILED
-    assert plan.status["stages"]["evaluate"]["result"] == RESULTS["evaluate"]
-    assert plan.status["checkpoint"]["sha256"] == RESULTS["export"]["sha256"]
+    assert plan.status["stages"]["evaluate"]["result"] == fake_result("evaluate")
+    assert plan.status["checkpoint"]["sha256"] == fake_result("export")["sha256"]
 
 
 def test_a_status_of_another_spec_hash_is_not_trusted() -> None:

@@ -13,11 +13,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from api_support import valid_specs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from planner_world import RESULTS, World, job_status, pod_of, terminated, ts
-from test_spec_validation import JSON, field_mutations
 
 from eagle3_contract.api.status import Eagle3RunStatus, RunPhase
 from eagle3_contract.api.validation import parse_spec, spec_document
@@ -28,6 +25,10 @@ from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.planner import Plan, plan_run
+from tests.harness.results import fake_result
+from tests.unit.api.api_support import valid_specs
+from tests.unit.api.test_spec_validation import JSON, field_mutations
+from tests.unit.reconcile.planner_world import World, job_status, pod_of, terminated, ts
 
 PROPERTIES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -79,7 +80,7 @@ def situations(draw: st.DrawFn) -> World:
     for plan in plans[:done]:
         job = build_job(ref, spec, plan, 0, plan.token_budget, spec_cm)
         job["status"] = job_status("complete", ts(0))
-        result = json.dumps(RESULTS[plan.stage.value])
+        result = json.dumps(fake_result(plan.stage))
         done_state = {"terminated": terminated(0, "Completed", result, ts(0))}
         world.jobs[job["metadata"]["name"]] = job
         world.pods[job["metadata"]["name"]] = pod_of(job, "x", done_state, "Succeeded")

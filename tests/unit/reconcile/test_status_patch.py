@@ -7,9 +7,9 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from planner_world import apply_merge_patch
 
 from eagle3_operator.reconcile.status_patch import merge_patch
+from tests.unit.reconcile.planner_world import apply_merge_patch
 
 KEYS = st.sampled_from(["phase", "stages", "kopf", "a", "b", "result"])
 # No null: a status document has none (exclude_none), and in a merge patch null means "delete".

@@ -10,13 +10,12 @@ import copy
 import json
 from typing import Any
 
-from planner_world import RUN, World, condition_of, creates, keys, tiny
-from tests.harness.verification import mismatch_message
-
 from eagle3_contract.api.status import RunPhase
 from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE
 from eagle3_operator.builders import names
 from eagle3_operator.reconcile.verification import check_failure
+from tests.harness.verification import mismatch_message
+from tests.unit.reconcile.planner_world import RUN, World, condition_of, creates, keys, tiny
 
 GOOD = "ab" * 32
 OTHER = "cd" * 32

@@ -1,0 +1,334 @@
+"""What each stage program reads from the spec, in two typed parts: its parameters and its tuning.
+
+`<Stage>Params` is everything that changes what the stage writes. It is the one payload hashed into the
+stage's content hash (with its inputs' hashes and the format version), so it names the stage's Job and output
+directory, and it is exactly what the program receives as `ctx.params`: a field a program reads that is not
+hashed cannot exist, and a spec edit re-runs a stage only when its parameters (or an upstream output) change.
+
+`<Stage>Tuning` is what a program reads that never changes a successful run's output: batch sizes, memory
+fractions, parallelism, the backend, checks that only accept or refuse an input. It is NOT hashed: editing
+it re-runs nothing, and an output written under other tuning is reused. The token budget a program uses
+comes from its command line (`--token-budget`, halved on out-of-memory retries); the tuning's is the spec's
+starting value.
+
+Models are frozen and camelCase like the API models (the hash payload is `model_dump(mode="json",
+by_alias=True)`); where a whole spec section is hashed, the section's own API model is reused.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from eagle3_contract.api.base import ApiModel
+from eagle3_contract.api.spec import (
+    Dataset,
+    Draft,
+    Eagle3RunSpec,
+    ExtractionBackend,
+    PinnedCheckpoint,
+    ReasoningMode,
+    StorageDtype,
+    Training,
+    Verifier,
+)
+
+
+class StageParams(ApiModel):
+    """The hashed parameters of a stage (the base of every `<Stage>Params`)."""
+
+
+class StageTuning(ApiModel):
+    """The unhashed settings of a stage (the base of every `<Stage>Tuning`): none changes its output."""
+
+
+# --- the verifier, as much of it as a stage reads ---------------------------------------------------------
+
+
+class VerifierName(ApiModel):
+    """The verifier as a draft names it (export's manifest, the serving config)."""
+
+    model: str
+    revision: str | None = None
+
+
+class VerifierRef(VerifierName):
+    """The verifier as a stage loads it (tokenizer, config, weights)."""
+
+    trust_remote_code: bool = False
+
+
+class VllmVerifier(VerifierRef):
+    """The verifier as vLLM serves it: the engine options that change what it generates are hashed."""
+
+    max_model_len: int | None = None
+    vllm_args: tuple[str, ...] = ()
+
+    def engine(self, tensor_parallel_size: int) -> Verifier:
+        """The API verifier `vllm serve` is built from, with the (unhashed) tensor parallelism."""
+        return Verifier(
+            model=self.model,
+            revision=self.revision,
+            trust_remote_code=self.trust_remote_code,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=self.max_model_len,
+            vllm_args=list(self.vllm_args),
+        )
+
+
+def verifier_name(spec: Eagle3RunSpec) -> VerifierName:
+    return VerifierName(model=spec.verifier.model, revision=spec.verifier.revision)
+
+
+def verifier_ref(spec: Eagle3RunSpec) -> VerifierRef:
+    v = spec.verifier
+    return VerifierRef(model=v.model, revision=v.revision, trust_remote_code=v.trust_remote_code)
+
+
+def vllm_verifier(spec: Eagle3RunSpec) -> VllmVerifier:
+    v = spec.verifier
+    return VllmVerifier(
+        model=v.model,
+        revision=v.revision,
+        trust_remote_code=v.trust_remote_code,
+        max_model_len=v.max_model_len,
+        vllm_args=tuple(v.vllm_args),
+    )
+
+
+# --- prepare ------------------------------------------------------------------------------------------------
+
+
+class PrepareParams(StageParams):
+    """The dataset, tokenized with the verifier's chat template."""
+
+    verifier: VerifierRef
+    dataset: Dataset
+
+
+class PrepareTuning(StageTuning):
+    """`regenerationEnabled` only lets a prompts-only dataset through (generate answers it); with answers in
+    the dataset prepare writes the same output either way, and without regeneration such a dataset fails."""
+
+    regeneration_enabled: bool
+
+
+def prepare_params(spec: Eagle3RunSpec) -> PrepareParams:
+    return PrepareParams(verifier=verifier_ref(spec), dataset=spec.dataset)
+
+
+def prepare_tuning(spec: Eagle3RunSpec) -> PrepareTuning:
+    return PrepareTuning(regeneration_enabled=spec.regeneration.enabled)
+
+
+# --- generate -----------------------------------------------------------------------------------------------
+
+
+class RegenerationSampling(ApiModel):
+    """How the verifier answers, and how many rows may fail (they are dropped from the output)."""
+
+    max_tokens: int
+    temperature: float
+    reasoning: ReasoningMode
+    max_failed_fraction: float
+
+
+class GenerateParams(StageParams):
+    """The verifier's answers, sampled with `seed`, then tokenized like prepare's output."""
+
+    verifier: VllmVerifier
+    regeneration: RegenerationSampling
+    seed: int
+    max_sequence_length: int
+    loss_on_reasoning: bool
+
+
+class GenerateTuning(StageTuning):
+    """Requests in flight, vLLM's batch size and GPUs: how fast the answers come, not what they are."""
+
+    tensor_parallel_size: int = Field(ge=1)
+    concurrency: int = Field(ge=1)
+    token_budget: int = Field(ge=16)
+
+
+def generate_params(spec: Eagle3RunSpec) -> GenerateParams:
+    r, ds = spec.regeneration, spec.dataset
+    return GenerateParams(
+        verifier=vllm_verifier(spec),
+        regeneration=RegenerationSampling(
+            max_tokens=r.max_tokens,
+            temperature=r.temperature,
+            reasoning=r.reasoning,
+            max_failed_fraction=r.max_failed_fraction,
+        ),
+        seed=ds.seed,
+        max_sequence_length=ds.max_sequence_length,
+        loss_on_reasoning=ds.loss_on_reasoning,
+    )
+
+
+def generate_tuning(spec: Eagle3RunSpec) -> GenerateTuning:
+    r = spec.regeneration
+    return GenerateTuning(
+        tensor_parallel_size=spec.verifier.tensor_parallel_size,
+        concurrency=r.concurrency,
+        token_budget=r.token_budget,
+    )
+
+
+# --- extract ------------------------------------------------------------------------------------------------
+
+
+class ExtractParams(StageParams):
+    """The hidden states of these verifier layers (None: the default ids), stored in `dtype`."""
+
+    verifier: VerifierRef
+    layers: tuple[int, ...] | None
+    dtype: StorageDtype
+
+
+class ExtractTuning(StageTuning):
+    """How the states are computed: a prefill of the prepared rows at the verifier's own weights, whichever
+    backend, batch, memory fraction, parallelism or engine options run it. `maxModelLen` only refuses a row
+    that does not fit; `vllmArgs` and `seed` reach `vllm serve` (extraction samples nothing)."""
+
+    backend: ExtractionBackend
+    token_budget: int = Field(ge=16)
+    gpu_memory_utilization: float = Field(gt=0.0, le=1.0)
+    tensor_parallel_size: int = Field(ge=1)
+    max_model_len: int | None
+    vllm_args: tuple[str, ...]
+    seed: int
+
+    def engine(self, verifier: VerifierRef) -> Verifier:
+        """The API verifier extraction's `vllm serve` is built from."""
+        return Verifier(
+            model=verifier.model,
+            revision=verifier.revision,
+            trust_remote_code=verifier.trust_remote_code,
+            tensor_parallel_size=self.tensor_parallel_size,
+            max_model_len=self.max_model_len,
+            vllm_args=list(self.vllm_args),
+        )
+
+
+def extract_params(spec: Eagle3RunSpec) -> ExtractParams:
+    x = spec.extraction
+    layers = tuple(x.layers) if x.layers is not None else None
+    return ExtractParams(verifier=verifier_ref(spec), layers=layers, dtype=x.dtype)
+
+
+def extract_tuning(spec: Eagle3RunSpec) -> ExtractTuning:
+    x, v = spec.extraction, spec.verifier
+    return ExtractTuning(
+        backend=x.backend,
+        token_budget=x.token_budget,
+        gpu_memory_utilization=x.gpu_memory_utilization,
+        tensor_parallel_size=v.tensor_parallel_size,
+        max_model_len=v.max_model_len,
+        vllm_args=tuple(v.vllm_args),
+        seed=spec.dataset.seed,
+    )
+
+
+# --- vocab, train -------------------------------------------------------------------------------------------
+
+
+class VocabParams(StageParams):
+    """The `vocabSize` most frequent assistant tokens, mapped onto the verifier's vocabulary."""
+
+    verifier: VerifierRef
+    vocab_size: int
+
+
+class VocabTuning(StageTuning):
+    """Nothing: vocab reads no setting that leaves its output alone."""
+
+
+def vocab_params(spec: Eagle3RunSpec) -> VocabParams:
+    return VocabParams(verifier=verifier_ref(spec), vocab_size=spec.draft.vocab_size)
+
+
+class TrainParams(StageParams):
+    """The draft's shape and training, seeded. `training.gpus` is hashed: the data-parallel world size sets
+    the global batch and the sample order, so the weights trained."""
+
+    verifier: VerifierRef
+    draft: Draft
+    training: Training
+    seed: int
+
+
+class TrainTuning(StageTuning):
+    """Nothing: every training setting changes the weights."""
+
+
+def train_params(spec: Eagle3RunSpec) -> TrainParams:
+    return TrainParams(
+        verifier=verifier_ref(spec), draft=spec.draft, training=spec.training, seed=spec.dataset.seed
+    )
+
+
+# --- evaluate, export, verify -------------------------------------------------------------------------------
+
+
+class EvaluateParams(StageParams):
+    """What is measured: the verifier as vLLM serves it, the held-out prompts, the draft tokens per step."""
+
+    verifier: VllmVerifier
+    prompts: int
+    num_speculative_tokens: int
+    max_tokens: int
+
+
+class EvaluateTuning(StageTuning):
+    """GPUs and vLLM's seed (every answer is greedy). The gate, `evaluation.minAcceptanceLength`, is neither:
+    the stage does not read it (the operator and `eagle3 run` judge its result against the spec's current
+    gate), so editing it re-runs nothing."""
+
+    tensor_parallel_size: int = Field(ge=1)
+    seed: int
+
+
+def evaluate_params(spec: Eagle3RunSpec) -> EvaluateParams:
+    e = spec.evaluation
+    return EvaluateParams(
+        verifier=vllm_verifier(spec),
+        prompts=e.prompts,
+        num_speculative_tokens=e.num_speculative_tokens,
+        max_tokens=e.max_tokens,
+    )
+
+
+def evaluate_tuning(spec: Eagle3RunSpec) -> EvaluateTuning:
+    return EvaluateTuning(
+        tensor_parallel_size=spec.verifier.tensor_parallel_size,
+        seed=spec.dataset.seed,
+    )
+
+
+class ExportParams(StageParams):
+    """The verifier the exported draft names (its config and manifest)."""
+
+    verifier: VerifierName
+
+
+class ExportTuning(StageTuning):
+    """Nothing: export converts train's best checkpoint."""
+
+
+def export_params(spec: Eagle3RunSpec) -> ExportParams:
+    return ExportParams(verifier=verifier_name(spec))
+
+
+class VerifyParams(StageParams):
+    """The pinned draft and its digest (None: nothing is pinned and verify is skipped)."""
+
+    pinned_checkpoint: PinnedCheckpoint | None
+
+
+class VerifyTuning(StageTuning):
+    """Nothing: verify reads the pinned files every time it runs."""
+
+
+def verify_params(spec: Eagle3RunSpec) -> VerifyParams:
+    return VerifyParams(pinned_checkpoint=spec.serving.pinned_checkpoint)

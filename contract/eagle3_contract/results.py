@@ -1,0 +1,378 @@
+"""What each stage program reports: one model per stage's result, shared by the programs and their readers.
+
+A stage program's result is its `result.json` and its container's termination message; the operator copies
+the message into `status.stages.<stage>.result`, and the gate, the checkpoint, the metrics, `eagle3 promote`
+and `eagle3 run`'s summary read it. Typing it once here keeps the writer and its readers on the same keys.
+
+The models describe the wire, so every field may be missing: Kubernetes keeps 4 KiB of a termination message
+and `stage_main` drops the list and dict values of a longer one, an older program wrote fewer keys, and a
+crashed one wrote text. Keys a newer program adds survive as extra fields (`extra="allow"`), so the status
+keeps them. Types are strict (a bool is not a number, "2.5" is not a float), as the readers' checks were.
+`parse_result` never raises: a value of the wrong type is dropped (and logged), text that is not JSON is kept
+as `{"message": ...}`, so one malformed message cannot stop a reconcile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from eagle3_contract.stages import Stage
+
+logger = logging.getLogger(__name__)
+
+MESSAGE_TAIL = 2000  # the characters of a non-JSON termination message kept in the status
+
+
+class ResultModel(BaseModel):
+    """camelCase on the wire, snake_case in Python, strict types, unknown keys kept."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True, strict=True
+    )
+
+    def document(self) -> dict[str, Any]:
+        """The camelCase JSON object: the keys that were given (an absent key stays absent), extras kept."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+class StageResult(ResultModel):
+    """The fields every stage shares and the per-stage knowledge its readers need."""
+
+    STAGE: ClassVar[Stage]
+    # The fields `eagle3 run`'s summary table shows of this stage (its whole result is in result.json).
+    SUMMARY: ClassVar[tuple[str, ...]] = ()
+
+    seconds: float | None = None
+
+    @property
+    def tokens_processed(self) -> int | None:
+        """The tokens this stage processed (the eagle3_run_tokens_processed metric); None: it counts none."""
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """The SUMMARY fields this result has, by their camelCase keys, in SUMMARY's order."""
+        fields = type(self).model_fields
+        return {
+            fields[name].alias or name: getattr(self, name)
+            for name in self.SUMMARY
+            if name in self.model_fields_set
+        }
+
+    @classmethod
+    def parse(cls, payload: str | Mapping[str, Any] | None) -> Self | None:
+        """This stage's result from a termination message (text) or a status document; None for nothing.
+
+        Never raises: the fields whose values have the wrong type are dropped, the rest is kept.
+        """
+        document = parse_message(payload) if isinstance(payload, str) else payload
+        if not document:
+            return None
+        values = dict(document)
+        for _ in range(len(values) + 1):
+            try:
+                return cls.model_validate(values)
+            except ValidationError as exc:
+                bad = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+                logger.warning(
+                    "stage %s: dropping result fields of the wrong type: %s", cls.STAGE, sorted(bad)
+                )
+                dropped = {k for k in values if k in bad or _alias(cls, k) in bad}
+                if not dropped:
+                    break
+                values = {k: v for k, v in values.items() if k not in dropped}
+        return cls()
+
+
+def _alias(cls: type[BaseModel], key: str) -> str | None:
+    field = cls.model_fields.get(key)
+    return field.alias if field is not None else None
+
+
+def parse_message(text: str | None) -> dict[str, Any] | None:
+    """A termination message as a JSON object: non-JSON text as {"message": ...}, another JSON value as
+    {"value": ...}; None for no message."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"message": text[-MESSAGE_TAIL:]}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+# --- the data stages ----------------------------------------------------------------------------------------
+
+
+class PreparedResult(StageResult):
+    """A tokenized dataset's figures (eagle3_pipeline.prepared.write_prepared), of prepare and generate."""
+
+    samples: int | None = None
+    train: int | None = None
+    validation: int | None = None
+    train_ratio: float | None = None  # train reads it to split the dataset as the data stage did
+    skipped: dict[str, int] | None = None
+    skipped_total: int | None = None
+    skipped_examples: dict[str, list[str]] | None = None
+    tokens: int | None = None
+    assistant_tokens: int | None = None
+    unique_assistant_tokens: int | None = None
+    max_seq_len: int | None = None
+    tokenize_seconds: float | None = None
+    tokens_per_second: float | None = None
+
+
+class PrepareResult(PreparedResult):
+    """prepare; with regeneration on and a dataset without answers: format, conversations, samples 0."""
+
+    STAGE = Stage.PREPARE
+    SUMMARY = ("samples", "skipped_total", "tokens", "assistant_tokens", "tokens_per_second")
+
+    format: str | None = None
+    conversations: int | None = None
+
+    @property
+    def tokens_processed(self) -> int | None:
+        return self.tokens  # tokenized conversation tokens
+
+
+class GenerateResult(PreparedResult):
+    """generate: the regenerated dataset's figures and the regeneration's (tokensPerSecond: generated)."""
+
+    STAGE = Stage.GENERATE
+    SUMMARY = (
+        "samples", "skipped_total", "regenerated", "failed", "tokens", "assistant_tokens",
+        "tokens_per_second",
+    )  # fmt: skip
+
+    rows: int | None = None
+    regenerated: int | None = None
+    failed: int | None = None
+    resumed: int | None = None
+    output_tokens: int | None = None
+    generation_seconds: float | None = None
+    server_start_seconds: float | None = None
+
+    @property
+    def tokens_processed(self) -> int | None:
+        return self.output_tokens  # tokens the verifier generated
+
+
+class ExtractResult(StageResult):
+    STAGE = Stage.EXTRACT
+    SUMMARY = ("samples", "tokens", "tokens_per_second", "bytes_per_token", "bytes")
+
+    samples: int | None = None
+    tokens: int | None = None
+    extracted_samples: int | None = None
+    extracted_tokens: int | None = None
+    extract_seconds: float | None = None
+    tokens_per_second: float | None = None
+    bytes: int | None = None
+    bytes_per_token: float | None = None
+    layers: list[int] | None = None
+    hidden_size: int | None = None
+    dtype: str | None = None
+    transfer: str | None = None
+    backend: str | None = None
+    token_budget: int | None = None
+    resumed: int | None = None
+
+    @property
+    def tokens_processed(self) -> int | None:
+        return self.tokens  # tokens whose hidden states are stored
+
+
+class VocabResult(StageResult):
+    """vocab (also its vocab.json): train and export open the d2t/t2d files it names."""
+
+    STAGE = Stage.VOCAB
+    SUMMARY = ("assistant_tokens", "draft_vocab_size", "coverage")
+
+    draft_vocab_size: int | None = None
+    target_vocab_size: int | None = None
+    d2t: str | None = Field(None, alias="d2t")  # the file names (to_camel would write d2T)
+    t2d: str | None = Field(None, alias="t2d")
+    assistant_tokens: int | None = None
+    unique_assistant_tokens: int | None = None
+    coverage: float | None = None
+    unique_coverage: float | None = None
+
+
+# --- training and after -------------------------------------------------------------------------------------
+
+
+class TrainEpoch(ResultModel):
+    """One line of metrics.jsonl (eagle3_pipeline.train_metrics), without speculators' raw record."""
+
+    epoch: int | None = None
+    train_loss: float | None = None
+    val_loss: float | None = None
+    train_accuracy_by_position: list[float] | None = None
+    val_accuracy_by_position: list[float] | None = None
+    val_full_accuracy_by_position: list[float] | None = None
+    val_loss_by_position: list[float] | None = None
+    estimated_acceptance_length: float | None = None
+    train_steps: int | None = None
+    train_tokens: int | None = None
+    train_seconds: float | None = None
+    seconds: float | None = None
+    learning_rate: Any = None  # speculators' value as it logs it ({optimizer: lr} today)
+
+
+class TrainResult(StageResult):
+    STAGE = Stage.TRAIN
+    SUMMARY = ("draft_vocab_size", "best_val_loss", "estimated_acceptance_length")
+
+    epochs: list[TrainEpoch] | None = None
+    best_epoch: int | None = None
+    best_val_loss: float | None = None
+    val_accuracy_by_position: list[float] | None = None
+    estimated_acceptance_length: float | None = None
+    train_tokens_per_second: float | None = None
+    checkpoint: str | None = None
+    metrics: str | None = None
+    parameters: int | None = None
+    device: str | None = None
+    world_size: int | None = None
+    resumed_from_epoch: int | None = None
+    train_seconds: float | None = None
+    draft_vocab_size: int | None = None
+    aux_layers: list[int] | None = None
+    ttt_steps: int | None = None
+
+    @property
+    def tokens_processed(self) -> int | None:
+        """The epochs' trainTokens summed; None if a 4 KiB message lost the list or an epoch lacks them."""
+        if not self.epochs:
+            return None
+        counts = [e.train_tokens for e in self.epochs]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+
+class ServerStartSeconds(ResultModel):
+    draft: float | None = None
+    baseline: float | None = None
+
+
+class EvaluateResult(StageResult):
+    """evaluate: the gate's input (eagle3_contract.gate); the verdict is not part of it.
+
+    `message` holds what the figures do not say (fewer prompts than asked for, failed requests, a mapping
+    problem, embeddings of another verifier), None when there is nothing to add.
+    """
+
+    STAGE = Stage.EVALUATE
+    SUMMARY = ("acceptance_length", "acceptance_rate", "speedup")
+
+    prompts: int | None = None
+    prompts_requested: int | None = None
+    held_out_prompts: int | None = None
+    failed_prompts: int | None = None
+    num_speculative_tokens: int | None = None
+    max_tokens: int | None = None
+    drafts: int | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    accepted_tokens_by_position: list[int] | None = None
+    acceptance_rate: float | None = None
+    acceptance_length: float | None = None
+    acceptance_by_position: list[float] | None = None
+    output_tokens: int | None = None
+    output_tokens_per_second: float | None = None
+    baseline_output_tokens: int | None = None
+    baseline_output_tokens_per_second: float | None = None
+    speedup: float | None = None
+    outputs_matching_baseline: int | None = None
+    message: str | None = None
+    mapping_consistent: bool | None = None
+    embeddings_match_verifier: bool | None = None
+    draft_checkpoint: str | None = None
+    server_start_seconds: ServerStartSeconds | None = None
+
+    @property
+    def tokens_processed(self) -> int | None:
+        return self.output_tokens  # tokens generated with the draft
+
+
+class ExportResult(StageResult):
+    """export: `sha256` and `bytes` become the run's status.checkpoint."""
+
+    STAGE = Stage.EXPORT
+    SUMMARY = ("bytes",)
+
+    sha256: str | None = None
+    bytes: int | None = None
+    expected_bytes: int | None = None
+    ratio: float | None = None
+    trainable_parameters: int | None = None
+    draft_head_parameters: int | None = None
+    mapping_bytes: int | None = None
+    source_bytes: int | None = None
+    reduction: float | None = None
+    dropped_tensors: list[str] | None = None
+    dropped_files: list[str] | None = None
+    verifier: str | None = None
+    files: list[str] | None = None
+
+
+class VerifiedFile(ResultModel):
+    sha256: str | None = None
+    bytes: int | None = None
+
+
+class VerifyResult(StageResult):
+    STAGE = Stage.VERIFY
+    SUMMARY = ("bytes",)
+
+    path: str | None = None
+    sha256: str | None = None
+    bytes: int | None = None
+    files: dict[str, VerifiedFile] | None = None
+    manifest: bool | None = None
+
+
+RESULT_MODELS: dict[Stage, type[StageResult]] = {
+    m.STAGE: m
+    for m in (
+        PrepareResult, GenerateResult, ExtractResult, VocabResult, TrainResult, EvaluateResult, ExportResult,
+        VerifyResult,
+    )
+}  # fmt: skip
+R = TypeVar("R", bound=StageResult)
+
+
+def parse_result(stage: Stage | str, payload: str | Mapping[str, Any] | None) -> StageResult | None:
+    """`stage`'s result from a termination message or a status document (see StageResult.parse); None for
+    no payload or a stage this version does not know. Never raises."""
+    try:
+        model = RESULT_MODELS[Stage(stage)]
+    except ValueError:
+        return None
+    return model.parse(payload)
+
+
+def check_result(stage: Stage | str, result: Mapping[str, Any] | StageResult) -> dict[str, Any]:
+    """What a stage program returned, checked against its stage's model: the document to commit.
+
+    Unlike `parse_result` it raises (ValidationError) on a value of the wrong type: a program that writes
+    what its readers cannot read is a bug to catch in its tests, not a field to drop later.
+    """
+    model = RESULT_MODELS[Stage(stage)]
+    if isinstance(result, StageResult):
+        if not isinstance(result, model):
+            raise TypeError(f"stage {stage} returned a {type(result).__name__}, not a {model.__name__}")
+        return result.document()
+    model.model_validate(result)
+    return dict(result)
+
+
+def result_of(results: Mapping[Stage, StageResult], model: type[R]) -> R | None:
+    """The result of `model`'s stage in `results`, typed."""
+    found = results.get(model.STAGE)
+    return found if isinstance(found, model) else None

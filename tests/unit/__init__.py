@@ -1,0 +1,1 @@
+"""Unit tests: no cluster, no model; helper modules (api_support, ...) import as tests.unit.*."""

@@ -1,0 +1,326 @@
+"""The typed stage parameters (eagle3_contract.params): what a stage's hash covers is what its program reads.
+
+Every leaf field of the tiny example's spec (and of variants where generate and verify run) is edited to
+another valid value, and for every stage: its hash changes exactly when its params (or an input's hash)
+change, and an edit that only touches its tuning never changes it. The fields that reach no stage at all,
+and those that reach only tuning, are listed here, so moving a field between the two halves is a reviewed
+change of this file.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.params import StageParams, StageTuning
+from eagle3_contract.stages import (
+    DEFINITIONS,
+    STAGE_FORMAT_VERSION,
+    Stage,
+    StagePlan,
+    content_hash,
+    plan_stages,
+)
+from eagle3_pipeline import stages as programs
+from eagle3_pipeline.context import DATA_STAGES, StageContext
+from eagle3_pipeline.stage_main import build_context
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny" / "eagle3run.yaml"
+Doc = dict[str, Any]
+Path_ = tuple[str, ...]
+
+PIN = {"path": "export/0123456789ab", "sha256": "ab" * 32}
+
+
+def example() -> Doc:
+    """The example's spec with every default written out: every field is a leaf to edit."""
+    spec = load_manifest(EXAMPLE).spec
+    dumped: Doc = spec.model_dump(mode="json", by_alias=True)
+    return dumped
+
+
+def variants() -> dict[str, Doc]:
+    base = example()
+    off = copy.deepcopy(base)
+    off["regeneration"]["enabled"] = False
+    pinned = copy.deepcopy(base)
+    pinned["serving"]["pinnedCheckpoint"] = dict(PIN)
+    return {"example": base, "no-regeneration": off, "pinned": pinned}
+
+
+# --- editing a leaf -----------------------------------------------------------------------------------------
+
+ENUMS = {
+    "format": ["auto", "sharegpt", "messages", "prompts"],
+    "reasoning": ["keep", "drop"],
+    "backend": ["vllm", "transformers"],
+    "dtype": ["bfloat16", "float16", "fp8"],
+    "scheduler": ["linear", "cosine", "constant"],
+    "accessModes": [["ReadWriteOnce"], ["ReadWriteMany"]],
+    "sha256": ["ab" * 32, "cd" * 32],
+}
+# What an unset (None) field is set to; a section that is unset gets a small valid one.
+UNSET = {
+    "revision": "abc123",
+    "maxModelLen": 2048,
+    "maxSamples": 50,
+    "layers": [1, 2],
+    "minAcceptanceLength": 2.0,
+    "image": "vllm/vllm-openai:nightly",
+    "pinnedCheckpoint": {"path": "export/ffffffffffff"},
+    "claimName": "other-claim",
+    "storageClassName": "fast",
+    "pipeline": "registry.example/pipeline:1",
+    "hfTokenSecret": {"name": "hf-token"},
+    "queueName": "other-queue",
+}
+MAPS = {"nodeSelector": {"pool": "a"}, "affinity": {"podAntiAffinity": {}}, "requests": {"cpu": "1"}}
+LISTS = {"tolerations": [{"key": "gpu", "operator": "Exists"}]}
+
+
+def leaves(doc: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
+    """Every leaf: a scalar, a list, a None, or an empty map."""
+    if isinstance(doc, dict) and doc:
+        for key, value in doc.items():
+            yield from leaves(value, (*path, key))
+    else:
+        yield path, doc
+
+
+def candidates(path: Path_, value: Any) -> list[Any]:
+    key = path[-1]
+    if key in ENUMS:
+        return [v for v in ENUMS[key] if v != value]
+    if value is None:
+        if len(path) == 2 and path[0] == "stages":
+            return [{"backoffLimit": 1}]
+        return [UNSET[key]]
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1, value * 2, value - 1]
+    if isinstance(value, float):
+        return [round(value / 2, 6) or 0.5, round(value * 1.5, 6), value + 0.1]
+    if isinstance(value, str):
+        return ["6Gi"] if key == "size" else [value + "x"]
+    if isinstance(value, list):
+        if key in LISTS:
+            return [LISTS[key]]
+        return [value[:-1]] if value and isinstance(value[0], int) else [[*value, "--enforce-eager"]]
+    return [MAPS[key]]
+
+
+def put(doc: Doc, path: Path_, value: Any) -> Doc:
+    out = copy.deepcopy(doc)
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+def edit(doc: Doc, path: Path_) -> Eagle3RunSpec:
+    """`doc` with the leaf at `path` set to the first valid other value."""
+    value = leaf_at(doc, path)
+    errors = []
+    for candidate in candidates(path, value):
+        try:
+            return Eagle3RunSpec.model_validate(put(doc, path, candidate))
+        except ValueError as exc:
+            errors.append(str(exc).splitlines()[0])
+    raise AssertionError(f"no valid other value for {'.'.join(path)} = {value!r}: {errors}")
+
+
+def leaf_at(doc: Doc, path: Path_) -> Any:
+    node: Any = doc
+    for key in path:
+        node = node[key]
+    return node
+
+
+def plans(spec: Eagle3RunSpec) -> dict[Stage, StagePlan]:
+    return {p.stage: p for p in plan_stages(spec)}
+
+
+def upstream_hashes(spec: Eagle3RunSpec, planned: dict[Stage, StagePlan], stage: Stage) -> dict[Stage, str]:
+    return {up: planned[up].hash for up in DEFINITIONS[stage].upstream(spec)}
+
+
+def reach(before: Eagle3RunSpec, after: Eagle3RunSpec) -> tuple[set[Stage], set[Stage]]:
+    """(stages whose params changed, stages whose tuning changed); asserts the hash rule on the way."""
+    old, new = plans(before), plans(after)
+    params, tuning = set(), set()
+    for stage, d in DEFINITIONS.items():
+        params_changed = d.params(before) != d.params(after)
+        inputs_changed = upstream_hashes(before, old, stage) != upstream_hashes(after, new, stage)
+        hash_changed = old[stage].hash != new[stage].hash
+        assert hash_changed == (params_changed or inputs_changed), stage
+        if params_changed:
+            params.add(stage)
+        if d.tuning(before) != d.tuning(after):
+            tuning.add(stage)
+            if not params_changed and not inputs_changed:
+                assert not hash_changed, f"a tuning edit changed the hash of {stage}"
+    return params, tuning
+
+
+def dotted(path: Path_) -> str:
+    return ".".join(path)
+
+
+# Fields that no stage reads: execution and serving settings, the gate (judged from evaluate's result).
+NO_STAGE = {
+    "verifier": set(),
+    "regeneration": set(),
+    "evaluation": {"minAcceptanceLength"},
+    "serving": {"enabled", "replicas", "numSpeculativeTokens", "image", "extraArgs"},
+}
+EXECUTION_SECTIONS = ("nodePool", "storage", "images", "hfTokenSecret", "suspend", "queueName", "stages")
+# Fields stages read as tuning only: they change how a stage runs, never what a successful run writes.
+TUNING_ONLY = {
+    "verifier.tensorParallelSize": {Stage.GENERATE, Stage.EXTRACT, Stage.EVALUATE},
+    "regeneration.enabled": {Stage.PREPARE},  # generate runs or not (its skip), prepare accepts prompts
+    "regeneration.concurrency": {Stage.GENERATE},
+    "regeneration.tokenBudget": {Stage.GENERATE},
+    "extraction.tokenBudget": {Stage.EXTRACT},
+    "extraction.gpuMemoryUtilization": {Stage.EXTRACT},
+    "extraction.backend": {Stage.EXTRACT},
+}
+
+
+# Leaves a cross-field rule fixes in a variant (a pinned draft needs serving.enabled).
+FIXED = {("pinned", "serving.enabled")}
+
+
+def reads_nothing(path: Path_) -> bool:
+    return (
+        path[0] in EXECUTION_SECTIONS
+        or path[-1] in NO_STAGE.get(path[0], set())
+        or path[:2]
+        == (
+            "serving",
+            "pinnedCheckpoint",
+        )
+    )
+
+
+@pytest.mark.parametrize("variant", sorted(variants()))
+def test_every_leaf_edit_changes_a_hash_exactly_when_params_change(variant: str) -> None:
+    doc = variants()[variant]
+    before = Eagle3RunSpec.model_validate(doc)
+    edited = 0
+    for path, _ in leaves(doc):
+        if (variant, dotted(path)) in FIXED:
+            continue
+        after = edit(doc, path)
+        params, tuning = reach(before, after)
+        where = f"{variant}: {dotted(path)}"
+        if dotted(path) in TUNING_ONLY:
+            assert params == set() and tuning == TUNING_ONLY[dotted(path)], where
+        elif reads_nothing(path):
+            if path[:2] != ("serving", "pinnedCheckpoint"):  # the pin is verify's param
+                assert params == tuning == set(), where
+        else:
+            assert params, f"{where} reaches no stage's params: hash it, or list it as tuning or unread here"
+        edited += 1
+    assert edited > 60  # every section's fields, not a few
+
+
+# --- the README's promises, on the example ----------------------------------------------------------------
+
+
+def changed_stages(doc: Doc, path: Path_, value: Any) -> set[str]:
+    old = plans(Eagle3RunSpec.model_validate(doc))
+    new = plans(Eagle3RunSpec.model_validate(put(doc, path, value)))
+    return {s.value for s in Stage if old[s].hash != new[s].hash}
+
+
+def test_the_readme_edits() -> None:
+    doc = example()
+    assert changed_stages(doc, ("training", "learningRate"), 3e-4) == {"train", "evaluate", "export"}
+    assert changed_stages(doc, ("extraction", "tokenBudget"), 8192) == set()
+    assert "generate" not in changed_stages(doc, ("regeneration", "concurrency"), 4)
+    assert changed_stages(doc, ("evaluation", "minAcceptanceLength"), 2.5) == set()
+
+
+def test_the_hash_payload_is_the_params_model() -> None:
+    spec = load_manifest(EXAMPLE).spec
+    planned = plans(spec)
+    for stage, d in DEFINITIONS.items():
+        params = d.params(spec)
+        assert isinstance(params, StageParams) and isinstance(d.tuning(spec), StageTuning)
+        assert params.model_config.get("frozen") is True
+        payload = {
+            "stage": stage.value,
+            "format": STAGE_FORMAT_VERSION,
+            "params": params.model_dump(mode="json", by_alias=True),
+            "inputs": {up.value: planned[up].hash for up in d.upstream(spec)},
+        }
+        assert planned[stage].hash == content_hash(payload)
+    assert STAGE_FORMAT_VERSION == 2
+
+
+# --- the programs ----------------------------------------------------------------------------------------
+
+
+def test_a_stage_context_has_params_and_tuning_and_no_spec(tmp_path: Path) -> None:
+    assert "spec" not in {f.name for f in dataclasses.fields(StageContext)}
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    manifest = tmp_path / "run.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    spec = load_manifest(manifest).spec
+    for stage, plan in plans(spec).items():
+        inputs = [f"{k}={v}" for k, v in plan.inputs.items()]
+        ctx = build_context(stage.value, str(manifest), str(tmp_path), plan.output_dir, inputs, None)
+        assert not hasattr(ctx, "spec")
+        assert ctx.stage is stage and set(ctx.inputs) == set(DEFINITIONS[stage].upstream(spec))
+        assert ctx.params == DEFINITIONS[stage].params(spec)
+        assert ctx.tuning == DEFINITIONS[stage].tuning(spec)
+    assert DATA_STAGES == (Stage.GENERATE, Stage.PREPARE)
+
+
+def test_an_input_that_names_no_stage_is_refused(tmp_path: Path) -> None:
+    from eagle3_pipeline.errors import StageError
+
+    manifest = tmp_path / "run.yaml"
+    manifest.write_text(EXAMPLE.read_text())
+    with pytest.raises(StageError, match=r"--input 'prepared=x': prepared is not a stage"):
+        build_context("vocab", str(manifest), str(tmp_path), "vocab/h", ["prepared=x"], None)
+
+
+def run_annotation(stage: Stage) -> tuple[str, str]:
+    """(params, tuning) class names in the program's `run(ctx: ...)` annotation, read from its source (the
+    modules import torch)."""
+    source = (Path(inspect.getfile(programs)).parent / f"{stage.value}.py").read_text()
+    tree = ast.parse(source)
+    aliases = {
+        node.targets[0].id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    annotation = run.args.args[0].annotation
+    if isinstance(annotation, ast.Name):
+        annotation = aliases[annotation.id]
+    assert isinstance(annotation, ast.Subscript) and isinstance(annotation.slice, ast.Tuple), stage
+    params, tuning = annotation.slice.elts
+    assert isinstance(params, ast.Name) and isinstance(tuning, ast.Name)
+    return params.id, tuning.id
+
+
+@pytest.mark.parametrize("stage", list(Stage))
+def test_each_program_is_typed_with_its_stages_params_and_tuning(stage: Stage) -> None:
+    spec = load_manifest(EXAMPLE).spec
+    d = DEFINITIONS[stage]
+    assert run_annotation(stage) == (type(d.params(spec)).__name__, type(d.tuning(spec)).__name__)
