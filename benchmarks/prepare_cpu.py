@@ -71,6 +71,7 @@ def run_ours(run: Path, art: Path) -> dict[str, Any]:
 def run_theirs(model: Path, rows: Path, out: Path, seq: int, workers: int, vllm: str) -> dict[str, Any]:
     from eagle3_contract.api.manifest import load_manifest
     from eagle3_contract.stages import Stage
+    from eagle3_contract.vllm_command import VllmEngine
     from eagle3_pipeline.context import StageContext
     from eagle3_pipeline.vllm_server import VllmServer
 
@@ -78,7 +79,8 @@ def run_theirs(model: Path, rows: Path, out: Path, seq: int, workers: int, vllm:
     ctx = StageContext.of_spec(Stage.GENERATE, "bench", spec, out, out / "server", token_budget=8192)
     ctx.begin()
     os.environ["EAGLE3_VLLM"] = vllm
-    serve = VllmServer(ctx, spec.verifier, seed=spec.dataset.seed, extra_args=["--enable-scale-out"])
+    engine = VllmEngine.of(spec.verifier)
+    serve = VllmServer(ctx, engine, seed=spec.dataset.seed, extra_args=["--enable-scale-out"])
     with serve as server:  # serves the render endpoint
         cmd = [str(Path(sys.executable).parent / "speculators"), "prepare-data", "--model", str(model)]
         cmd += ["--data", str(rows), "--output", str(out / "speculators"), "--seq-length", str(seq)]

@@ -29,8 +29,8 @@ from eagle3_contract.api.spec import (
     ReasoningMode,
     StorageDtype,
     Training,
-    Verifier,
 )
+from eagle3_contract.vllm_command import VllmEngine
 
 
 class StageParams(ApiModel):
@@ -63,15 +63,15 @@ class VllmVerifier(VerifierRef):
     max_model_len: int | None = None
     vllm_args: tuple[str, ...] = ()
 
-    def engine(self, tensor_parallel_size: int) -> Verifier:
-        """The API verifier `vllm serve` is built from, with the (unhashed) tensor parallelism."""
-        return Verifier(
+    def engine(self, tensor_parallel_size: int) -> VllmEngine:
+        """The engine `vllm serve` loads, with the (unhashed) tensor parallelism."""
+        return VllmEngine(
             model=self.model,
+            tensor_parallel_size=tensor_parallel_size,
             revision=self.revision,
             trust_remote_code=self.trust_remote_code,
-            tensor_parallel_size=tensor_parallel_size,
             max_model_len=self.max_model_len,
-            vllm_args=list(self.vllm_args),
+            vllm_args=self.vllm_args,
         )
 
 
@@ -199,16 +199,14 @@ class ExtractTuning(StageTuning):
     vllm_args: tuple[str, ...]
     seed: int
 
-    def engine(self, verifier: VerifierRef) -> Verifier:
-        """The API verifier extraction's `vllm serve` is built from."""
-        return Verifier(
-            model=verifier.model,
-            revision=verifier.revision,
-            trust_remote_code=verifier.trust_remote_code,
-            tensor_parallel_size=self.tensor_parallel_size,
-            max_model_len=self.max_model_len,
-            vllm_args=list(self.vllm_args),
+    def engine(self, verifier: VerifierRef) -> VllmEngine:
+        """The engine extraction's `vllm serve` loads: the hashed verifier, unhashed engine options."""
+        hashed = VllmVerifier(
+            model=verifier.model, revision=verifier.revision, trust_remote_code=verifier.trust_remote_code
         )
+        return hashed.model_copy(
+            update={"max_model_len": self.max_model_len, "vllm_args": self.vllm_args}
+        ).engine(self.tensor_parallel_size)
 
 
 def extract_params(spec: Eagle3RunSpec) -> ExtractParams:

@@ -205,10 +205,10 @@ def run_vllm(
             "the one token vLLM generates per extraction request; raise verifier.maxModelLen above "
             "dataset.maxSequenceLength (or leave it unset)"
         )
-    verifier = ctx.tuning.engine(ctx.params.verifier)
+    engine = ctx.tuning.engine(ctx.params.verifier)
     server = VllmServer(
         ctx,
-        verifier,
+        engine,
         seed=ctx.tuning.seed,
         # vLLM collects the ids sorted and deduplicated: the layout's are, and end with n (file order)
         speculative_config=hidden_states_speculative_config(layout.layer_ids),

@@ -25,13 +25,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from eagle3_contract.api.spec import Verifier
 from eagle3_contract.vllm_command import Endpoint, VllmEngine, vllm_serve_args
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import OutOfMemory, StageError
@@ -65,9 +65,8 @@ PORT_ATTEMPTS = 3  # a free port can be taken by someone else before vLLM binds 
 
 def build_serve_argv(
     executable: str,
-    verifier: Verifier,
+    engine: VllmEngine,
     *,
-    model_path: str,
     port: int,
     seed: int,
     max_num_batched_tokens: int | None = None,
@@ -80,12 +79,12 @@ def build_serve_argv(
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The `vllm serve` command line of a stage's server: the contract's one builder (the serving
-    Deployment's too), with the verifier at its local path on this machine."""
+    Deployment's too), `engine.model` being the verifier's path on this machine."""
     return [
         executable,
         "serve",
         *vllm_serve_args(
-            VllmEngine.of(verifier, model=model_path),
+            engine,
             Endpoint(host, port, served_model_name),
             speculative_config=speculative_config,
             kv_transfer_config=kv_transfer_config,
@@ -152,7 +151,7 @@ class VllmServer:
     def __init__(
         self,
         ctx: StageContext[Any, Any],
-        verifier: Verifier,
+        engine: VllmEngine,
         *,
         seed: int,
         speculative_config: Mapping[str, Any] | None = None,
@@ -166,7 +165,7 @@ class VllmServer:
         log_path: Path | None = None,
     ) -> None:
         self.ctx = ctx
-        self.verifier = verifier
+        self.engine = engine
         self.seed = seed
         self.speculative_config = speculative_config
         self.kv_transfer_config = kv_transfer_config
@@ -234,8 +233,7 @@ class VllmServer:
     def _argv(self, executable: str) -> list[str]:
         return build_serve_argv(
             executable,
-            self.verifier,
-            model_path=self.ctx.local_path(self.verifier.model),
+            replace(self.engine, model=self.ctx.local_path(self.engine.model)),
             port=self.port,
             seed=self.seed,
             max_num_batched_tokens=self.max_num_batched_tokens,

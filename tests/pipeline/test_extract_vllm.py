@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from eagle3_contract.api.manifest import load_manifest
 from eagle3_contract.params import extract_tuning
-from eagle3_contract.vllm_command import hidden_states_speculative_config
+from eagle3_contract.vllm_command import VllmEngine, hidden_states_speculative_config
 from eagle3_pipeline.context import work_dir_of
 from eagle3_pipeline.extract_vllm import concurrency_for, extract_options, kv_transfer_config
 from eagle3_pipeline.hidden_states import Layout, file_name
@@ -162,8 +162,7 @@ def test_vllm_accepts_the_serve_command(tmp_path: Path, tiny_model: Path) -> Non
         argvs.append(
             build_serve_argv(
                 "vllm",
-                spec.verifier,
-                model_path=str(tiny_model),
+                VllmEngine.of(spec.verifier, model=str(tiny_model)),
                 port=8000,
                 seed=0,
                 max_num_batched_tokens=256,

@@ -14,6 +14,7 @@ import pytest
 
 from eagle3_contract.api.spec import Eagle3RunSpec, Verifier
 from eagle3_contract.stages import Stage
+from eagle3_contract.vllm_command import VllmEngine
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import OutOfMemory, StageError
 from eagle3_pipeline.vllm_server import (
@@ -102,8 +103,7 @@ def test_vllms_own_parser_reads_our_command_line() -> None:
     argvs = [
         build_serve_argv(
             vllm,
-            full,
-            model_path="/local/big",
+            VllmEngine.of(full, model="/local/big"),
             port=8123,
             seed=7,
             max_num_batched_tokens=8192,
@@ -111,7 +111,7 @@ def test_vllms_own_parser_reads_our_command_line() -> None:
             enforce_eager=True,
             speculative_config=SPECULATIVE,
         ),
-        build_serve_argv(vllm, Verifier(model="m"), model_path="/local/m", port=9000, seed=0),
+        build_serve_argv(vllm, VllmEngine.of(Verifier(model="m"), model="/local/m"), port=9000, seed=0),
     ]
     full_args, plain = vllm_parse(vllm, argvs)
     assert full_args == {
@@ -137,7 +137,9 @@ def test_vllms_own_parser_reads_our_command_line() -> None:
 
 def test_argv_order_spec_args_then_extra_args() -> None:
     verifier = Verifier(model="m", vllm_args=["--max-num-seqs", "4"])
-    argv = build_serve_argv("vllm", verifier, model_path="/m", port=1, seed=2, extra_args=["--x", "y"])
+    argv = build_serve_argv(
+        "vllm", VllmEngine.of(verifier, model="/m"), port=1, seed=2, extra_args=["--x", "y"]
+    )
     assert argv[:3] == ["vllm", "serve", "/m"]
     assert argv[-4:] == ["--max-num-seqs", "4", "--x", "y"]
     for absent in ("--revision", "--trust-remote-code", "--max-model-len", "--max-num-batched-tokens"):
@@ -184,7 +186,7 @@ def context(tmp_path: Path) -> StageContext[Any, Any]:
 
 
 def server(ctx: StageContext[Any, Any], **options: Any) -> VllmServer:
-    return VllmServer(ctx, SPEC.verifier, seed=SPEC.dataset.seed, **options)
+    return VllmServer(ctx, VllmEngine.of(SPEC.verifier), seed=SPEC.dataset.seed, **options)
 
 
 def test_early_exit_reports_the_log_tail_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -154,9 +154,9 @@ def measure(ctx: Context, prompts: list[list[Message]], draft: Path | None) -> M
     # the serving Deployment's speculative config (eagle3_contract.vllm_command), with the slim draft
     k = ctx.params.num_speculative_tokens
     config = None if draft is None else eagle3_speculative_config(str(draft), k)
-    verifier = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
+    engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
     log = ctx.work / f"vllm-{label}.log"
-    with VllmServer(ctx, verifier, seed=ctx.tuning.seed, speculative_config=config, log_path=log) as server:
+    with VllmServer(ctx, engine, seed=ctx.tuning.seed, speculative_config=config, log_path=log) as server:
         before = read_counters(server)
         result = asyncio.run(answer_all(server, prompts, ctx.params.max_tokens))
         result.server_start_s = server.started_s

@@ -53,8 +53,8 @@ def run(ctx: Context) -> dict[str, Any]:
     progress = Progress(rows=len(conversations), resumed=len(done))
     if todo:
         budget = ctx.token_budget or ctx.tuning.token_budget
-        verifier = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
-        with VllmServer(ctx, verifier, seed=ctx.params.seed, max_num_batched_tokens=budget) as server:
+        engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
+        with VllmServer(ctx, engine, seed=ctx.params.seed, max_num_batched_tokens=budget) as server:
             progress.server_start_s = server.started_s
             generation_started = time.monotonic()
             asyncio.run(regenerate_all(ctx, server, todo, progress))
