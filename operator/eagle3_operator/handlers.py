@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,9 @@ from eagle3_operator.reconcile.executor import (
     OWNED_INDEXES,
     Key,
     Owned,
+    forget_run,
     reconcile,
+    reconcile_current,
     run_key,
 )
 from eagle3_operator.reconcile.observe import blocked_by, slim_deployment, slim_job, slim_pod, slim_run
@@ -26,6 +29,10 @@ from eagle3_operator.reconcile.observe import blocked_by, slim_deployment, slim_
 RUN = (GROUP, VERSION, PLURAL)
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 RESYNC_SECONDS = 60.0
+# The liveness probe fails when the resync has not moved on (finished a run's reconcile or a round) for this
+# many intervals: every API call it makes is bounded (k8s.TOTAL_SECONDS), so a longer silence is a hang.
+RESYNC_STALE_ROUNDS = 3
+logger = logging.getLogger(__name__)
 
 
 @kopf.on.startup()
@@ -42,26 +49,62 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     memo.locks = {}
     memo.statuses = {}
     memo.pending = {}
+    memo.gone = set()  # uids of runs found deleted (their stale index entries are skipped)
     memo.pod_monitors = await memo.kube.serves("monitoring.coreos.com", "v1", "podmonitors")
+    memo.resync_beat = time.monotonic()
     memo.resync = asyncio.create_task(resync(memo, kwargs))
+
+
+def _resync_seconds(memo: kopf.Memo) -> float:
+    return float(memo.get("resync_seconds") or RESYNC_SECONDS)
 
 
 async def resync(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
     """Reconcile every run periodically, so a missed child event only delays, never stalls, a run.
 
     A task of its own rather than a kopf timer: timers put a finalizer on every run, and a finalizer blocks
-    `kubectl delete` for as long as the operator is down.
+    `kubectl delete` for as long as the operator is down. It survives every exception (an outage, a bug in
+    one run's reconcile): one failing run or round must not end the resync of all of them for good.
     """
-    logger = logging.getLogger(__name__)
     while True:
-        await asyncio.sleep(memo.get("resync_seconds") or RESYNC_SECONDS)
-        runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
-        for key in list(runs):
-            for body in list(runs.get(key, [])):
-                try:
-                    await reconcile(body, memo, logger, _indices(kwargs))
-                except (kopf.TemporaryError, kopf.PermanentError) as err:
-                    logger.warning("resync of %s/%s failed: %s", key[0], key[1], err)
+        await asyncio.sleep(_resync_seconds(memo))
+        try:
+            await _resync_round(memo, kwargs)
+        except Exception:
+            logger.exception("a resync round failed; the next one starts in %ss", _resync_seconds(memo))
+        memo.resync_beat = time.monotonic()
+
+
+async def _resync_round(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
+    runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
+    for key in list(runs):
+        for body in list(runs.get(key, [])):
+            try:
+                await reconcile_current(body, memo, logger, _indices(kwargs))
+            except (kopf.TemporaryError, kopf.PermanentError) as err:
+                logger.warning("resync of %s/%s failed: %s", key[0], key[1], err)
+            except Exception:
+                logger.exception("resync of %s/%s failed; going on with the next run", key[0], key[1])
+            memo.resync_beat = time.monotonic()
+
+
+@kopf.on.probe(id="resync")
+def resync_alive(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """Part of kopf's liveness endpoint: a resync task that died or went silent fails the probe (HTTP 500),
+    so Kubernetes restarts the operator instead of leaving missed events unrepaired for good."""
+    task: asyncio.Task[None] | None = memo.get("resync")
+    if task is None:
+        return {"running": False}  # before startup finished
+    if task.done():
+        why = "was cancelled" if task.cancelled() else f"ended: {task.exception()!r}"
+        raise kopf.PermanentError(f"the periodic resync {why}; restart the operator")
+    silent = time.monotonic() - float(memo.get("resync_beat") or 0.0)
+    if silent > RESYNC_STALE_ROUNDS * _resync_seconds(memo):
+        raise kopf.PermanentError(
+            f"the periodic resync made no progress for {silent:.0f}s ({RESYNC_STALE_ROUNDS} intervals of "
+            f"{_resync_seconds(memo):.0f}s); it is stuck: restart the operator"
+        )
+    return {"running": True, "secondsSinceProgress": round(silent, 1)}
 
 
 @kopf.on.login()
@@ -176,7 +219,7 @@ async def child_changed(
         if (run.get("metadata") or {}).get("deletionTimestamp"):
             continue
         try:
-            await reconcile(run, memo, logger, _indices(kwargs))
+            await reconcile_current(run, memo, logger, _indices(kwargs))
         except (kopf.TemporaryError, kopf.PermanentError) as err:
             logger.warning("reconcile after a child's change failed (the resync retries): %s", err)
 
@@ -187,8 +230,4 @@ async def run_event(
 ) -> None:
     """A deleted run: forget its metrics, lock and cached status (owner references delete its children)."""
     if event.get("type") == "DELETED":
-        key = run_key(namespace, names.run_label(name))
-        memo.statuses.pop(key, None)
-        memo.pending.pop(key, None)
-        memo.locks.pop(key, None)
-        memo.metrics.forget_run(namespace, name)
+        forget_run(memo, namespace or "", name)

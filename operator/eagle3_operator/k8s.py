@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+from collections.abc import Awaitable
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
@@ -24,6 +27,10 @@ TYPED: dict[tuple[str, str], tuple[type[Any], str]] = {
     ("apps/v1", "Deployment"): (client.AppsV1Api, "namespaced_deployment"),
 }
 CUSTOM_PLURALS = {"PodMonitor": "podmonitors", "Eagle3Run": PLURAL}
+# Without limits, kubernetes_asyncio's aiohttp timeout never fires: a call on a connection that went silent
+# (a partition, a dead load balancer: no reset) would be awaited forever while its run's lock is held.
+CONNECT_SECONDS = 10.0
+TOTAL_SECONDS = 30.0
 
 
 class ApiError(Exception):
@@ -38,11 +45,37 @@ class ApiError(Exception):
         return self.status in (408, 409, 429) or self.status >= 500
 
 
+class ApiUnreachable(ApiError):
+    """An API call that got no answer: it timed out or the connection failed. Always transient (retried);
+    the server may or may not have applied a write, which the retry's AlreadyExists / NotFound absorbs."""
+
+    def __init__(self, verb: str, what: str, cause: BaseException) -> None:
+        reason = "no answer within its timeout" if isinstance(cause, TimeoutError) else repr(cause)
+        super().__init__(0, verb, what, f"{reason} (the API server is unreachable or stalled; retried)")
+        self.cause = cause
+
+    @property
+    def transient(self) -> bool:
+        return True
+
+
 class Kube:
     """Creates, patches and deletes children, and writes Eagle3Run status. Responses are not deserialised."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        connect_seconds: float = CONNECT_SECONDS,
+        total_seconds: float = TOTAL_SECONDS,
+    ) -> None:
         self.api = api
+        self.total_seconds = total_seconds
+        self.timeout = aiohttp.ClientTimeout(
+            total=total_seconds,
+            connect=connect_seconds,
+            sock_connect=connect_seconds,
+            sock_read=total_seconds,
+        )
         # kubernetes_asyncio hard-codes trust_env=True: every request then reads ~/.netrc and the proxy
         # environment in a worker thread (a quarter of the operator's CPU at 500 runs). kopf's own session
         # does not trust the environment either; a kubeconfig proxy-url still applies (it is passed per call).
@@ -79,14 +112,25 @@ class Kube:
         target = (group, version, meta["namespace"], plural) + (() if verb == "create" else (meta["name"],))
         return getattr(self.custom, f"{verb}_namespaced_custom_object"), target
 
-    async def _send(self, verb: str, what: str, call: Any) -> int:
-        response = await call
+    async def _send(self, verb: str, what: str, call: Awaitable[Any], read: bool = True) -> tuple[int, str]:
+        """Await one call and read its body (unless `read` is False and it succeeded), all within the total
+        timeout. A timeout or a failed connection is an `ApiUnreachable`."""
         try:
-            if response.status >= 300:
-                raise ApiError(response.status, verb, what, await response.text())
-            return int(response.status)
-        finally:
-            response.release()
+            async with asyncio.timeout(self.total_seconds):
+                response = await call
+                try:
+                    status = int(response.status)
+                    return status, await response.text() if read or status >= 300 else ""
+                finally:
+                    response.release()
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            raise ApiUnreachable(verb, what, err) from err
+
+    async def _write(self, verb: str, what: str, call: Awaitable[Any]) -> int:
+        status, text = await self._send(verb, what, call, read=False)
+        if status >= 300:
+            raise ApiError(status, verb, what, text)
+        return status
 
     async def apply(self, verb: str, body: dict[str, Any]) -> bool:
         """Carry out one write (`create`, merge-`patch` or `delete` of `body`). False when it was already
@@ -94,13 +138,17 @@ class Kube:
         what = f"{body['kind']} {body['metadata']['namespace']}/{body['metadata']['name']}"
         method, args = self._method(verb, body)
         if verb == "create":
-            call = method(*args, body, _preload_content=False)
+            call = method(*args, body, _preload_content=False, _request_timeout=self.timeout)
         elif verb == "patch":
-            call = method(*args, body, _content_type=MERGE_PATCH, _preload_content=False)
+            call = method(
+                *args, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=self.timeout
+            )
         else:
-            call = method(*args, propagation_policy="Background", _preload_content=False)
+            call = method(
+                *args, propagation_policy="Background", _preload_content=False, _request_timeout=self.timeout
+            )
         try:
-            await self._send(verb, what, call)
+            await self._write(verb, what, call)
         except ApiError as err:
             if (verb, err.status) in (("create", 409), ("delete", 404)):
                 return False
@@ -119,42 +167,63 @@ class Kube:
             {"status": patch},
             _content_type=MERGE_PATCH,
             _preload_content=False,
+            _request_timeout=self.timeout,
         )  # type: ignore[call-arg]  # fmt: skip  (the stubs omit `_content_type`; the method takes it)
-        await self._send("patch status of", f"Eagle3Run {namespace}/{name}", call)
+        await self._write("patch status of", f"Eagle3Run {namespace}/{name}", call)
 
     async def get_run(self, namespace: str, name: str) -> dict[str, Any]:
         """An Eagle3Run as `kubectl get e3r NAME -o json` prints it (spec, status and metadata)."""
         call = self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+            GROUP, VERSION, namespace, PLURAL, name, _preload_content=False, _request_timeout=self.timeout
         )
         what = f"Eagle3Run {namespace}/{name}"
-        response = await call
-        try:
-            text = await response.text()
-            if response.status == 404:
-                raise ApiError(404, "get", what, "not found: check the run's name and namespace (-n)")
-            if response.status >= 300:
-                raise ApiError(response.status, "get", what, text)
-            body: dict[str, Any] = json.loads(text)
-            return body
-        finally:
-            response.release()
+        status, text = await self._send("get", what, call)
+        if status == 404:
+            raise ApiError(404, "get", what, "not found: check the run's name and namespace (-n)")
+        if status >= 300:
+            raise ApiError(status, "get", what, text)
+        body: dict[str, Any] = json.loads(text)
+        return body
+
+    async def lease(
+        self, verb: str, namespace: str, name: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """`get` (None when there is none), `create` or merge-`patch` a coordination.k8s.io Lease; a patch
+        that names the read metadata.resourceVersion fails with HTTP 409 when a peer wrote it meanwhile."""
+        api = self._typed.setdefault(client.CoordinationV1Api, client.CoordinationV1Api(self.api))
+        options = {"_preload_content": False, "_request_timeout": self.timeout}
+        if verb == "get":
+            call = api.read_namespaced_lease(name, namespace, **options)
+        elif verb == "create":
+            call = api.create_namespaced_lease(namespace, body, **options)
+        else:
+            call = api.patch_namespaced_lease(name, namespace, body, _content_type=MERGE_PATCH, **options)
+        what = f"Lease {namespace}/{name}"
+        status, text = await self._send(verb, what, call)
+        if verb == "get" and status == 404:
+            return None
+        if status >= 300:
+            raise ApiError(status, verb, what, text)
+        result: dict[str, Any] = json.loads(text)
+        return result
 
     async def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the cluster serves a resource (for optional integrations such as PodMonitor)."""
+        call = self.api.call_api(
+            f"/apis/{group}/{version}",
+            "GET",
+            _preload_content=False,
+            auth_settings=["BearerToken"],
+            _request_timeout=self.timeout,
+        )
         try:
-            response = await self.api.call_api(
-                f"/apis/{group}/{version}", "GET", _preload_content=False, auth_settings=["BearerToken"]
-            )
-        except (OSError, client.ApiException):
+            status, text = await self._send("get", f"/apis/{group}/{version}", call)
+        except (ApiUnreachable, client.ApiException):
             return False
-        try:
-            if response.status != 200:
-                return False
-            resources = json.loads(await response.text()).get("resources", [])
-            return any(r.get("name") == plural for r in resources)
-        finally:
-            response.release()
+        if status != 200:
+            return False
+        resources = json.loads(text).get("resources", [])
+        return any(r.get("name") == plural for r in resources)
 
 
 def current_namespace() -> str:

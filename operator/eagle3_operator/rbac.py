@@ -34,6 +34,8 @@ RULES: tuple[dict[str, Any], ...] = (
         "verbs": [*READ, "create", "patch", "delete"],
     },
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    # the Lease that keeps a second operator from running beside this one (eagle3_operator.lease)
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]},
     # kopf follows CRDs and namespaces to know what it can watch.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": READ},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": READ},

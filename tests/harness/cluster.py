@@ -292,6 +292,7 @@ async def running_operator(
     namespace: str | None = None,
     resync_seconds: float | None = None,
     pipeline_image: str | None = None,
+    liveness: str | None = None,
 ) -> AsyncIterator[kopf.Memo]:
     """The real kopf operator with this project's handlers, in this event loop, against `url`.
 
@@ -313,7 +314,9 @@ async def running_operator(
     )
     scope: dict[str, Any] = {"namespaces": [namespace]} if namespace else {"clusterwide": True}
     task = asyncio.create_task(
-        kopf.operator(standalone=True, stop_flag=stop, ready_flag=ready, memo=memo, **scope)
+        kopf.operator(
+            standalone=True, stop_flag=stop, ready_flag=ready, memo=memo, liveness_endpoint=liveness, **scope
+        )
     )
     try:
         await asyncio.wait_for(ready.wait(), 10)

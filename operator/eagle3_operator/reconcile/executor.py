@@ -83,13 +83,54 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
     )
 
 
+class RunGone(Exception):
+    """The run is not on the API server any more (HTTP 404): deleted while this process missed or raced it."""
+
+
+def forget_run(memo: kopf.Memo, namespace: str, name: str, uid: str | None = None) -> None:
+    """Drop everything this process keeps about a run that is gone: cached status, pending creates, lock and
+    metric series; `uid` (when known) is remembered so a stale index entry of it is never acted on again."""
+    key = run_key(namespace, names.run_label(name))
+    memo.statuses.pop(key, None)
+    memo.pending.pop(key, None)
+    memo.locks.pop(key, None)
+    memo.metrics.forget_run(namespace, name)
+    if uid:
+        memo.setdefault("gone", set()).add(uid)
+
+
+def kopf_error(memo: kopf.Memo, err: ApiError) -> kopf.TemporaryError | kopf.PermanentError:
+    """A failed API call as kopf's retry (transient: the server's 5xx, 409, 429, a timeout) or give-up."""
+    memo.metrics.reconciles.labels("error").inc()
+    if err.transient:
+        return kopf.TemporaryError(str(err), delay=5)
+    return kopf.PermanentError(str(err))
+
+
+async def _run_exists(memo: kopf.Memo, ref: RunRef) -> bool:
+    """Whether the run is still there (a create's 404 is its namespace gone, or a kind not served)."""
+    try:
+        current = await memo.kube.get_run(ref.namespace, ref.name)
+    except ApiError as err:
+        if err.status == 404:
+            return False
+        raise
+    return bool(current["metadata"].get("uid") == ref.uid)
+
+
 async def carry_out(
     memo: kopf.Memo, ref: RunRef, key: Key, known: dict[str, Any], plan: Plan, logger: Any
 ) -> None:
-    """Apply the plan's writes in order, then patch status with what changed since the last write."""
+    """Apply the plan's writes in order, then patch status with what changed since the last write. A create
+    or the status patch answered 404 means the run (or its namespace) is gone: `RunGone`."""
     try:
         for action in plan.actions:
-            done = await memo.kube.apply(action.verb, action.body)
+            try:
+                done = await memo.kube.apply(action.verb, action.body)
+            except ApiError as err:
+                if err.status == 404 and action.verb == "create" and not await _run_exists(memo, ref):
+                    raise RunGone(str(err)) from err
+                raise
             kind, name = action.body["kind"], action.body["metadata"]["name"]
             if action.verb == "create":
                 memo.pending.setdefault(key, {})[(kind, name)] = (time.monotonic(), action.body)
@@ -97,12 +138,27 @@ async def carry_out(
                 logger.info("%s %s %s", action.verb, kind, name)
         patch = merge_patch(known, plan.status, ignore=("kopf",))
         if patch:
-            await memo.kube.patch_run_status(ref.namespace, ref.name, patch)
+            try:
+                await memo.kube.patch_run_status(ref.namespace, ref.name, patch)
+            except ApiError as err:
+                if err.status == 404:
+                    raise RunGone(str(err)) from err
+                raise
     except ApiError as err:
-        memo.metrics.reconciles.labels("error").inc()
-        if err.transient:
-            raise kopf.TemporaryError(str(err), delay=5) from err
-        raise kopf.PermanentError(str(err)) from err
+        raise kopf_error(memo, err) from err
+
+
+def _known_status(memo: kopf.Memo, key: Key, ref: RunRef, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The status this process last wrote for this very run (same uid), else the body's. A run deleted and
+    created again under the same name while the deletion was missed starts from its own status, and the
+    previous one's pending creates are dropped."""
+    cached: tuple[str, dict[str, Any]] | None = memo.statuses.get(key)
+    if cached is not None and cached[0] == ref.uid:
+        return cached[1]
+    if cached is not None:
+        memo.pending.pop(key, None)
+    status: dict[str, Any] = body.get("status") or {}
+    return status
 
 
 def announce(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) -> None:
@@ -134,16 +190,55 @@ async def reconcile(
     key = run_key(ref.namespace, names.run_label(ref.name))
     async with memo.locks.setdefault(key, asyncio.Lock()):
         started = time.perf_counter()
-        known: dict[str, Any] = memo.statuses.get(key) or body.get("status") or {}
+        known = _known_status(memo, key, ref, body)
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         observed = observe(key, memo, indices)
         spec = with_pipeline_image(body.get("spec"), memo.get("pipeline_image"))
         plan = plan_run(ref, meta.get("generation"), spec, known, observed, now)
-        await carry_out(memo, ref, key, known, plan, logger)
-        memo.statuses[key] = plan.status
+        try:
+            await carry_out(memo, ref, key, known, plan, logger)
+        except RunGone as gone:
+            logger.info("run %s/%s is gone; forgetting it: %s", ref.namespace, ref.name, gone)
+            forget_run(memo, ref.namespace, ref.name, ref.uid)
+            return
+        memo.statuses[key] = (ref.uid, plan.status)
         announce(body, known, plan)
         memo.metrics.observe(run_report(ref, plan, observed.jobs, time.time()))
         memo.metrics.reconciles.labels("ok").inc()  # last: a scrape that sees it sees the run's series
         memo.metrics.latency.observe(time.perf_counter() - started)
     if plan.problems:
         raise kopf.PermanentError("invalid spec: " + "; ".join(plan.problems))
+
+
+async def reconcile_current(
+    indexed: Mapping[str, Any], memo: kopf.Memo, logger: Any, indices: Mapping[str, Any]
+) -> None:
+    """Reconcile a run reached through kopf's `eagle3_runs` index (a child's event, the resync) from the run
+    as the API server has it now, never from the index's copy.
+
+    kopf drops an index entry only on a DELETED event: after a watch re-list, a run deleted meanwhile stays
+    in the index for good, and acting on it would create Jobs owned by a uid that no longer exists (the
+    garbage collector deletes them, this would create them again). An old copy would also hide a newer spec
+    or status (a Job deleted to retry). Cost: one GET per child event and per run per resync round (at 500
+    runs and a 60 s resync about 8 GETs a second), which is acceptable; a run found gone is remembered by
+    uid, so its stale entry costs nothing afterwards.
+    """
+    meta = indexed["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
+    if uid and uid in memo.setdefault("gone", set()):
+        return
+    try:
+        current = await memo.kube.get_run(namespace, name)
+    except ApiError as err:
+        if err.status != 404:
+            raise kopf_error(memo, err) from err
+        logger.info(
+            "run %s/%s is gone (HTTP 404); forgetting it and creating nothing for it", namespace, name
+        )
+        forget_run(memo, namespace, name, uid)
+        return
+    current_uid = current["metadata"].get("uid")
+    if uid and current_uid != uid:
+        memo.gone.add(uid)  # deleted and created again under the same name: reconcile the new one
+    if not current["metadata"].get("deletionTimestamp"):
+        await reconcile(current, memo, logger, indices)

@@ -18,6 +18,11 @@ from eagle3_operator.reconcile.actions import Action, object_ref
 from eagle3_operator.reconcile.observe import JobView
 from eagle3_operator.reconcile.verification import check_failure
 
+# A completed Job whose result cannot be read is re-run (the program finds its output complete on the volume
+# and reports its result again in seconds) until the stage's attempt number reaches this: past it, something
+# keeps eating termination messages, and the stage is recorded without a result, with a message saying so.
+MAX_RESULT_ATTEMPT = 8
+
 
 @dataclass
 class Progress:
@@ -59,6 +64,13 @@ def _failure_message(job: JobView) -> str:
     return f"Job {job.name} failed ({cause}){tail}"
 
 
+def _lost_result(job: JobView) -> str:
+    return (
+        f"Job {job.name} completed but its result could not be read after {MAX_RESULT_ATTEMPT} attempts: "
+        "check that the stage's pods keep their termination message (terminationMessagePath)"
+    )
+
+
 def _check_failure(job: JobView) -> tuple[str, str] | None:
     return check_failure(job.name, parse_message(job.termination.message if job.termination else None))
 
@@ -86,13 +98,19 @@ class Walk:
         prev = self.previous.get(stage)
         remembered = prev if prev is not None and prev.hash == plan.hash else None
         latest = mine[-1] if mine else None
-        if latest is None and remembered is not None and remembered.phase == StagePhase.SUCCEEDED:
+        if (
+            latest is None
+            and remembered is not None
+            and remembered.phase == StagePhase.SUCCEEDED
+            and (remembered.result is not None or remembered.attempts > MAX_RESULT_ATTEMPT)
+        ):
             self.progress.stages[stage] = remembered  # its Job is gone (deleted or TTL); the result stays
             return (
                 self._gate(EvaluateResult.parse(remembered.result)) if plan.stage == Stage.EVALUATE else True
             )
-        if latest is None:
-            attempt = remembered.attempts if remembered and remembered.phase == StagePhase.FAILED else 0
+        if latest is None:  # never started, or its Job was deleted: the next attempt
+            done = (StagePhase.FAILED, StagePhase.SUCCEEDED)
+            attempt = remembered.attempts if remembered and remembered.phase in done else 0
             budget = remembered.token_budget if remembered and remembered.token_budget else plan.token_budget
             return self._start(plan, attempt, budget, remembered)
         base = StageStatus(
@@ -111,20 +129,42 @@ class Walk:
                 update={"phase": StagePhase.RUNNING, "message": "waiting for the stage's result"}
             )
         if base.phase == StagePhase.SUCCEEDED:
-            result = parse_result(plan.stage, latest.termination.message if latest.termination else None)
-            if result is None and remembered is not None and remembered.job_name == latest.name:
-                # its pods are gone (pod GC, eviction); the result was recorded
-                result = parse_result(plan.stage, remembered.result)
-            document = result.document() if result is not None else None
-            self.progress.stages[stage] = base.model_copy(update={"result": document, "message": None})
-            if remembered is None or remembered.phase != StagePhase.SUCCEEDED:
-                self.progress.finished.append((stage, _seconds(latest.start_time, latest.completion_time)))
-            return self._gate(_evaluated(result)) if plan.stage == Stage.EVALUATE else True
+            return self._succeeded(plan, latest, base, remembered)
         if base.phase == StagePhase.FAILED:
             return self._failed(plan, latest, base)
         self.progress.stages[stage] = base.model_copy(update={"blocked_by": latest.blocked_by})
         self.progress.blocked_at = stage
         self.progress.stalled = latest.blocked_by
+        return False
+
+    def _succeeded(
+        self, plan: StagePlan, latest: JobView, base: StageStatus, remembered: StageStatus | None
+    ) -> bool:
+        stage = plan.stage.value
+        message = latest.termination.message if latest.termination else None
+        result = parse_result(plan.stage, message)
+        if result is None and remembered is not None and remembered.job_name == latest.name:
+            # its pods are gone (pod GC, eviction); the result was recorded
+            result = parse_result(plan.stage, remembered.result)
+        if result is None and not (message or "").strip() and latest.attempt < MAX_RESULT_ATTEMPT:
+            return self._reread(plan, latest)
+        document = result.document() if result is not None else None
+        lost = None if result is not None or (message or "").strip() else _lost_result(latest)
+        self.progress.stages[stage] = base.model_copy(update={"result": document, "message": lost})
+        if remembered is None or remembered.phase != StagePhase.SUCCEEDED:
+            self.progress.finished.append((stage, _seconds(latest.start_time, latest.completion_time)))
+        return self._gate(_evaluated(result)) if plan.stage == Stage.EVALUATE else True
+
+    def _reread(self, plan: StagePlan, latest: JobView) -> bool:
+        """A completed Job whose result is lost (its pod gone before it was read, nothing recorded): run the
+        stage again rather than take it as succeeded without a result (evaluate would fail the gate)."""
+        self._start(plan, latest.attempt + 1, latest.token_budget or plan.token_budget, None)
+        note = (
+            f"Job {latest.name} completed but its result could not be read (its pod is gone); attempt "
+            f"{latest.attempt + 2} re-reads it from the stage's complete output"
+        )
+        started = self.progress.stages[plan.stage.value]
+        self.progress.stages[plan.stage.value] = started.model_copy(update={"message": note})
         return False
 
     def _start(self, plan: StagePlan, attempt: int, budget: int | None, prev: StageStatus | None) -> bool:

@@ -12,6 +12,7 @@ from eagle3_contract.stages import content_hash, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.planner import plan_run
+from eagle3_operator.reconcile.progress import MAX_RESULT_ATTEMPT
 from tests.harness.results import fake_result
 from tests.unit.reconcile.planner_world import (
     RUN,
@@ -691,3 +692,68 @@ def test_an_invalid_edit_keeps_what_the_run_did() -> None:
 def test_a_spec_that_is_no_object_is_invalid() -> None:
     plan = plan_run(RUN, 1, None, None, World(tiny()).observed(), ts(0))
     assert plan.phase == RunPhase.INVALID and plan.problems == ("spec: expected an object, got NoneType",)
+
+
+# --- a completed Job whose result was lost (issue 13, item 15) -------------------------------------------
+
+
+def _lose_pod(world: World, stage: str) -> None:
+    """The stage's Job completed, but its pod went (node scale-down, pod GC) before its result was read."""
+    job = world.succeed(stage, pod_terminated=False)
+    del world.pods[job["metadata"]["name"]]
+
+
+def test_a_completed_evaluation_whose_result_was_lost_is_rerun_not_failed() -> None:
+    world = gated(1.5)
+    world.run_to("evaluate")
+    _lose_pod(world, "evaluate")
+    plan = world.step()
+    assert keys(plan) == [("create", "Job", job_name(world.spec, "evaluate", 1))]
+    assert plan.phase != RunPhase.FAILED
+    assert condition_of(plan.status, "Failed")["status"] == "False"
+    evaluate = plan.status["stages"]["evaluate"]
+    assert (evaluate["phase"], evaluate["attempts"]) == ("Pending", 2)
+    assert "result could not be read" in evaluate["message"] and "re-reads it" in evaluate["message"]
+    assert plan.finished == ()
+    world.succeed("evaluate")  # the program finds its output complete and reports its result again
+    plan = world.step()
+    assert plan.status["stages"]["evaluate"]["result"] == fake_result("evaluate")
+    assert condition_of(plan.status, "GatePassed")["status"] == "True"
+    assert [stage_of(j) for j in creates(plan, "Job")] == ["export"]
+
+
+def test_a_lost_result_of_any_stage_reruns_it_before_the_next_stage_starts() -> None:
+    world = World(tiny())
+    world.step()
+    _lose_pod(world, "prepare")
+    plan = world.step()
+    assert keys(plan) == [("create", "Job", job_name(world.spec, "prepare", 1))]
+    assert plan.status["stages"]["prepare"]["phase"] == "Pending"
+
+
+def test_deleting_a_job_remembered_as_succeeded_without_a_result_starts_the_next_attempt() -> None:
+    """A status written by an operator that took a lost result for a success: deleting the Job retries."""
+    world = gated(1.5)
+    world.run_to("evaluate")
+    world.succeed("evaluate")
+    world.step()
+    assert world.status is not None
+    world.status["stages"]["evaluate"]["result"] = None  # as the operator before this fix recorded it
+    del world.jobs[job_name(world.spec, "evaluate")]
+    world.pods.clear()
+    plan = world.step()
+    assert keys(plan) == [("create", "Job", job_name(world.spec, "evaluate", 1))]
+    assert plan.phase != RunPhase.FAILED
+
+
+def test_results_lost_again_and_again_end_in_a_message_instead_of_endless_attempts() -> None:
+    world = World(tiny())
+    world.step()
+    for attempt in range(1, MAX_RESULT_ATTEMPT + 1):
+        _lose_pod(world, "prepare")
+        assert keys(world.step()) == [("create", "Job", job_name(world.spec, "prepare", attempt))]
+    _lose_pod(world, "prepare")
+    plan = world.step()
+    prepare = plan.status["stages"]["prepare"]
+    assert prepare["phase"] == "Succeeded" and prepare.get("result") is None
+    assert "could not be read after" in prepare["message"] and "termination message" in prepare["message"]

@@ -1,0 +1,93 @@
+"""The operator's own API client never waits forever: a connection that goes silent (no answer, no reset)
+times out, and the reconcile holding the run's lock turns that into a retry (kopf.TemporaryError)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import kopf
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from eagle3_contract.api.base import API_VERSION, KIND
+from eagle3_operator.k8s import ApiUnreachable, Kube
+from eagle3_operator.metrics import OperatorMetrics
+from eagle3_operator.reconcile.executor import CHILD_INDEXES, OWNED_INDEXES, reconcile
+from tests.harness.scenario import tiny
+
+pytestmark = pytest.mark.operator
+
+
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[str]:
+    """A TCP server that accepts every connection and then never answers (a partition, a dead balancer)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        with contextlib.suppress(Exception):
+            await reader.read()  # read the request and never answer
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+def kube(url: str) -> Kube:
+    return Kube(k8s.ApiClient(k8s.Configuration(host=url)), connect_seconds=0.5, total_seconds=0.5)
+
+
+def job() -> dict:
+    meta = {"name": "j", "namespace": "default"}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {}}
+
+
+async def test_a_call_on_a_silent_connection_times_out_as_a_transient_error():
+    async with silent_server() as url:
+        api = kube(url)
+        try:
+            for call in (
+                api.apply("create", job()),
+                api.apply("delete", job()),
+                api.patch_run_status("default", "r", {"phase": "Running"}),
+                api.get_run("default", "r"),
+            ):
+                started = time.monotonic()
+                with pytest.raises(ApiUnreachable) as caught:
+                    await asyncio.wait_for(call, 10)  # the bound of this test, not the client's timeout
+                assert time.monotonic() - started < 3
+                assert caught.value.transient
+                assert "no answer within its timeout" in str(caught.value)
+            assert not await asyncio.wait_for(api.serves("monitoring.coreos.com", "v1", "podmonitors"), 10)
+        finally:
+            await api.close()
+
+
+async def test_a_reconcile_whose_write_stalls_is_retried_and_releases_the_runs_lock():
+    async with silent_server() as url:
+        api = kube(url)
+        memo = kopf.Memo(
+            kube=api, metrics=OperatorMetrics(), locks={}, statuses={}, pending={}, pod_monitors=False
+        )
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": "tiny", "namespace": "default", "uid": "u1", "generation": 1},
+            "spec": tiny(),
+        }
+        indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
+        try:
+            with pytest.raises(kopf.TemporaryError, match="no answer within its timeout"):
+                await asyncio.wait_for(reconcile(body, memo, logging.getLogger(__name__), indices), 10)
+            assert not any(lock.locked() for lock in memo.locks.values())
+        finally:
+            await api.close()

@@ -1,0 +1,143 @@
+"""The operator's own loops outlive what breaks them: the periodic resync survives any exception in a
+reconcile and its liveness is part of kopf's liveness endpoint; a run deleted unseen is never acted on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import aiohttp
+import kopf
+import pytest
+
+from eagle3_operator import handlers
+from eagle3_operator.k8s import ApiError
+from eagle3_operator.metrics import OperatorMetrics
+from eagle3_operator.reconcile.executor import CHILD_INDEXES, OWNED_INDEXES, reconcile, reconcile_current
+from tests.harness.cluster import eventually, running_operator
+from tests.harness.scenario import tiny, wait_job
+
+pytestmark = pytest.mark.operator
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_an_exception_in_one_runs_reconcile_does_not_stop_the_resync(backend, monkeypatch, caplog):
+    if backend.real:
+        pytest.skip("the loop's own behaviour, not the server's")
+    calls: dict[str, int] = {}
+    real = handlers.reconcile_current
+
+    async def flaky(body, memo, logger, indices):
+        name = body["metadata"]["name"]
+        calls[name] = calls.get(name, 0) + 1
+        if name == "broken":
+            raise ConnectionResetError("injected: the connection was reset mid-reconcile")
+        await real(body, memo, logger, indices)
+
+    metrics = OperatorMetrics()
+    async with running_operator(backend.url, metrics, resync_seconds=0.2) as memo:
+        await backend.cluster.apply_run("broken", tiny())
+        await backend.cluster.apply_run("tiny", tiny())
+        await wait_job(backend.cluster, "tiny", "prepare")
+        monkeypatch.setattr(handlers, "reconcile_current", flaky)
+        await eventually(
+            lambda: _async(calls.get("broken", 0) >= 3 and calls.get("tiny", 0) >= 3),
+            what="three resync rounds over both runs",
+        )
+        assert not memo.resync.done(), "the resync task is still running"
+        assert handlers.resync_alive(memo=memo)["running"]
+    logged = [r for r in caplog.records if r.levelno >= logging.ERROR and "broken" in r.getMessage()]
+    assert logged, "the failure is logged with the run named"
+    assert "going on with the next run" in logged[0].getMessage()
+
+
+async def test_a_dead_resync_task_fails_the_liveness_probe(backend):
+    if backend.real:
+        pytest.skip("the loop's own behaviour, not the server's")
+    url = f"http://127.0.0.1:{_free_port()}/healthz"
+    async with running_operator(backend.url, resync_seconds=0.2, liveness=url) as memo:
+        assert handlers.resync_alive(memo=memo)["running"], "alive while the task runs"
+        memo.resync.cancel()
+        await asyncio.sleep(0)
+        await asyncio.wait([memo.resync])
+        with pytest.raises(Exception, match="the periodic resync was cancelled"):
+            handlers.resync_alive(memo=memo)
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            assert response.status == 500, "kopf's liveness endpoint fails with the probe"
+
+
+async def test_a_resync_that_made_no_progress_for_a_few_intervals_fails_the_probe(backend):
+    if backend.real:
+        pytest.skip("the loop's own behaviour, not the server's")
+    async with running_operator(backend.url, resync_seconds=0.2) as memo:
+        memo.resync_beat -= handlers.RESYNC_STALE_ROUNDS * 0.2 + 1  # as if a round hung for that long
+        with pytest.raises(Exception, match="made no progress"):
+            handlers.resync_alive(memo=memo)
+
+
+async def _async(value: bool) -> bool | None:
+    return True if value else None
+
+
+def _delete_silently(mock, plural: str, name: str) -> None:
+    """Remove an object from the mock's storage without a watch event (a deletion the operator missed)."""
+    [key] = [k for k in mock.objects.keys() if plural in str(k[0]) and k[2] == name]  # noqa: SIM118
+    mock.objects[key].delete()
+
+
+async def test_a_run_deleted_while_missed_gets_nothing_created_and_is_forgotten(backend):
+    if backend.real:
+        pytest.skip("the mock deletes without an event; the real server's scenario needs a watch re-list")
+    cluster, metrics = backend.cluster, OperatorMetrics()
+    async with running_operator(backend.url, metrics, resync_seconds=0.2) as memo:
+        await cluster.apply_run("gone", tiny())
+        job = await wait_job(cluster, "gone", "prepare")
+        uid = (await cluster.run("gone"))["metadata"]["uid"]
+        await asyncio.sleep(0.5)  # the events of the creation have been handled
+        assert memo.statuses and any(run == "gone" for _, run in metrics.memory)
+        _delete_silently(backend.mock, "eagle3runs", "gone")  # stays in kopf's eagle3_runs index
+        await cluster.delete("batch/v1", "jobs", job["metadata"]["name"])  # the garbage collector's part
+        await eventually(lambda: _async(uid in memo.get("gone", ())), what="the run found gone")
+        await asyncio.sleep(1.0)  # five resync rounds over the stale index entry
+        jobs = await cluster.jobs("gone")
+        assert not jobs, f"nothing is created for a run that is gone: {[j['metadata']['name'] for j in jobs]}"
+        assert not memo.statuses and not memo.pending and not memo.locks, "its state is forgotten"
+        assert not any(run == "gone" for _, run in metrics.memory), "its metric series are dropped"
+
+
+class _GoneKube:
+    """An API whose run was deleted: creates answer 404 (its namespace is gone), and so does reading it."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    async def apply(self, verb: str, body: dict) -> bool:
+        self.writes.append(f"{verb} {body['kind']}")
+        raise ApiError(404, verb, body["kind"], 'namespaces "e3" not found')
+
+    async def get_run(self, namespace: str, name: str) -> dict:
+        raise ApiError(404, "get", f"Eagle3Run {namespace}/{name}", "not found")
+
+    async def patch_run_status(self, namespace: str, name: str, patch: dict) -> None:
+        raise AssertionError("no status is written for a run that is gone")
+
+
+async def test_a_create_that_fails_because_the_run_is_gone_forgets_the_run():
+    metrics = OperatorMetrics()
+    memo = kopf.Memo(kube=_GoneKube(), metrics=metrics, locks={}, statuses={}, pending={}, pod_monitors=False)
+    body = {
+        "metadata": {"name": "gone", "namespace": "e3", "uid": "u-gone", "generation": 1},
+        "spec": tiny(),
+    }
+    indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
+    await reconcile(body, memo, logging.getLogger(__name__), indices)  # no error: the run is simply gone
+    assert len(memo.kube.writes) == 1, "it stopped at the first create the missing run refused"
+    assert "u-gone" in memo.gone and not memo.statuses and not memo.pending and not memo.locks
+    await reconcile_current(body, memo, logging.getLogger(__name__), indices)
+    assert len(memo.kube.writes) == 1, "a stale index entry of it is never acted on again"
