@@ -11,12 +11,18 @@ from collections.abc import Sequence
 from eagle3_operator import commands as operator_commands
 from eagle3_pipeline import commands as pipeline_commands
 
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+
 
 def _crd(args: argparse.Namespace) -> int:
     from eagle3_contract.api.crd import render_crd_yaml
 
     sys.stdout.write(render_crd_yaml(cel=not args.no_cel))
     return 0
+
+
+# HTTP clients that log every request at INFO (openai's vendored httpx2 among them): quiet unless --verbose.
+QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "openai")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -38,7 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
-    code: int = args.func(args)
+    if not args.verbose:  # one INFO line per HTTP request drowns a day-long stage's progress lines
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback, and the shell's code for SIGINT
+        sys.stderr.write(f"eagle3 {args.command}: interrupted\n")
+        return INTERRUPTED_EXIT_CODE
     return code
 
 

@@ -17,11 +17,13 @@ by_alias=True)`); where a whole spec section is hashed, the section's own API mo
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from eagle3_contract.api.base import ApiModel
 from eagle3_contract.api.spec import (
-    Dataset,
+    DatasetRows,
     Draft,
     Eagle3RunSpec,
     ExtractionBackend,
@@ -102,22 +104,37 @@ class PrepareParams(StageParams):
     """The dataset, tokenized with the verifier's chat template."""
 
     verifier: VerifierRef
-    dataset: Dataset
+    dataset: DatasetRows
+
+    @model_serializer(mode="wrap")
+    def _unset_revision_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An unset dataset.revision is left out of the hash payload: the hashes of specs written before it
+        existed stay the same (every stage after prepare is keyed on prepare's hash)."""
+        data: dict[str, Any] = handler(self)
+        if self.dataset.revision is None:
+            data["dataset"].pop("revision", None)
+        return data
 
 
 class PrepareTuning(StageTuning):
     """`regenerationEnabled` only lets a prompts-only dataset through (generate answers it); with answers in
-    the dataset prepare writes the same output either way, and without regeneration such a dataset fails."""
+    the dataset prepare writes the same output either way, and without regeneration such a dataset fails.
+    `maxSkippedFraction` only accepts or refuses the rows read."""
 
     regeneration_enabled: bool
+    max_skipped_fraction: float = 0.5
 
 
 def prepare_params(spec: Eagle3RunSpec) -> PrepareParams:
-    return PrepareParams(verifier=verifier_ref(spec), dataset=spec.dataset)
+    rows = spec.dataset.model_dump(include=set(DatasetRows.model_fields))
+    return PrepareParams(verifier=verifier_ref(spec), dataset=DatasetRows.model_validate(rows))
 
 
 def prepare_tuning(spec: Eagle3RunSpec) -> PrepareTuning:
-    return PrepareTuning(regeneration_enabled=spec.regeneration.enabled)
+    return PrepareTuning(
+        regeneration_enabled=spec.regeneration.enabled,
+        max_skipped_fraction=spec.dataset.max_skipped_fraction,
+    )
 
 
 # --- generate -----------------------------------------------------------------------------------------------

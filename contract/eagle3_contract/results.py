@@ -135,6 +135,8 @@ class PrepareResult(PreparedResult):
 
     format: str | None = None
     conversations: int | None = None
+    # local dataset files' paths, sizes and mtimes, hashed: `eagle3 run` warns when a cached output's differs
+    dataset_fingerprint: str | None = None
 
     @property
     def tokens_processed(self) -> int | None:

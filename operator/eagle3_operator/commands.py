@@ -38,6 +38,11 @@ def _read_run(args: argparse.Namespace) -> dict[str, Any]:
             documents = list(yaml.safe_load_all(text))
         except OSError as exc:
             raise PromotionError(f"{where}: cannot read it ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise PromotionError(
+                f"{where}: not a YAML or JSON text file (byte {exc.start} is not UTF-8); pass the output of "
+                f"`kubectl get e3r {args.run} -o yaml`"
+            ) from None
         except yaml.YAMLError as exc:
             raise PromotionError(f"{where}: not YAML or JSON: {exc}") from None
         return dict(select_run(documents, args.run))

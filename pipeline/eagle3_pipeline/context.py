@@ -5,16 +5,21 @@ A program reads the spec only through `params` (what was hashed into its output 
 eagle3_contract.stages: the program cannot read a field that does not key its output.
 
 A stage writes into a hidden work directory next to its output (`<stage>/.<hash>.partial`) and, when done,
-writes `result.json` there and renames it to `<stage>/<hash>`: an output directory that exists is complete.
+writes `result.json` there and renames it to `<stage>/<hash>`: an output directory is complete when it holds
+`result.json` (the marker written last), never merely because it exists. One without it (a copy cut short, a
+`mkdir`, `rm -rf dir/*`) is moved aside to `<stage>/.<hash>.incomplete-<time>` with a warning, and redone.
 A stage that is killed or runs out of memory leaves its work directory for the next attempt to resume from;
-a stage that fails on bad input removes it, so no partial artifact is ever mistaken for a result.
+a stage that fails on bad input removes it, so no partial artifact is ever mistaken for a result (its logs
+are kept in `<stage>/.<hash>.failed/`, where the failure's message then points).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -25,7 +30,10 @@ from eagle3_contract.params import StageParams, StageTuning
 from eagle3_contract.stages import DEFINITIONS, Stage
 from eagle3_pipeline.errors import StageError
 
+logger = logging.getLogger(__name__)
+
 RESULT_FILE = "result.json"
+LOG_SUFFIX = ".log"  # what a failed stage keeps of its work directory (see StageContext.discard)
 # Stages whose output is a prepared dataset; generate's (the verifier's own answers) wins when both are given.
 DATA_STAGES = (Stage.GENERATE, Stage.PREPARE)
 # Locally, where the cluster's model cache volume (/models) lives; unset in a pod.
@@ -53,6 +61,52 @@ def read_result(output: Path) -> dict[str, Any]:
 
 def work_dir_of(output: Path) -> Path:
     return output.parent / f".{output.name}.partial"
+
+
+def failed_dir_of(output: Path) -> Path:
+    return output.parent / f".{output.name}.failed"
+
+
+def keep_logs(work: Path, failed: Path) -> dict[Path, Path]:
+    """Move the `*.log` files at the top of `work` into a fresh `failed`; returns {old path: new path}."""
+    logs = sorted(work.glob(f"*{LOG_SUFFIX}")) if work.is_dir() else []
+    if not logs:
+        return {}
+    shutil.rmtree(failed, ignore_errors=True)
+    moved: dict[Path, Path] = {}
+    try:
+        failed.mkdir(parents=True)
+        for log in logs:
+            os.replace(log, failed / log.name)
+            moved[log] = failed / log.name
+    except OSError as exc:  # keeping a log must never hide the failure it explains
+        logger.warning("cannot keep the logs of %s in %s: %s", work, failed, exc)
+    return moved
+
+
+def set_aside_incomplete(output: Path) -> Path | None:
+    """Move an output path that exists without its result marker out of the way; returns where it went.
+
+    A bare directory is no proof of a finished stage: taking it for one would skip the stage and hand the
+    next one nothing. It is kept (renamed, not deleted) because it may hold something its owner wants.
+    """
+    if not os.path.lexists(output) or is_complete(output):
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = output.parent / f".{output.name}.incomplete-{stamp}"
+    n = 1
+    while os.path.lexists(target):
+        n += 1
+        target = output.parent / f".{output.name}.incomplete-{stamp}-{n}"
+    os.replace(output, target)
+    logger.warning(
+        "%s exists but is not a complete stage output (no %s): moved it aside to %s and running the stage "
+        "again; delete it when you no longer need it",
+        output,
+        RESULT_FILE,
+        target,
+    )
+    return target
 
 
 P = TypeVar("P", bound=StageParams, covariant=True)
@@ -131,7 +185,8 @@ class StageContext(Generic[P, T]):
         return map_mounts(path, self.artifacts)
 
     def begin(self) -> Path:
-        """The work directory, kept from an earlier attempt if there was one."""
+        """The work directory, kept from an earlier attempt if any; an incomplete output is set aside."""
+        set_aside_incomplete(self.output)
         self.work.mkdir(parents=True, exist_ok=True)
         return self.work
 
@@ -139,14 +194,22 @@ class StageContext(Generic[P, T]):
         """Write the result and move the work directory to the output in one rename."""
         (self.work / RESULT_FILE).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         _fsync_dir(self.work)
-        if self.output.exists():  # another attempt finished first (same content hash): keep it
+        set_aside_incomplete(self.output)
+        if is_complete(self.output):  # another attempt finished first (same content hash): keep it
             shutil.rmtree(self.work)
         else:
             os.replace(self.work, self.output)
         return result
 
-    def discard(self) -> None:
+    def discard(self) -> dict[Path, Path]:
+        """Remove the work directory, keeping its logs in `<stage>/.<hash>.failed/` (the last failure's).
+
+        A failure's message names its log (the vLLM server's); deleting it with the partial data would leave
+        the message pointing at nothing. Returns where each kept log went, so the message can follow it.
+        """
+        moved = keep_logs(self.work, failed_dir_of(self.output))
         shutil.rmtree(self.work, ignore_errors=True)
+        return moved
 
 
 def map_mounts(path: str, artifacts: Path) -> str:

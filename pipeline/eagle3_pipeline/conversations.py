@@ -9,18 +9,16 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.dataset_files import RowError as RowError
+from eagle3_pipeline.dataset_files import read_rows
 
 logger = logging.getLogger(__name__)
 
 Message = dict[str, str]
 Conversation = dict[str, Any]
-FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 SHAREGPT_ROLES = {
     "human": "user",
     "user": "user",
@@ -32,14 +30,6 @@ SHAREGPT_ROLES = {
 }
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 EXAMPLES_PER_REASON = 5
-
-
-class RowError(ValueError):
-    """Why one row is skipped; `reason` is the counter key."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
 
 
 @dataclass
@@ -57,62 +47,6 @@ class Skips:
 
     def total(self) -> int:
         return sum(self.counts.values())
-
-
-def read_rows(source: str, split: str) -> Iterator[tuple[str, Any]]:
-    """(row id, raw row) from a local file or directory, or a Hugging Face dataset id."""
-    path = Path(source)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in FILE_SUFFIXES)
-        if not files:
-            raise StageError(f"dataset.source {source}: a directory without .jsonl, .json or .parquet files")
-        for file in files:
-            yield from _read_file(file, prefix=f"{file.relative_to(path)}:")
-    elif path.is_file():
-        yield from _read_file(path, prefix="")
-    elif source.startswith(("/", ".")) or path.suffix in FILE_SUFFIXES:
-        raise StageError(f"dataset.source {source}: no such file or directory")
-    else:
-        yield from _read_hub(source, split)
-
-
-def _read_file(path: Path, prefix: str) -> Iterator[tuple[str, Any]]:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for i, row in enumerate(pq.read_table(path).to_pylist()):
-            yield f"{prefix}{i}", row
-        return
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise StageError(f"dataset.source {path}: not valid JSON ({exc})") from None
-        for i, row in enumerate(rows):
-            yield f"{prefix}{i}", row
-        return
-    for i, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
-        try:
-            yield f"{prefix}{i + 1}", json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield f"{prefix}{i + 1}", RowError("malformed", f"line {i + 1} is not JSON ({exc.msg})")
-
-
-def _read_hub(source: str, split: str) -> Iterator[tuple[str, Any]]:
-    import datasets
-
-    try:
-        dataset = datasets.load_dataset(source, split=split)
-    except Exception as exc:
-        raise StageError(
-            f"dataset.source {source}: not a local path, and loading it from the Hugging Face Hub failed "
-            f"({type(exc).__name__}: {exc}); give a local .jsonl/.json/.parquet path, or check the id/split"
-        ) from None
-    for i, row in enumerate(dataset):
-        yield str(i), row
 
 
 def detect_format(row: Any) -> str | None:
@@ -157,8 +91,9 @@ def normalize(row: Any, fmt: str) -> list[Message]:
     """The row's messages, or RowError saying why the row cannot be used."""
     if isinstance(row, RowError):
         raise row
+    row = _json_columns(row)
     if detect_format(row) is None:
-        keys = sorted(row)[:6] if isinstance(row, dict) else type(row).__name__
+        keys = sorted(map(str, row))[:6] if isinstance(row, dict) else type(row).__name__
         raise RowError("malformed", f"no 'messages', 'conversations' or 'prompt' field (found {keys})")
     if fmt == "prompts":
         if not isinstance(row.get("prompt"), str):
@@ -179,6 +114,25 @@ def normalize(row: Any, fmt: str) -> list[Message]:
     return _checked(messages)
 
 
+def _json_columns(row: Any) -> Any:
+    """A row whose turns column holds a JSON string (common in Parquet exports), with the turns decoded."""
+    if not isinstance(row, dict):
+        return row
+    for key in ("messages", "conversations"):
+        value = row.get(key)
+        if isinstance(value, str):
+            try:
+                turns = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise RowError(
+                    "malformed", f"'{key}' is a string, not a list of turns (nor JSON text of one: {exc.msg})"
+                ) from None
+            if not isinstance(turns, list):
+                raise RowError("malformed", f"'{key}' is a JSON string of {type(turns).__name__}, not a list")
+            return {**row, key: turns}
+    return row
+
+
 def _checked(messages: list[Message]) -> list[Message]:
     if not messages:
         raise RowError("empty", "no turns")
@@ -193,25 +147,52 @@ def _checked(messages: list[Message]) -> list[Message]:
 def load_conversations(
     source: str, split: str, fmt: str, max_samples: int | None = None
 ) -> tuple[list[Conversation], Skips, str]:
-    """Normalized conversations (in source order), skipped rows, and the format used."""
+    """Normalized conversations (in source order), skipped rows, and the format(s) used.
+
+    With format auto, each row's own layout decides, so a directory mixing ShareGPT and OpenAI-messages
+    files loses nothing. Every row read is either returned or counted in the skips.
+    """
     skips = Skips()
     out: list[Conversation] = []
-    chosen = None if fmt == "auto" else fmt
-    seen: Counter[str] = Counter()
+    formats: Counter[str] = Counter()
+    ids = UniqueIds()
     for row_id, row in read_rows(source, split):
-        if isinstance(row, dict) and isinstance(row.get("id"), str | int):
+        if isinstance(row, dict) and isinstance(row.get("id"), str | int) and not isinstance(row["id"], bool):
             row_id = str(row["id"])
-        seen[row_id] += 1
-        if seen[row_id] > 1:  # ids key the split and regeneration's resume: keep them unique
-            row_id = f"{row_id}#{seen[row_id]}"
-        if chosen is None:
-            chosen = detect_format(row)
+        row_id = ids.claim(row_id)
+        row_format = fmt if fmt != "auto" else detect_format(_decodable(row)) or "messages"
         try:
-            messages = normalize(row, chosen or "messages")
+            messages = normalize(row, row_format)
         except RowError as exc:
             skips.add(exc.reason, row_id, str(exc))
             continue
+        except Exception as exc:  # a row shaped in a way nobody foresaw costs that row only
+            skips.add("error", row_id, f"{type(exc).__name__}: {exc}")
+            continue
+        formats[row_format] += 1
         out.append({"id": row_id, "messages": messages})
         if max_samples is not None and len(out) >= max_samples:
             break
-    return out, skips, chosen or "messages"
+    return out, skips, "+".join(sorted(formats)) or (fmt if fmt != "auto" else "messages")
+
+
+def _decodable(row: Any) -> Any:
+    try:
+        return _json_columns(row)
+    except RowError:
+        return row
+
+
+class UniqueIds:
+    """Row ids made unique: ids key the split and regeneration's resume, so no two rows may share one."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def claim(self, row_id: str) -> str:
+        unique, n = row_id, 1
+        while unique in self.used:
+            n += 1
+            unique = f"{row_id}#{n}"
+        self.used.add(unique)
+        return unique

@@ -9,19 +9,22 @@ a draft that fails the acceptance gate stops the run before export.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_contract.api.manifest import Manifest, load_manifest
+from eagle3_contract.api.manifest import Manifest, ManifestError, load_manifest
+from eagle3_contract.api.rules import verifier_config_problems
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.gate import judge_evaluation
+from eagle3_contract.mounts import MODEL_CACHE_MOUNT
 from eagle3_contract.policy import (
     is_out_of_memory,
     next_token_budget,
@@ -32,10 +35,22 @@ from eagle3_contract.policy import (
 from eagle3_contract.reasons import DEADLINE_EXCEEDED
 from eagle3_contract.results import EvaluateResult, StageResult, parse_result
 from eagle3_contract.stages import Stage, StagePlan, plan_stages, stage_argv
-from eagle3_pipeline.context import ENV_MODELS_ROOT, is_complete, models_root, read_result
+from eagle3_pipeline.context import (
+    ENV_MODELS_ROOT,
+    RESULT_FILE,
+    is_complete,
+    map_mounts,
+    models_root,
+    read_result,
+)
+from eagle3_pipeline.dataset_files import local_fingerprint
+from eagle3_pipeline.process_group import run_in_own_group
 
 logger = logging.getLogger(__name__)
 ENV_VLLM = "EAGLE3_VLLM"
+# How long a stopped stage gets to stop its own vLLM server (30 s grace of its own) before SIGKILL.
+STOP_GRACE_S = 45.0
+FILE_NAME_MAX = 255
 
 
 class LocalRunError(RuntimeError):
@@ -73,13 +88,59 @@ def stage_env(options: LocalOptions) -> dict[str, str]:
     return env
 
 
+def prepare_artifacts(manifest: Manifest, artifacts: Path) -> Path:
+    """Make the artifacts directory and the manifest's snapshot in it; an unwritable place is named."""
+    try:
+        artifacts.mkdir(parents=True, exist_ok=True)
+        return snapshot(manifest, artifacts)
+    except OSError as exc:
+        where = exc.filename or artifacts
+        raise LocalRunError(
+            f"cannot write the artifacts directory {artifacts} ({where}: {exc.strerror or exc}); make it "
+            "writable, or choose another with --artifacts"
+        ) from None
+
+
 def snapshot(manifest: Manifest, artifacts: Path) -> Path:
     """A copy of the manifest the stages read, so editing the file mid-run cannot mix two specs."""
     runs = artifacts / ".runs"
     runs.mkdir(parents=True, exist_ok=True)
-    target = runs / f"{manifest.name}{manifest.path.suffix or '.yaml'}"
+    target = runs / snapshot_name(manifest.name, manifest.path.suffix or ".yaml")
     shutil.copyfile(manifest.path, target)
     return target
+
+
+def snapshot_name(name: str, suffix: str) -> str:
+    """`<name><suffix>`, shortened (with a hash of the name) where it would pass the 255-byte file name
+    limit: a run name may have 253 characters, as in a cluster."""
+    if len(name) + len(suffix) <= FILE_NAME_MAX:
+        return name + suffix
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{name[: FILE_NAME_MAX - len(suffix) - len(digest) - 1]}-{digest}{suffix}"
+
+
+def check_verifier_config(manifest: Manifest, models: Path | None) -> None:
+    """Refuse (ManifestError) what a local verifier's config.json rules out, before any stage starts.
+
+    Only a verifier on this machine (a path, or under /models) is read, with the json module: a hub id is
+    checked by the extract stage, which fails with the same words before loading weights.
+    """
+    spec = manifest.spec
+    model = spec.verifier.model
+    if model == MODEL_CACHE_MOUNT or model.startswith(MODEL_CACHE_MOUNT + "/"):
+        model = str(models_root(str(models) if models else None)) + model[len(MODEL_CACHE_MOUNT) :]
+    try:
+        config = json.loads((Path(model).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # not local, or unreadable: the stage that loads it says so
+    if not isinstance(config, dict):
+        return
+    layers = spec.extraction.layers
+    problems = verifier_config_problems(
+        config, tensor_parallel_size=spec.verifier.tensor_parallel_size, layers=layers
+    )
+    if problems:
+        raise ManifestError(f"{manifest.path}: the verifier at {model} cannot run it: " + "; ".join(problems))
 
 
 def run_stage_with_retries(
@@ -97,11 +158,9 @@ def run_stage_with_retries(
         argv = stage_argv(plan, str(spec_file), str(options.artifacts), budget)
         command = [options.python, "-m", "eagle3_cli", *argv[1:]]
         logger.debug("running %s", " ".join(command))
-        try:
-            proc = subprocess.run(
-                command, env=env, stdout=subprocess.PIPE, text=True, check=False, timeout=deadline
-            )
-        except subprocess.TimeoutExpired:  # the child is killed; its vLLM server dies with it (PDEATHSIG)
+        # its own process group, stopped whole on the deadline and on SIGTERM or Ctrl-C to this process
+        returncode = run_in_own_group(command, env, deadline, STOP_GRACE_S, f"stage {plan.stage}")
+        if returncode is None:
             outcome.seconds = time.monotonic() - started
             outcome.note = (
                 f"{DEADLINE_EXCEEDED}: the attempt ran past spec.stages.{plan.stage}.activeDeadlineSeconds "
@@ -109,21 +168,52 @@ def run_stage_with_retries(
             )
             return outcome
         outcome.seconds = time.monotonic() - started
-        if proc.returncode == 0:
-            outcome.status = "done"
-            outcome.result = parse_result(plan.stage, read_result(options.artifacts / plan.output_dir))
-            return outcome
-        retry = next_token_budget(budget, floor) if is_out_of_memory(proc.returncode) else None
+        if returncode == 0:
+            return _finished(plan, options, outcome)
+        retry = next_token_budget(budget, floor) if is_out_of_memory(returncode) else None
         if retry is not None and budget is not None:
             outcome.note = out_of_memory_retry_note(outcome.attempts, budget, retry)
             logger.warning("stage %s ran out of memory; retrying at token budget %d", plan.stage, retry)
             budget = retry
             continue
-        if is_out_of_memory(proc.returncode):
+        if is_out_of_memory(returncode):
             outcome.note = out_of_memory_message(plan.stage.value, budget, floor)
         else:
-            outcome.note = f"exit code {proc.returncode} (its error is printed above)"
+            outcome.note = f"exit code {returncode} (its error is printed above)"
         return outcome
+
+
+def _finished(plan: StagePlan, options: LocalOptions, outcome: StageOutcome) -> StageOutcome:
+    """A stage that exited 0: done, if its output holds the result marker (an exit code is no proof)."""
+    output = options.artifacts / plan.output_dir
+    if not is_complete(output):
+        outcome.note = (
+            f"the stage exited 0, but {plan.output_dir}/{RESULT_FILE} is missing: not a complete "
+            "stage output; run again (an incomplete directory there is moved aside)"
+        )
+        return outcome
+    outcome.status = "done"
+    outcome.result = parse_result(plan.stage, read_result(output))
+    return outcome
+
+
+def warn_if_dataset_changed(
+    plan: StagePlan, result: StageResult | None, spec: Eagle3RunSpec, artifacts: Path, env: dict[str, str]
+) -> None:
+    """A cached prepare output made from local files changed since is stale: say so, and how to redo it."""
+    recorded = getattr(result, "dataset_fingerprint", None)
+    if plan.stage is not Stage.PREPARE or not recorded:
+        return
+    source = spec.dataset.source
+    if source == MODEL_CACHE_MOUNT or source.startswith(MODEL_CACHE_MOUNT + "/"):
+        source = env[ENV_MODELS_ROOT] + source[len(MODEL_CACHE_MOUNT) :]
+    if local_fingerprint(map_mounts(source, artifacts)) != recorded:
+        logger.warning(
+            "dataset.source %s changed since %s was prepared from it (files added, removed or edited): the "
+            "cached output still holds the old rows. Set dataset.revision to a new label to prepare it again",
+            spec.dataset.source,
+            plan.output_dir,
+        )
 
 
 def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
@@ -131,8 +221,7 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
     plans = plan_stages(manifest.spec)
     if options.until is not None and options.until not in {p.stage.value for p in plans}:
         raise LocalRunError(f"--until {options.until}: no such stage ({', '.join(p.stage for p in plans)})")
-    options.artifacts.mkdir(parents=True, exist_ok=True)
-    spec_file = snapshot(manifest, options.artifacts)
+    spec_file = prepare_artifacts(manifest, options.artifacts)
     env = stage_env(options)
     outcomes: list[StageOutcome] = []
     for plan in plans:
@@ -140,6 +229,7 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
             outcomes.append(StageOutcome(plan.stage.value, "skipped", note=plan.skipped))
         elif plan.reuses_output and is_complete(options.artifacts / plan.output_dir):
             result = parse_result(plan.stage, read_result(options.artifacts / plan.output_dir))
+            warn_if_dataset_changed(plan, result, manifest.spec, options.artifacts, env)
             outcomes.append(StageOutcome(plan.stage.value, "cached", result=result, note=plan.output_dir))
         else:
             sys.stderr.write(f"==> stage {plan.stage} ({plan.output_dir})\n")
@@ -177,6 +267,7 @@ def gate_failure(plan: StagePlan, result: StageResult | None, required: float | 
 
 def summary_table(outcomes: list[StageOutcome]) -> Any:
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="eagle3 run")
     for column in ("stage", "status", "seconds", "attempts", "result"):
@@ -186,7 +277,8 @@ def summary_table(outcomes: list[StageOutcome]) -> Any:
         figures = o.result.summary() if o.result is not None else {}
         shown = [f"{k}={_short(v)}" for k, v in figures.items()]
         text = ", ".join(shown) or o.note
-        table.add_row(o.stage, o.status, f"{o.seconds:.1f}", str(o.attempts or ""), text)
+        # Text, not str: a cell string is read as rich markup, and notes carry user text ('[bold]', '[/x]')
+        table.add_row(o.stage, o.status, f"{o.seconds:.1f}", str(o.attempts or ""), Text(text))
     return table
 
 
@@ -198,12 +290,15 @@ def _short(value: Any) -> str:
 
 def main(path: str, artifacts: str | None, models: str | None, vllm: str | None, until: str | None) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(stderr=True)
     try:
         manifest = load_manifest(path)
+        check_verifier_config(manifest, Path(models) if models else None)
     except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        # escaped: error text quotes the user's keys and patterns, whose brackets are no markup
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     options = LocalOptions(
         artifacts=Path(artifacts) if artifacts else default_artifacts(manifest),
@@ -217,8 +312,8 @@ def main(path: str, artifacts: str | None, models: str | None, vllm: str | None,
         done = exc.args[1] if len(exc.args) > 1 else []
         if done:
             console.print(summary_table(done))
-        console.print(f"[red]error:[/red] {exc.args[0]}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc.args[0]))}", highlight=False, soft_wrap=True)
         return 1
     console.print(summary_table(outcomes))
-    console.print(f"artifacts: {options.artifacts.resolve()}", highlight=False)
+    console.print(f"artifacts: {options.artifacts.resolve()}", highlight=False, markup=False)
     return 0

@@ -69,12 +69,13 @@ def assistant_spans(
 
 def _locate(template: ChatTemplate, messages: list[Message], i: int, text: str, cursor: int) -> Span:
     message = messages[i]
-    prompt = template.render(messages[:i], generation_prompt=True)
-    if text.startswith(prompt) and len(prompt) >= cursor:
+    prompt = _prefix(template, messages[:i])
+    if prompt is not None and text.startswith(prompt) and len(prompt) >= cursor:
         start = len(prompt)
     else:  # not prefix-stable: find the turn by its own text
-        first = message.get("reasoning_content") or message["content"]
-        start = text.find(first.strip()[:64], cursor)
+        # the reasoning where the template renders it, else the answer (templates may drop old reasoning)
+        heads = [h.strip()[:64] for h in (message.get("reasoning_content"), message["content"]) if h]
+        start = next((at for at in (text.find(h, cursor) for h in heads if h) if at >= 0), -1)
         if start < 0:
             raise RowError("template_mismatch", f"turn {i}: the rendered chat does not contain its text")
         head = text.rfind(THINK_OPEN, cursor, start)
@@ -90,6 +91,21 @@ def _locate(template: ChatTemplate, messages: list[Message], i: int, text: str, 
     if eot and rest.lstrip(" \t\n").startswith(eot):
         end += len(rest) - len(rest.lstrip(" \t\n")) + len(eot)
     return start, end
+
+
+def _prefix(template: ChatTemplate, before: list[Message]) -> str | None:
+    """The rendered prompt before a turn, or None where the template cannot render it alone.
+
+    An assistant turn that opens the conversation (a greeting) has no prompt before it, and transformers
+    refuses an empty conversation; some templates refuse a prefix they would accept whole. Either way the
+    turn is then found by its own text.
+    """
+    if not before:
+        return None
+    try:
+        return template.render(before, generation_prompt=True)
+    except Exception:  # the template's own refusal of a prefix: locate the turn by its text instead
+        return None
 
 
 def _reasoning_block(text: str, start: int, end: int) -> Span | None:
@@ -132,7 +148,19 @@ def _tokenize_piecewise(tokenizer: Any, text: str, spans: list[Span]) -> Tokeniz
 def tokenize_conversation(
     template: ChatTemplate, messages: list[Message], loss_on_reasoning: bool = True
 ) -> Tokenized:
-    """Input ids and loss mask (1 on assistant tokens, their end-of-turn marker included)."""
+    """Input ids and loss mask (1 on assistant tokens, their end-of-turn marker included).
+
+    Whatever goes wrong with one conversation is a RowError (a counted skip), never the stage's failure.
+    """
+    try:
+        return _tokenize(template, messages, loss_on_reasoning)
+    except RowError:
+        raise
+    except Exception as exc:  # a tokenizer's or template's own bug on this row
+        raise RowError("error", f"{type(exc).__name__}: {exc}") from None
+
+
+def _tokenize(template: ChatTemplate, messages: list[Message], loss_on_reasoning: bool) -> Tokenized:
     if not any(m["role"] == "assistant" for m in messages):
         raise RowError("no_assistant_turn", "no assistant turn to train on")
     try:

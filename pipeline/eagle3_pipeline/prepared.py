@@ -103,6 +103,9 @@ def tokenize_all(
         except RowError as exc:
             skips.add(exc.reason, conv["id"], str(exc))
             continue
+        except Exception as exc:  # one row's failure, whatever raised it, never costs the other rows
+            skips.add("error", conv["id"], f"{type(exc).__name__}: {exc}")
+            continue
         if len(tokenized.input_ids) > limit:
             skips.add("too_long", conv["id"], f"{len(tokenized.input_ids)} tokens > {limit}")
             continue

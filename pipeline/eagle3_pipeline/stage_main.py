@@ -24,6 +24,8 @@ from eagle3_contract.results import StageResult, check_result
 from eagle3_contract.stages import DEFINITIONS, Stage
 from eagle3_pipeline.context import StageContext, is_complete, read_result
 from eagle3_pipeline.errors import CheckFailed, OutOfMemory, StageError, is_out_of_memory
+from eagle3_pipeline.locks import OutputLocked, hold_output_lock
+from eagle3_pipeline.process_group import Terminated, terminating_raises
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +79,35 @@ def build_context(
         if not sep or not name or not path:
             raise StageError(f"--input {item!r}: expected NAME=DIR (DIR relative to --artifacts)")
         try:
-            parsed[Stage(name)] = root / path
+            parsed[Stage(name)] = under_root(root, path, f"--input {item!r}")
         except ValueError:
             raise StageError(
                 f"--input {item!r}: {name} is not a stage; NAME is one of {', '.join(Stage)}"
             ) from None
     return StageContext.of_spec(
-        Stage(stage), manifest.name, manifest.spec, root, root / output, parsed, token_budget
+        Stage(stage),
+        manifest.name,
+        manifest.spec,
+        root,
+        under_root(root, output, f"--output {output!r}"),
+        parsed,
+        token_budget,
     )
+
+
+def under_root(root: Path, relative: str, what: str) -> Path:
+    """`root / relative`, refused (StageError) unless it lies strictly inside `root`.
+
+    The check is lexical ('..' and absolute paths), not through symlinks: the threat is a path that names a
+    place outside the artifacts, not a directory the operator of the volume linked in on purpose.
+    """
+    path = Path(os.path.normpath(root / relative))
+    if path == root or not path.is_relative_to(root):
+        raise StageError(
+            f"{what}: resolves to {path}, outside --artifacts {root}; give a directory inside it, "
+            "relative to --artifacts, without '..'"
+        )
+    return path
 
 
 def run_stage(
@@ -95,12 +118,29 @@ def run_stage(
     inputs: list[str],
     token_budget: int | None = None,
 ) -> int:
-    """Run a stage to completion; returns the process exit code."""
+    """Run a stage to completion under its output's lock; returns the process exit code."""
     try:
         Stage(stage)
         ctx = build_context(stage, spec_path, artifacts, output, inputs, token_budget)
     except (ValueError, ManifestError, StageError) as exc:
         return _fail(str(exc))
+    try:
+        with terminating_raises(), hold_output_lock(ctx.output):
+            return _run_locked(stage, ctx)
+    except OutputLocked as exc:
+        return _fail(_prefixed(stage, exc))
+    except OSError as exc:  # the lock file cannot be made: a read-only or missing artifacts volume
+        return _fail(_not_writable(stage, exc))
+    except Terminated:
+        sys.stderr.write(f"error: stage {stage}: stopped by SIGTERM; its finished work is kept for a retry\n")
+        raise
+    except KeyboardInterrupt:
+        sys.stderr.write(f"error: stage {stage}: interrupted; its finished work is kept for a retry\n")
+        raise
+
+
+def _run_locked(stage: str, ctx: StageContext[StageParams, StageTuning]) -> int:
+    """The stage's program from its work directory to its committed output (or a failure that says why)."""
     if DEFINITIONS[Stage(stage)].reuses_output and is_complete(ctx.output):
         result = read_result(ctx.output)
         logger.info("stage %s: %s is complete already", stage, ctx.output)
@@ -110,15 +150,16 @@ def run_stage(
         ctx.begin()
         result = ctx.commit(check_result(stage, run(ctx)))
     except CheckFailed as exc:
-        ctx.discard()
+        moved = ctx.discard()
         # the status prefixes the stage
-        return _fail(f"stage {stage}: {exc}", exc.exit_code, exc.termination_detail())
+        return _fail(_moved(_prefixed(stage, exc), moved), exc.exit_code, exc.termination_detail())
     except StageError as exc:
-        if not exc.keep_work:
-            ctx.discard()
-        return _fail(f"stage {stage}: {exc}")
+        moved = {} if exc.keep_work else ctx.discard()
+        return _fail(_moved(_prefixed(stage, exc), moved))
     except OutOfMemory as exc:
         return _oom(stage, ctx, str(exc))
+    except PermissionError as exc:
+        return _fail(_not_writable(stage, exc))
     except Exception as exc:
         if is_out_of_memory(exc):
             return _oom(stage, ctx, f"{type(exc).__name__}: {exc}")
@@ -126,6 +167,29 @@ def run_stage(
         logger.exception("stage %s failed", stage)
         return _fail(f"stage {stage}: {type(exc).__name__}: {exc} (finished work is kept for the retry)")
     return _succeed(result)
+
+
+def _prefixed(stage: str, exc: BaseException) -> str:
+    """`stage NAME: message`, once: a message that already starts with the stage's name keeps its own."""
+    message = str(exc)
+    if message.startswith((f"stage {stage}:", f"stage {stage} ")):
+        return message
+    return f"stage {stage}: {message}"
+
+
+def _moved(message: str, moved: dict[Path, Path]) -> str:
+    """The message with each path of a log kept from the discarded work directory where the log is now."""
+    for old, new in moved.items():
+        message = message.replace(str(old), str(new))
+    return message
+
+
+def _not_writable(stage: str, exc: OSError) -> str:
+    where = exc.filename or "the artifacts directory"
+    return (
+        f"stage {stage}: cannot write {where} ({exc.strerror or exc}); the artifacts directory must be "
+        "writable by this user (check its owner and mode, or the volume's readOnly setting)"
+    )
 
 
 def _succeed(result: dict[str, Any]) -> int:

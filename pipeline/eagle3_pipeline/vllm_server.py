@@ -35,6 +35,8 @@ import httpx
 from eagle3_contract.vllm_command import Endpoint, VllmEngine, vllm_serve_args
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import OutOfMemory, StageError
+from eagle3_pipeline.process_group import group_members as group_members  # re-exported: tests use it
+from eagle3_pipeline.process_group import signal_group as _signal_group
 
 logger = logging.getLogger(__name__)
 
@@ -338,22 +340,3 @@ class VllmServer:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10.0)
         logger.info("vLLM server (pid %d) stopped, exit code %s", proc.pid, proc.returncode)
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group, from /proc; [] where there is no /proc."""
-    members = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,7 +100,7 @@ def test_json_arrays_parquet_and_directories_are_read(tmp_path: Path) -> None:
     (tmp_path / "d" / "a.json").write_text(json.dumps([chat(1), chat(2)]))
     pq.write_table(pa.Table.from_pylist([{"prompt": "p1"}, {"prompt": "p2"}]), tmp_path / "d" / "b.parquet")
     out, skips, _ = load_conversations(str(tmp_path / "d"), "train", "auto")
-    assert len(out) == 2 and skips.counts["malformed"] == 2, "the format detected first applies to all rows"
+    assert len(out) == 4 and not skips.total(), "each row's own format applies (issue 13, item 3)"
     out, _, fmt = load_conversations(str(tmp_path / "d" / "b.parquet"), "train", "auto")
     assert fmt == "prompts" and [c["id"] for c in out] == ["0", "1"]
 
@@ -119,3 +121,105 @@ def test_a_missing_file_is_an_error_naming_it(source: str) -> None:
 def test_a_directory_without_data_files_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(StageError, match=r"without \.jsonl"):
         load_conversations(str(tmp_path), "train", "auto")
+
+
+# --- issue 13: bad input loses nothing ----------------------------------------------------------------------
+
+
+def sharegpt_row(i: int) -> dict[str, Any]:
+    return {"conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": f"a{i}"}]}
+
+
+def test_a_directory_mixing_formats_loses_no_rows(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    write_jsonl(tmp_path / "d" / "a.jsonl", [sharegpt_row(i) for i in range(5)])
+    (tmp_path / "d" / "b.json").write_text(json.dumps([chat(i) for i in range(5)]))
+    out, skips, fmt = load_conversations(str(tmp_path / "d"), "train", "auto")
+    assert len(out) == 10 and not skips.total()
+    assert fmt == "messages+sharegpt"
+
+
+def test_hidden_files_and_directories_are_not_read(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    (d / ".ipynb_checkpoints").mkdir(parents=True)
+    (d / "sub" / ".cache").mkdir(parents=True)
+    write_jsonl(d / "train.jsonl", [chat(i) for i in range(3)])
+    write_jsonl(d / ".ipynb_checkpoints" / "train-checkpoint.jsonl", [chat(i) for i in range(3)])
+    write_jsonl(d / "sub" / ".cache" / "x.jsonl", [chat(9)])
+    write_jsonl(d / ".hidden.jsonl", [chat(8)])
+    out, _, _ = load_conversations(str(d), "train", "auto")
+    assert [c["id"] for c in out] == ["train.jsonl:1", "train.jsonl:2", "train.jsonl:3"]
+
+
+def test_an_explicit_id_never_collides_with_a_made_unique_one(tmp_path: Path) -> None:
+    rows = [{**MESSAGES, "id": i} for i in ("dup", "dup", "dup#2", "2")] + [MESSAGES]
+    out, _, _ = load_conversations(str(write_jsonl(tmp_path / "i.jsonl", rows)), "train", "auto")
+    ids = [c["id"] for c in out]
+    assert len(set(ids)) == len(ids) == 5
+    assert ids[:2] == ["dup", "dup#2"]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_data(tmp_path: Path) -> None:
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "a.jsonl").write_bytes(bom + (json.dumps(MESSAGES) + "\r\n").encode() * 2)
+    (tmp_path / "b.json").write_bytes(bom + json.dumps([MESSAGES, MESSAGES]).encode())
+    for name in ("a.jsonl", "b.json"):
+        out, skips, _ = load_conversations(str(tmp_path / name), "train", "auto")
+        assert len(out) == 2 and not skips.total(), name
+
+
+@pytest.mark.parametrize("name", ["a.jsonl.gz", "a.json.gz"])
+def test_gzip_files_are_read(tmp_path: Path, name: str) -> None:
+    import gzip
+
+    body = json.dumps([MESSAGES] * 3) if ".json." in name else (json.dumps(MESSAGES) + "\n") * 3
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / name).write_bytes(gzip.compress(body.encode()))
+    out, skips, _ = load_conversations(str(tmp_path / "d"), "train", "auto")
+    assert len(out) == 3 and not skips.total()
+
+
+def test_zstd_files_are_read_or_refused_naming_the_package(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl.zst"
+    try:
+        zstandard = importlib.import_module("zstandard")
+        path.write_bytes(zstandard.ZstdCompressor().compress((json.dumps(MESSAGES) + "\n").encode()))
+    except ImportError:
+        path.write_bytes(b"\x28\xb5\x2f\xfd")
+        with pytest.raises(StageError, match="needs the Python package 'zstandard'"):
+            load_conversations(str(path), "train", "auto")
+        return
+    out, _, _ = load_conversations(str(path), "train", "auto")
+    assert len(out) == 1
+
+
+def test_text_that_is_not_utf8_is_never_replaced(tmp_path: Path) -> None:
+    latin1 = json.dumps(
+        {"messages": [{"role": "user", "content": "café"}, {"role": "assistant", "content": "oui"}]},
+        ensure_ascii=False,
+    ).encode("latin-1")
+    (tmp_path / "a.jsonl").write_bytes(json.dumps(MESSAGES).encode() + b"\n" + latin1 + b"\n")
+    out, skips, _ = load_conversations(str(tmp_path / "a.jsonl"), "train", "auto")
+    assert len(out) == 1 and dict(skips.counts) == {"encoding": 1}
+    assert "line 2 is not UTF-8 (byte 0xe9" in skips.examples["encoding"][0]
+    (tmp_path / "b.json").write_bytes(b"[" + latin1 + b"]")
+    with pytest.raises(StageError, match=r"b\.json: not UTF-8 text .*re-encode it as UTF-8"):
+        load_conversations(str(tmp_path / "b.json"), "train", "auto")
+
+
+def test_a_parquet_column_of_json_strings_is_decoded(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"id": "a", "messages": json.dumps(MESSAGES["messages"])},
+        {"id": "b", "messages": "not json"},
+        {"id": "c", "messages": json.dumps({"role": "user"})},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "j.parquet")
+    out, skips, fmt = load_conversations(str(tmp_path / "j.parquet"), "train", "auto")
+    assert [c["id"] for c in out] == ["a"] and fmt == "messages"
+    assert out[0]["messages"] == MESSAGES["messages"]
+    problems = " ".join(skips.examples["malformed"])
+    assert "'messages' is a string, not a list of turns" in problems
+    assert "'messages' is a JSON string of dict" in problems

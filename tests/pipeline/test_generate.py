@@ -267,6 +267,19 @@ def test_a_dead_server_fails_the_stage_not_the_rows(
 
 
 @pytest.mark.pipeline
+def test_a_dead_servers_log_is_kept_where_the_failure_says(
+    tmp_path: Path, verifier: Path, fake: Fake, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The message named `generate/.h.partial/vllm.log`, which the failure had already deleted."""
+    code, _ = generate(tmp_path, verifier, with_markers(6, {2: "CRASH"}), maxFailedFraction=1.0)
+    error = capsys.readouterr().err
+    assert code == 1 and not (tmp_path / "art" / "generate" / ".h.partial").exists()
+    log = tmp_path / "art" / "generate" / ".h.failed" / "vllm.log"
+    assert f"(log: {log})" in error, error
+    assert log.read_text().startswith("==> eagle3: ")
+
+
+@pytest.mark.pipeline
 def test_resume_skips_finished_rows_and_a_torn_line(tmp_path: Path, verifier: Path, fake: Fake) -> None:
     rows = with_markers(8, {})
     work = tmp_path / "art" / "generate" / ".h.partial"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,8 @@ from eagle3_contract.api.manifest import load_manifest
 from eagle3_contract.results import ExtractResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.local import LocalOptions, run_stage_with_retries
+from eagle3_pipeline.locks import hold_output_lock
+from eagle3_pipeline.process_group import group_members
 from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
 
@@ -132,3 +138,250 @@ def test_a_second_run_skips_complete_stages_and_an_edit_reruns_only_what_it_chan
     assert len(vocab_dirs) == 2
     results = [json.loads((tmp_path / "art" / "vocab" / d / "result.json").read_text()) for d in vocab_dirs]
     assert sorted(r["draftVocabSize"] for r in results) == [32, 48]
+
+
+# --- nothing built from user input leaves the artifacts root (issue 13, item 4) ----------------------------
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "a/b", "MyRun", "my_run"])
+def test_a_name_the_api_server_refuses_runs_nothing_and_writes_nothing(tmp_path: Path, name: str) -> None:
+    path = write_manifest(tmp_path / "m.yaml", base_spec(tmp_path / "m", tmp_path / "d.jsonl"), name=name)
+    proc = eagle3("run", str(path), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "metadata.name" in proc.stderr and "DNS-1123 subdomain" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml"]
+
+
+def test_the_longest_name_the_api_server_accepts_runs_locally(tmp_path: Path) -> None:
+    """253 characters: the snapshot of the manifest still fits a file name (255 bytes)."""
+    from eagle3_pipeline.local import snapshot
+
+    name = "a" * 253
+    path = write_manifest(tmp_path / "m.yaml", base_spec(tmp_path / "m", tmp_path / "d.jsonl"), name=name)
+    manifest = load_manifest(path)
+    copy = snapshot(manifest, tmp_path / "art")
+    assert copy.parent == tmp_path / "art" / ".runs" and load_manifest(copy).name == name
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--output", "../x"),
+        ("--output", "prepare/../../x"),
+        ("--output", "{tmp}/elsewhere"),
+        ("--input", "prepare=../../etc"),
+        ("--input", "prepare=/etc"),
+    ],
+)
+def test_stage_paths_outside_the_artifacts_root_are_refused(tmp_path: Path, flag: str, value: str) -> None:
+    path = write_manifest(tmp_path / "m.yaml", base_spec(tmp_path / "m", tmp_path / "d.jsonl"))
+    art = tmp_path / "art"
+    art.mkdir()
+    args = ["stage", "vocab", "--spec", str(path), "--artifacts", str(art), "--output", "vocab/x"]
+    value = value.format(tmp=tmp_path)
+    args += [flag, value] if flag == "--input" else []
+    if flag == "--output":
+        args[args.index("vocab/x")] = value
+    proc = eagle3(*args)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{flag} " in proc.stderr and "outside --artifacts" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "m.yaml"]
+    assert list(art.iterdir()) == []
+
+
+def test_a_stage_that_exits_0_without_a_result_fails_with_a_message(tmp_path: Path) -> None:
+    spec = base_spec(tmp_path / "m", tmp_path / "d.jsonl", maxSequenceLength=256)
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", spec))
+    plan = next(p for p in plan_stages(manifest.spec) if p.stage == Stage.VOCAB)
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    options = LocalOptions(artifacts=tmp_path / "art", python=str(fake))
+    outcome = run_stage_with_retries(plan, manifest.path, options, manifest.spec, dict(os.environ))
+    assert outcome.status == "failed"
+    assert f"{plan.output_dir}/result.json" in outcome.note and "not a complete stage output" in outcome.note
+
+
+@pytest.mark.pipeline
+def test_an_emptied_output_directory_is_redone_not_taken_as_finished(tmp_path: Path) -> None:
+    """`rm -rf prepare/<hash>/*` used to give a FileNotFoundError traceback on every later run."""
+    verifier = save_verifier(tmp_path / "verifier")
+    source = write_jsonl(tmp_path / "d.jsonl", [chat(i) for i in range(6)])
+    path = write_manifest(tmp_path / "run.yaml", base_spec(verifier, source))
+    art = tmp_path / "art"
+    first = eagle3("run", str(path), "--artifacts", str(art), "--until", "prepare")
+    assert first.returncode == 0, first.stderr
+    (output,) = [p for p in (art / "prepare").iterdir() if not p.name.startswith(".")]
+    for child in output.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    second = eagle3("run", str(path), "--artifacts", str(art), "--until", "prepare")
+    assert second.returncode == 0, second.stderr
+    assert "Traceback" not in second.stderr and "==> stage prepare" in second.stderr
+    assert "not a complete stage output" in second.stderr and (output / "result.json").is_file()
+    assert any(p.name.startswith(f".{output.name}.incomplete-") for p in (art / "prepare").iterdir())
+
+
+# --- error text is printed as it is, never as rich markup (issue 13, item 5) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("patch", "shown"),
+    [
+        ({"queueName": "Bad!"}, "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"),
+        ({"dataset": {"[bold]loud": 1}}, "spec.dataset.[bold]loud"),
+        ({"dataset": {"[/oops]": 1}}, "spec.dataset.[/oops]"),
+    ],
+)
+def test_errors_are_printed_verbatim(tmp_path: Path, patch: dict[str, object], shown: str) -> None:
+    spec = base_spec(tmp_path / "m", tmp_path / "d.jsonl")
+    for key, value in patch.items():
+        spec[key] = {**spec[key], **value} if isinstance(value, dict) else value
+    path = write_manifest(tmp_path / "m.yaml", spec)
+    proc = eagle3("run", str(path), "--artifacts", str(tmp_path / "art"))
+    assert proc.returncode == 2, proc.stderr
+    assert shown in proc.stderr and "Traceback" not in proc.stderr and "MarkupError" not in proc.stderr
+
+
+STUBBORN_STAGE = """#!{python}
+import os, subprocess, sys, time
+open(os.environ["PIDFILE"], "w").write(str(os.getpid()))
+subprocess.Popen(["sleep", "60"])  # a grandchild in the stage's process group, as vLLM's workers are
+try:
+    time.sleep(60)
+except KeyboardInterrupt:  # as `eagle3 stage` answers Ctrl-C
+    sys.exit(130)
+"""
+
+# `eagle3 run` itself, whose stages run as `sys.executable -m eagle3_cli stage ...`: here the fake stage
+DRIVER = """
+import sys
+fake = sys.argv.pop()
+sys.executable = fake
+from eagle3_cli.main import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_the_run_stops_the_running_stages_whole_process_group(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """SIGTERM to `eagle3 run` used to orphan the stage, which kept writing beside the next run's stage."""
+    spec = base_spec(tmp_path / "m", tmp_path / "d.jsonl", maxSequenceLength=256)
+    manifest = write_manifest(tmp_path / "run.yaml", spec)
+    fake = tmp_path / "python"
+    fake.write_text(STUBBORN_STAGE.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    pidfile = tmp_path / "pid"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, "run", str(manifest), "--artifacts", str(tmp_path / "art"), str(fake)],
+        env={**os.environ, "PIDFILE": str(pidfile)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stage_pid = int(pidfile.read_text())
+        while len(group_members(stage_pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(group_members(stage_pid)) == 2, "the stage and its grandchild run in their own group"
+        driver.send_signal(sig)
+        _, err = driver.communicate(timeout=30)
+        assert driver.returncode == code, err
+        assert group_members(stage_pid) == [], "no process of the stage's group outlives the run"
+        assert "Traceback" not in err and "stopping stage prepare" in err
+    finally:
+        driver.kill()
+        with contextlib.suppress(ProcessLookupError, NameError):
+            os.killpg(stage_pid, signal.SIGKILL)
+
+
+def test_a_second_writer_of_one_output_fails_at_once_naming_the_lock_and_its_holder(tmp_path: Path) -> None:
+    spec = base_spec(tmp_path / "m", tmp_path / "d.jsonl")
+    manifest = write_manifest(tmp_path / "run.yaml", spec)
+    art = tmp_path / "art"
+    with hold_output_lock(art / "prepare" / "x"):
+        started = time.monotonic()
+        proc = eagle3(
+            "stage", "prepare", "--spec", str(manifest), "--artifacts", str(art), "--output", "prepare/x"
+        )
+        assert time.monotonic() - started < 30
+    assert proc.returncode == 1
+    lock = art / "prepare" / ".x.lock"
+    assert str(lock) in proc.stderr and f"pid {os.getpid()}" in proc.stderr, proc.stderr
+    assert not (art / "prepare" / "x").exists() and not (art / "prepare" / ".x.partial").exists()
+
+
+def test_the_summary_table_shows_notes_verbatim() -> None:
+    from rich.console import Console
+
+    from eagle3_pipeline.local import StageOutcome, summary_table
+
+    console = Console(record=True, width=200)
+    console.print(summary_table([StageOutcome("prepare", "failed", note="[/oops] key [bold]loud")]))
+    assert "[/oops] key [bold]loud" in console.export_text()
+
+
+# sysfs refuses mkdir to every user, root included: an artifacts directory nobody can write
+UNWRITABLE = "/sys/eagle3-not-writable/art"
+
+
+def test_unwritable_artifacts_are_named_not_a_traceback(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "run.yaml", base_spec(tmp_path / "m", tmp_path / "d.jsonl"))
+    proc = eagle3("run", str(manifest), "--artifacts", UNWRITABLE)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot write" in proc.stderr and "/sys/eagle3-not-writable" in proc.stderr
+    assert "--artifacts" in proc.stderr
+
+
+def test_a_stage_on_unwritable_artifacts_names_the_path(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "run.yaml", base_spec(tmp_path / "m", tmp_path / "d.jsonl"))
+    proc = eagle3(
+        "stage", "prepare", "--spec", str(manifest), "--artifacts", UNWRITABLE, "--output", "prepare/x"
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "stage prepare: cannot write /sys/eagle3-not-writable" in proc.stderr and "writable" in proc.stderr
+
+
+# --- what the verifier's config rules out fails before any stage (issue 13) --------------------------------
+
+
+def config_only_verifier(path: Path) -> Path:
+    """A verifier with a config and no weights: a check that loaded weights would fail differently."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"num_attention_heads": 6, "num_hidden_layers": 4}))
+    return path
+
+
+TP_PROBLEM = "spec.verifier.tensorParallelSize: 4 does not divide the verifier's 6 attention heads"
+
+
+def unfit_manifest(tmp_path: Path) -> Path:
+    spec = base_spec(config_only_verifier(tmp_path / "verifier"), tmp_path / "d.jsonl")
+    spec["verifier"]["tensorParallelSize"] = 4
+    spec["extraction"]["layers"] = [1, 4, 9]
+    return write_manifest(tmp_path / "m.yaml", spec)
+
+
+def test_eagle3_run_refuses_what_the_verifiers_config_rules_out(tmp_path: Path) -> None:
+    path = unfit_manifest(tmp_path)
+    proc = eagle3("run", str(path), "--artifacts", str(tmp_path / "art"))
+    assert proc.returncode == 2, proc.stderr
+    assert TP_PROBLEM in proc.stderr
+    assert "spec.extraction.layers: ids [4, 9] are beyond the verifier's 4 decoder layers" in proc.stderr
+    assert not (tmp_path / "art").exists()
+
+
+def test_the_extract_stage_fails_fast_with_the_same_message(tmp_path: Path) -> None:
+    path = unfit_manifest(tmp_path)
+    art = tmp_path / "art"
+    art.mkdir()
+    proc = eagle3("stage", "extract", "--spec", str(path), "--artifacts", str(art), "--output", "extract/x")
+    assert proc.returncode == 1, proc.stderr
+    assert TP_PROBLEM in proc.stderr
+    assert "spec.extraction.layers: ids [4, 9] are beyond the verifier's 4 decoder layers" in proc.stderr
+    assert "Traceback" not in proc.stderr

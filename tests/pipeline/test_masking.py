@@ -124,3 +124,40 @@ def test_a_tokenizer_without_a_chat_template_is_refused() -> None:
     tok.chat_template = None
     with pytest.raises(ValueError, match="no chat_template"):
         ChatTemplate(tok)
+
+
+ASSISTANT_FIRST = [
+    {"role": "assistant", "content": "hello"},
+    {"role": "user", "content": "count"},
+    {"role": "assistant", "content": "one two three"},
+]
+
+
+def test_an_assistant_first_conversation_is_masked_not_a_crash(template: tuple[str, ChatTemplate]) -> None:
+    """Real dumps open with the assistant's greeting; the prefix before it is empty (issue 13, item 1)."""
+    name, chat = template
+    out = tokenize_conversation(chat, ASSISTANT_FIRST)
+    trained = masked_text(chat.tokenizer, out.input_ids, out.loss_mask)
+    assert "hello" in trained and "one two three" in trained, name
+    assert "count" not in trained, name
+
+
+def test_a_template_failing_on_a_prefix_falls_back_to_the_turns_text() -> None:
+    picky = "{% if add_generation_prompt and messages|length == 1 %}{{ raise_exception('odd') }}{% endif %}"
+    chat = ChatTemplate(make_tokenizer(picky + TEMPLATES["chatml"]))
+    out = tokenize_conversation(chat, CONVERSATION[1:3])
+    assert masked_text(chat.tokenizer, out.input_ids, out.loss_mask) == "hello world<|im_end|>"
+
+
+def test_any_exception_while_tokenizing_is_a_row_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eagle3_pipeline import masking
+
+    def broken(*args: Any) -> Any:
+        raise IndexError("offset out of range")
+
+    monkeypatch.setattr(masking, "tokenize_with_mask", broken)
+    chat = ChatTemplate(make_tokenizer(TEMPLATES["chatml"]))
+    with pytest.raises(RowError) as caught:
+        tokenize_conversation(chat, CONVERSATION[1:3])
+    assert caught.value.reason == "error"
+    assert str(caught.value) == "IndexError: offset out of range"

@@ -92,6 +92,45 @@ def test_skipped_rows_are_counted_by_reason(tmp_path: Path, verifier: Path) -> N
     assert "tokens > 256" in result["skippedExamples"]["too_long"][0]
 
 
+def sharegpt(i: int) -> dict[str, Any]:
+    turns = [{"from": "human", "value": f"count {i}"}, {"from": "gpt", "value": f"one two {i}"}]
+    return {"id": f"s{i}", "conversations": turns}
+
+
+def test_an_assistant_first_row_is_trained_not_fatal(tmp_path: Path, verifier: Path) -> None:
+    """Issue 13, item 1: a row opening with the assistant's greeting used to fail the whole stage."""
+    greeting = {
+        "id": "g",
+        "conversations": [
+            {"from": "gpt", "value": "Hi"},
+            {"from": "human", "value": "x"},
+            {"from": "gpt", "value": "y"},
+        ],
+    }
+    code, out = prepare(tmp_path, verifier, [*[sharegpt(i) for i in range(6)], greeting])
+    assert code == 0
+    result = result_of(out)
+    assert result["samples"] == 7 and result["skippedTotal"] == 0
+
+
+def test_any_per_row_failure_is_a_counted_skip(
+    tmp_path: Path, verifier: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eagle3_pipeline.masking import tokenize_conversation as real
+
+    def flaky(template: Any, messages: list[Any], loss_on_reasoning: bool = True) -> Any:
+        if "count 3" in messages[0]["content"]:
+            raise ZeroDivisionError("a bug in a template filter")
+        return real(template, messages, loss_on_reasoning)
+
+    monkeypatch.setattr("eagle3_pipeline.prepared.tokenize_conversation", flaky)
+    code, out = prepare(tmp_path, verifier, [sharegpt(i) for i in range(6)])
+    assert code == 0
+    result = result_of(out)
+    assert result["samples"] == 5 and result["skipped"] == {"error": 1}
+    assert result["skippedExamples"]["error"] == ["s3: ZeroDivisionError: a bug in a template filter"]
+
+
 def test_a_missing_dataset_fails_naming_it_and_leaves_nothing(
     tmp_path: Path, verifier: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -144,3 +183,73 @@ def test_a_complete_output_is_not_redone(tmp_path: Path, verifier: Path) -> None
     spec_path = tmp_path / "run.yaml"
     assert run_stage("prepare", str(spec_path), str(tmp_path / "art"), "prepare/h", []) == 0
     assert (out / "result.json").stat().st_mtime_ns == before
+
+
+def test_a_directory_mixing_formats_is_prepared_whole(tmp_path: Path, verifier: Path) -> None:
+    """Issue 13, item 3: the format used to be detected once, from the first row, for every file."""
+    (tmp_path / "d").mkdir()
+    write_jsonl(tmp_path / "d" / "a.jsonl", [sharegpt(i) for i in range(5)])
+    (tmp_path / "d" / "b.json").write_text(json.dumps([chat(i) for i in range(5)]))
+    spec_path = write_manifest(tmp_path / "run.yaml", base_spec(verifier, tmp_path / "d"))
+    assert run_stage("prepare", str(spec_path), str(tmp_path / "art"), "prepare/h", []) == 0
+    result = result_of(tmp_path / "art" / "prepare" / "h")
+    assert result["samples"] == 10 and result["skippedTotal"] == 0
+    assert result["format"] == "messages+sharegpt"
+
+
+def test_too_many_skipped_rows_fail_the_stage_with_the_counts(
+    tmp_path: Path, verifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [*[chat(i) for i in range(3)], *["{broken"] * 4, {"messages": [{"role": "user", "content": "q"}]}]
+    code, out = prepare(tmp_path / "a", verifier, rows)
+    assert code == 1 and not out.exists()
+    err = capsys.readouterr().err
+    assert "5 of 8 rows skipped" in err and "'malformed': 4" in err and "'no_assistant_turn': 1" in err
+    assert "dataset.maxSkippedFraction (0.5)" in err
+    code, out = prepare(tmp_path / "b", verifier, rows, maxSkippedFraction=0.7)
+    assert code == 0 and result_of(out)["skippedTotal"] == 5
+
+
+def test_an_empty_dataset_file_says_so(
+    tmp_path: Path, verifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = prepare(tmp_path, verifier, [])
+    assert code == 1 and not out.exists()
+    err = capsys.readouterr().err
+    assert "data.jsonl: no rows (the file is empty" in err and "is auto: " not in err
+
+
+def test_dataset_revision_is_hashed_only_when_set(tmp_path: Path, verifier: Path) -> None:
+    """Issue 13, item 6: a label for new files at the same path; unset, the hashes stay as they were."""
+    from eagle3_contract.api.spec import Eagle3RunSpec
+    from eagle3_contract.params import prepare_params
+    from eagle3_contract.stages import plan_stages
+
+    spec = base_spec(verifier, tmp_path / "data.jsonl")
+    unset = Eagle3RunSpec.model_validate(spec)
+    assert "revision" not in prepare_params(unset).model_dump(mode="json", by_alias=True)["dataset"]
+    spec["dataset"]["revision"] = "2026-12-01"
+    labelled = Eagle3RunSpec.model_validate(spec)
+    before, after = plan_stages(unset), plan_stages(labelled)
+    assert all(a.hash != b.hash for a, b in zip(before, after, strict=True) if not a.skipped)
+
+
+def test_eagle3_run_warns_when_a_cached_prepare_was_made_from_other_files(
+    tmp_path: Path, verifier: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from eagle3_contract.api.manifest import load_manifest
+    from eagle3_pipeline.local import LocalOptions, run_local
+
+    source = write_jsonl(tmp_path / "data.jsonl", [chat(i) for i in range(5)])
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", base_spec(verifier, source)))
+    options = LocalOptions(artifacts=tmp_path / "art", until="prepare")
+    first = run_local(manifest, options)[0]
+    assert first.status == "done" and first.result is not None
+    assert getattr(first.result, "dataset_fingerprint", None)
+    caplog.set_level("WARNING")
+    assert run_local(manifest, options)[0].status == "cached"
+    assert "dataset.revision" not in caplog.text
+    write_jsonl(source, [chat(i) for i in range(50)])
+    assert run_local(manifest, options)[0].status == "cached"
+    assert "changed since prepare/" in caplog.text
+    assert "Set dataset.revision to a new label" in caplog.text

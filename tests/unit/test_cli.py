@@ -69,3 +69,25 @@ def test_the_command_line_starts_without_either_sides_libraries():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_ctrl_c_is_one_line_and_exit_code_130(monkeypatch, capsys):
+    """Ctrl-C used to print a KeyboardInterrupt traceback."""
+    import eagle3_contract.api.crd as crd
+
+    def interrupted(cel: bool) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(crd, "render_crd_yaml", interrupted)
+    assert main(["crd"]) == 130
+    assert capsys.readouterr().err == "eagle3 crd: interrupted\n"
+
+
+def test_http_clients_log_no_line_per_request_unless_verbose(capsys):
+    """A stage that sends thousands of requests logs progress lines, not one INFO line per request."""
+    import logging
+
+    from eagle3_cli.main import QUIET_LOGGERS
+
+    main(["crd"])
+    assert all(logging.getLogger(name).getEffectiveLevel() == logging.WARNING for name in QUIET_LOGGERS)

@@ -327,3 +327,13 @@ def test_the_cli_says_what_is_wrong_with_the_file(tmp_path: Path, capsys: pytest
     broken.write_text("kind: [unclosed\n")
     assert main(["promote", "tiny", "--from-file", str(broken)]) == 1
     assert "broken.yaml: not YAML or JSON" in capsys.readouterr().err
+
+
+def test_a_binary_file_is_refused_as_not_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--from-file` on a binary file used to end in a UnicodeDecodeError traceback."""
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x00" * 8)
+    assert main(["promote", "tiny", "--from-file", str(binary)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "model.safetensors" in err
+    assert "not a YAML or JSON text file" in err and "kubectl get e3r tiny -o yaml" in err

@@ -191,6 +191,7 @@ EXECUTION_SECTIONS = ("nodePool", "storage", "images", "hfTokenSecret", "suspend
 TUNING_ONLY = {
     "verifier.tensorParallelSize": {Stage.GENERATE, Stage.EXTRACT, Stage.EVALUATE},
     "regeneration.enabled": {Stage.PREPARE},  # generate runs or not (its skip), prepare accepts prompts
+    "dataset.maxSkippedFraction": {Stage.PREPARE},  # prepare accepts or refuses the rows read
     "regeneration.concurrency": {Stage.GENERATE},
     "regeneration.tokenBudget": {Stage.GENERATE},
     "extraction.tokenBudget": {Stage.EXTRACT},

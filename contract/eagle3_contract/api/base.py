@@ -22,5 +22,7 @@ class ApiModel(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        # JSON has no NaN or infinity (YAML's .nan/.inf cannot reach the API server): "must be finite"
+        allow_inf_nan=False,
         use_attribute_docstrings=False,
     )

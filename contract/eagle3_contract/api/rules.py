@@ -7,7 +7,7 @@ Tests evaluate the CEL with a CEL library against the same generated specs and r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,3 +97,45 @@ def check_cross_field_rules(spec: Eagle3RunSpec) -> None:
     broken = [f"spec{rule.field_path}: {rule.message}" for rule in RULES if not rule.holds(spec)]
     if broken:
         raise ValueError("; ".join(broken))
+
+
+# --- rules against the verifier's own config (config.json), where it can be read ----------------------------
+
+# Where multimodal configs keep the language model's shape (Llama 4, Gemma 3, InternVL, DeepSeek-VL...).
+_TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
+
+
+def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    for key in _TEXT_CONFIG_KEYS:
+        nested = config.get(key)
+        if isinstance(nested, Mapping) and "num_hidden_layers" in nested:
+            return nested
+    return config
+
+
+def verifier_config_problems(
+    config: Mapping[str, Any], *, tensor_parallel_size: int, layers: Sequence[int] | None
+) -> list[str]:
+    """What the verifier's config.json says cannot work, as `spec.<field>: ...` lines (none: all fits).
+
+    The API server cannot see the model, so these are no CRD rules: `eagle3 run` checks a local verifier
+    before any stage starts, and the extract stage checks again before loading weights, with these words.
+    A config without the figures (an unusual architecture) passes: vLLM then has the last word.
+    """
+    text = _text_config(config)
+    heads, depth = text.get("num_attention_heads"), text.get("num_hidden_layers")
+    problems = []
+    if isinstance(heads, int) and heads > 0 and heads % tensor_parallel_size:
+        fits = [d for d in range(1, min(heads, 64) + 1) if heads % d == 0]
+        problems.append(
+            f"spec.verifier.tensorParallelSize: {tensor_parallel_size} does not divide the verifier's "
+            f"{heads} attention heads (vLLM shards heads evenly over the GPUs); use one of {fits}"
+        )
+    if isinstance(depth, int) and layers:
+        beyond = [i for i in layers if i >= depth]
+        if beyond:
+            problems.append(
+                f"spec.extraction.layers: ids {beyond} are beyond the verifier's {depth} decoder layers; use "
+                f"ids in [0, {depth - 1}] (id i is the input of decoder layer i, 0 the embeddings)"
+            )
+    return problems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -15,6 +16,15 @@ from eagle3_contract.api.rules import check_cross_field_rules
 PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 
 
+# The API server's quantity grammar (k8s.io/apimachinery resource.Quantity, as controller-gen writes it into
+# CRDs): a number with an optional binary (Ki..Ei), decimal (n..E) or exponent suffix. Also the CRD's pattern.
+QUANTITY = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_QUANTITY = re.compile(QUANTITY)
+
+
 def _one_quantity_error(value: Any, handler: ValidatorFunctionWrapHandler) -> int | str:
     """Report a bad quantity once, at its field (a union reports per member: `<field>.int`, `.str`)."""
     try:
@@ -23,13 +33,20 @@ def _one_quantity_error(value: Any, handler: ValidatorFunctionWrapHandler) -> in
         raise PydanticCustomError(
             "quantity_type", "Input should be an integer or a quantity string such as '500Gi'"
         ) from None
+    if isinstance(result, str) and not _QUANTITY.fullmatch(result):
+        raise PydanticCustomError(
+            "quantity_format",
+            "{value} is not a Kubernetes quantity: write a number with an optional suffix, such as "
+            "'500Gi', '1.5T', '250M' or '500m'",
+            {"value": repr(result)},
+        )
     return result
 
 
 Quantity = Annotated[
     int | str,
     WrapValidator(_one_quantity_error),
-    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY}),
 ]
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -89,11 +106,19 @@ class Verifier(ApiModel):
     )
 
 
-class Dataset(ApiModel):
-    """The chat dataset the draft learns from."""
+class DatasetRows(ApiModel):
+    """What prepare makes of the dataset: every field here changes its output (the part that is hashed)."""
 
     source: str = Field(
         min_length=1, description="Hugging Face dataset id, or a JSON/JSONL/Parquet file or directory path."
+    )
+    revision: str | None = Field(
+        None,
+        description=(
+            "A label for the dataset's contents (a Hub revision is not read from it: pin one in source's "
+            "files). Stages are keyed by the spec, not by the files: a new label marks new files at the same "
+            "path and re-runs prepare and everything after it."
+        ),
     )
     format: DatasetFormat = Field(
         DatasetFormat.AUTO,
@@ -116,6 +141,22 @@ class Dataset(ApiModel):
         description=(
             "Train on the reasoning block (<think>...</think>) of assistant turns; false keeps it as context "
             "but masks it out of the loss."
+        ),
+    )
+
+
+class Dataset(DatasetRows):
+    """The chat dataset the draft learns from."""
+
+    max_skipped_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "prepare fails when more than this share of the rows is skipped (malformed, empty, too long, "
+            "...), reporting the counts by reason, rather than training on a sliver of the data; 1 never "
+            "fails. "
+            "Only accepts or refuses the rows: editing it re-runs nothing."
         ),
     )
 

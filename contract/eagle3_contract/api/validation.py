@@ -19,16 +19,32 @@ class InvalidSpecError(ValueError):
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
-    parts = ["spec"]
-    for item in loc:
-        parts.append(f"[{item}]" if isinstance(item, int) else f".{item}")
-    return "".join(parts).replace(".[", "[")
+    # built part by part: a key may itself hold '.[' (a typo'd key '[bold]loud' is reported as written)
+    return "spec" + "".join(f"[{item}]" if isinstance(item, int) else f".{item}" for item in loc)
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64_problems(value: Any, loc: tuple[int | str, ...] = ()) -> list[str]:
+    """Integers the API server cannot store (it decodes JSON integers as int64 and refuses the rest), at
+    any depth, so a manifest runs locally only if the cluster would take it."""
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in _int64_problems(item, (*loc, str(key)))]
+    if isinstance(value, list):
+        return [p for index, item in enumerate(value) for p in _int64_problems(item, (*loc, index))]
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        return [f"{_path(loc)}: {value} does not fit a 64-bit integer ({INT64_MIN} to {INT64_MAX})"]
+    return []
 
 
 def parse_spec(spec: Any) -> Eagle3RunSpec:
     """Validate a spec document (camelCase, as in a manifest) or raise InvalidSpecError."""
     if not isinstance(spec, dict):
         raise InvalidSpecError([f"spec: expected an object, got {type(spec).__name__}"])
+    too_big = _int64_problems(spec)
+    if too_big:  # the API server refuses these while decoding, before any schema check: so here too
+        raise InvalidSpecError(too_big)
     try:
         # Strict JSON validation by alias is what the API server does: "5" is no integer, and a snake_case
         # key is unknown (the server would prune it silently; here it is an error).

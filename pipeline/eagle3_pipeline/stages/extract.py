@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from eagle3_contract.api.rules import verifier_config_problems
 from eagle3_contract.api.spec import ExtractionBackend
 from eagle3_contract.params import ExtractParams, ExtractTuning, VerifierRef
 from eagle3_pipeline.context import StageContext
@@ -66,12 +69,37 @@ def verifier_shape(ref: LocalVerifier) -> VerifierShape:
 Context = StageContext[ExtractParams, ExtractTuning]
 
 
+def fail_on_verifier_config(
+    ref: LocalVerifier, layers: Sequence[int] | None, tensor_parallel_size: int
+) -> None:
+    """StageError for what the verifier's config rules out, before any weight or row is loaded: the check
+    `eagle3 run` makes on a local config.json, here where the model is at hand (the API server cannot)."""
+    local = Path(ref.path) / "config.json"
+    try:
+        if local.is_file():
+            config = json.loads(local.read_text())
+        else:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(
+                ref.path, revision=ref.revision, trust_remote_code=ref.trust_remote_code
+            ).to_dict()
+    except (OSError, ValueError):
+        return  # verifier_shape reports an unreadable config with its own advice
+    if not isinstance(config, dict):
+        return
+    problems = verifier_config_problems(config, tensor_parallel_size=tensor_parallel_size, layers=layers)
+    if problems:
+        raise StageError(f"the verifier {ref.path} cannot run this spec: " + "; ".join(problems))
+
+
 def run(ctx: Context) -> dict[str, Any]:
     started = time.monotonic()
     params = ctx.params
-    source = ctx.data_input()
     v = params.verifier
     ref = LocalVerifier(ctx.local_path(v.model), v.revision, v.trust_remote_code)
+    fail_on_verifier_config(ref, params.layers, ctx.tuning.tensor_parallel_size)
+    source = ctx.data_input()
     shape = verifier_shape(ref)
     layout = Layout(
         aux_layers=resolve_aux_layers(params.layers, shape.num_hidden_layers),

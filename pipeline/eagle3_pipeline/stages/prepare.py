@@ -8,7 +8,8 @@ from typing import Any
 
 from eagle3_contract.params import PrepareParams, PrepareTuning
 from eagle3_pipeline.context import StageContext
-from eagle3_pipeline.conversations import load_conversations
+from eagle3_pipeline.conversations import Skips, load_conversations
+from eagle3_pipeline.dataset_files import local_fingerprint
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.prepared import Tokenizing, assign_splits, write_prepared
 
@@ -19,13 +20,22 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
     started = time.monotonic()
     ds = ctx.params.dataset
     source = ctx.local_path(ds.source)
+    files = local_fingerprint(source)  # recorded so `eagle3 run` can tell files edited in place
+    fingerprint = {"datasetFingerprint": files} if files else {}
     conversations, skips, fmt = load_conversations(source, ds.split, ds.format.value, ds.max_samples)
+    rows = len(conversations) + skips.total()
+    if not rows:
+        raise StageError(
+            f"dataset.source {ds.source}: no rows (the file is empty, or every file is); "
+            "check the path and that the data was written"
+        )
     if not conversations:
         raise StageError(
             f"dataset.source {ds.source}: no usable rows ({skips.total()} skipped: {dict(skips.counts)}); "
-            f"dataset.format is {ds.format.value}: "
+            f"dataset.format is {ds.format.value}; first problems: "
             + "; ".join(e for examples in skips.examples.values() for e in examples[:2])
         )
+    check_skipped(rows, skips, ctx.tuning.max_skipped_fraction)
     if fmt == "prompts" and not ctx.tuning.regeneration_enabled:
         raise StageError(
             f"dataset.source {ds.source} holds prompts only (no answers to train on): "
@@ -42,19 +52,34 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
             return {
                 "format": fmt,
                 "conversations": len(conversations),
+                **fingerprint,
                 "samples": 0,
                 "seconds": _since(started),
             }
     tokenizing = Tokenizing(ctx.params.verifier, ds.max_sequence_length, ds.loss_on_reasoning)
     stats = write_prepared(ctx.work, conversations, ctx, tokenizing, skips)
+    check_skipped(rows, skips, ctx.tuning.max_skipped_fraction)
     seconds = _since(started)
     logger.info("prepared %d samples (%d tokens) in %.1f s", stats["samples"], stats["tokens"], seconds)
     return {
         "format": fmt,
         "conversations": len(conversations),
+        **fingerprint,
         **stats,
         "seconds": seconds,
     }
+
+
+def check_skipped(rows: int, skips: Skips, allowed: float) -> None:
+    """Fail rather than train on a sliver: a wrong format or a broken export skips most rows silently."""
+    if skips.total() <= allowed * rows:
+        return
+    examples = "; ".join(e for shown in skips.examples.values() for e in shown[:1])
+    raise StageError(
+        f"{skips.total()} of {rows} rows skipped ({dict(sorted(skips.counts.items()))}), more than "
+        f"dataset.maxSkippedFraction ({allowed}) allows; first problems: {examples}. Fix the rows (or "
+        "dataset.format), or raise dataset.maxSkippedFraction to train on the rest"
+    )
 
 
 def _since(t0: float) -> float:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from eagle3_contract.api.base import GROUP, KIND, PLURAL, SHORT_NAMES, VERSION
 from eagle3_contract.api.crd import CRD_NAME, HEADER, build_crd, render_crd_yaml
 from eagle3_contract.api.rules import RULES
+from eagle3_contract.api.spec import QUANTITY
 from eagle3_contract.api.validation import parse_spec, spec_document
 from tests.tiny_spec import minimal
 from tests.unit.api.api_support import (
@@ -156,6 +157,7 @@ def test_conversion_cases() -> None:
     assert artifacts["properties"]["size"] == {
         "description": "Size of the PVC the operator creates.",
         "default": "500Gi",
+        "pattern": QUANTITY,  # the API server's quantity grammar, on the string form (issue 13)
         INT_OR_STRING: True,
     }
     assert artifacts["properties"]["accessModes"]["default"] == ["ReadWriteMany"]
@@ -178,7 +180,7 @@ def test_conversion_cases() -> None:
         PRESERVE: True,
     }
     requests = spec["stages"]["properties"]["train"]["properties"]["resources"]["properties"]["requests"]
-    assert requests["additionalProperties"] == {INT_OR_STRING: True}
+    assert requests["additionalProperties"] == {"pattern": QUANTITY, INT_OR_STRING: True}
 
 
 def test_cross_field_rules_are_on_spec_and_cel_false_strips_them() -> None:
