@@ -361,7 +361,7 @@ def test_missing_input_is_a_clear_error_and_leaves_no_output(
 @pytest.mark.parametrize(
     ("manifest", "budget", "needle"),
     [
-        ({"layers": [1, 7]}, None, "spec.extraction.layers [1, 7]: ids [7] are out of range"),
+        ({"layers": [1, 7]}, None, "ids [7] are beyond the verifier's 4 decoder layers"),
         ({}, None, "too few for the default auxiliary layers"),
         ({"layers": [1, 2]}, 32, "longer than the token budget 32"),
     ],
