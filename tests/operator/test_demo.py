@@ -24,7 +24,10 @@ async def test_the_demo_takes_the_tiny_example_to_serving(capsys):
     ("text", "message"),
     [
         ("kind: Deployment\n", "expected exactly one document of kind Eagle3Run"),
-        ("apiVersion: eagle3.dev/v1alpha1\nkind: Eagle3Run\nspec: {}\n", "metadata.name is missing; it must be a DNS-1123 subdomain"),
+        (
+            "apiVersion: eagle3.dev/v1alpha1\nkind: Eagle3Run\nspec: {}\n",
+            "metadata.name is missing; it must be a DNS-1123 subdomain",
+        ),
         (
             "apiVersion: eagle3.dev/v1alpha1\nkind: Eagle3Run\nmetadata: {name: x}\n"
             "spec: {verifier: {model: m}}\n",
