@@ -18,8 +18,20 @@ def _operator(args: argparse.Namespace) -> int:
         liveness=f"http://0.0.0.0:{args.health_port}/healthz",
         metrics_port=args.metrics_port,
         pipeline_image=args.pipeline_image,
+        resync_seconds=args.resync_seconds,
+        api_timeout_seconds=args.api_timeout_seconds,
     )
     return 0
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def _read_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,6 +111,22 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=os.environ.get("EAGLE3_PIPELINE_IMAGE") or None,
         help="image of the stage Jobs of runs whose spec.images.pipeline is unset (default "
         "$EAGLE3_PIPELINE_IMAGE, else eagle3-operator/pipeline:0.1.0)",
+    )
+    op.add_argument(
+        "--resync-seconds",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="S",
+        help="reconcile every run and re-list what the watches hold every S seconds (default 60): repairs "
+        "what a missed event left behind",
+    )
+    op.add_argument(
+        "--api-timeout-seconds",
+        type=_positive_seconds,
+        default=30.0,
+        metavar="S",
+        help="give up on an API call that got no answer in S seconds and retry it (default 30): a silent "
+        "connection (a partition, a dead load balancer) never holds a run",
     )
     op.set_defaults(func=_operator)
     _add_promote_command(sub)

@@ -12,7 +12,7 @@ import kopf
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
 from eagle3_operator.builders import names
-from eagle3_operator.k8s import Kube
+from eagle3_operator.k8s import CONNECT_SECONDS, TOTAL_SECONDS, Kube
 from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.reconcile.executor import (
     CHILD_INDEXES,
@@ -23,6 +23,7 @@ from eagle3_operator.reconcile.executor import (
     reconcile,
     reconcile_current,
     run_key,
+    sweep_ghosts,
 )
 from eagle3_operator.reconcile.observe import blocked_by, slim_deployment, slim_job, slim_pod, slim_run
 
@@ -32,6 +33,7 @@ RESYNC_SECONDS = 60.0
 # The liveness probe fails when the resync has not moved on (finished a run's reconcile or a round) for this
 # many intervals: every API call it makes is bounded (k8s.TOTAL_SECONDS), so a longer silence is a hang.
 RESYNC_STALE_ROUNDS = 3
+RELIST_SETTLE_SECONDS = 2.0
 logger = logging.getLogger(__name__)
 
 
@@ -41,8 +43,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     settings.persistence.progress_storage = kopf.StatusProgressStorage()
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage()
     settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # kopf's own calls (its status bookkeeping, Events, watch connects) bounded like the operator's: a silent
+    # connection is retried, not awaited for kopf's default of five minutes.
+    api_seconds = float(memo.get("api_timeout_seconds") or TOTAL_SECONDS)
+    settings.networking.request_timeout = api_seconds
+    settings.networking.connect_timeout = min(CONNECT_SECONDS, api_seconds)
+    settings.watching.connect_timeout = min(CONNECT_SECONDS, api_seconds)
     if memo.get("kube") is None:
-        memo.kube = await Kube.connect()
+        memo.kube = await Kube.connect(api_seconds)
         memo.owns_kube = True
     if memo.get("metrics") is None:
         memo.metrics = OperatorMetrics()
@@ -51,6 +59,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     memo.pending = {}
     memo.gone = set()  # uids of runs found deleted (their stale index entries are skipped)
     memo.pod_monitors = await memo.kube.serves("monitoring.coreos.com", "v1", "podmonitors")
+    memo.relisted = asyncio.Event()  # a watch listed its objects: sweep the indexes for ghosts soon
     memo.resync_beat = time.monotonic()
     memo.resync = asyncio.create_task(resync(memo, kwargs))
 
@@ -67,7 +76,7 @@ async def resync(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
     one run's reconcile): one failing run or round must not end the resync of all of them for good.
     """
     while True:
-        await asyncio.sleep(_resync_seconds(memo))
+        await _next_round(memo)
         try:
             await _resync_round(memo, kwargs)
         except Exception:
@@ -75,8 +84,21 @@ async def resync(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
         memo.resync_beat = time.monotonic()
 
 
+async def _next_round(memo: kopf.Memo) -> None:
+    """Wait one interval, or less when a watch (re-)listed its objects: after a re-list the indexes may
+    hold objects deleted meanwhile, and the round's sweep finds them (RELIST_SETTLE_SECONDS lets the other
+    watches' listings arrive first, so one round covers them all)."""
+    try:
+        await asyncio.wait_for(memo.relisted.wait(), _resync_seconds(memo))
+        await asyncio.sleep(min(RELIST_SETTLE_SECONDS, _resync_seconds(memo)))
+    except TimeoutError:
+        pass
+    memo.relisted.clear()
+
+
 async def _resync_round(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
     runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
+    await sweep_ghosts(memo, {"eagle3_runs": runs} | _indices(kwargs), logger)
     for key in list(runs):
         for body in list(runs.get(key, [])):
             try:
@@ -150,40 +172,31 @@ def serving_deployments(
     return {run_key(namespace, labels.get(names.LABEL_RUN)): slim_deployment(body)}
 
 
-def _owned(
-    kind: str, namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations
-) -> dict[Key, Owned]:
-    owned = (kind, name, annotations.get(names.ANNOTATION_SPEC_HASH))
-    return {run_key(namespace, labels.get(names.LABEL_RUN)): owned}
+def _owned(kind: str, namespace: str | None, body: kopf.Body) -> dict[Key, Owned]:
+    meta = body.metadata
+    owned = (kind, meta.name or "", meta.annotations.get(names.ANNOTATION_SPEC_HASH), meta.uid)
+    return {run_key(namespace, meta.labels.get(names.LABEL_RUN)): owned}
 
 
 @kopf.index("v1", "services", labels=MANAGED)
-def owned_services(
-    namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
-) -> dict[Key, Owned]:
-    return _owned("Service", namespace, name, labels, annotations)
+def owned_services(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+    return _owned("Service", namespace, body)
 
 
 @kopf.index("v1", "configmaps", labels=MANAGED | {names.LABEL_STAGE: "spec"})
-def owned_configmaps(
-    namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
-) -> dict[Key, Owned]:
-    return _owned("ConfigMap", namespace, name, labels, annotations)
+def owned_configmaps(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+    return _owned("ConfigMap", namespace, body)
 
 
 @kopf.index("v1", "persistentvolumeclaims", labels=MANAGED)
-def owned_claims(
-    namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
-) -> dict[Key, Owned]:
-    return _owned("PersistentVolumeClaim", namespace, name, labels, annotations)
+def owned_claims(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+    return _owned("PersistentVolumeClaim", namespace, body)
 
 
 # Watched only where the Prometheus operator is (its CRD is served).
 @kopf.index("monitoring.coreos.com", "v1", "podmonitors", labels=MANAGED)
-def owned_pod_monitors(
-    namespace: str | None, name: str, labels: kopf.Labels, annotations: kopf.Annotations, **_: Any
-) -> dict[Key, Owned]:
-    return _owned("PodMonitor", namespace, name, labels, annotations)
+def owned_pod_monitors(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+    return _owned("PodMonitor", namespace, body)
 
 
 def _indices(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -203,8 +216,8 @@ def _pod_news(status: kopf.Status, **_: Any) -> bool:
     return ended or status.get("phase") == "Running" or blocked_by([{"status": status}]) is not None
 
 
-def _deleted(**kwargs: Any) -> bool:
-    return bool(kwargs.get("type") == "DELETED")
+def _deleted_or_listed(**kwargs: Any) -> bool:
+    return kwargs.get("type") in ("DELETED", None)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
@@ -214,6 +227,8 @@ async def child_changed(
     namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, logger: Any, **kwargs: Any
 ) -> None:
     """A child changed: reconcile its run now instead of waiting for the resync timer."""
+    if kwargs.get("type") is None:
+        memo.relisted.set()  # kopf's (re-)listing of the watch: this is no change, but ghosts may be left
     runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
     for run in list(runs.get(run_key(namespace, labels.get(names.LABEL_RUN)), [])):
         if (run.get("metadata") or {}).get("deletionTimestamp"):
@@ -224,10 +239,13 @@ async def child_changed(
             logger.warning("reconcile after a child's change failed (the resync retries): %s", err)
 
 
-@kopf.on.event(*RUN, when=_deleted)
+@kopf.on.event(*RUN, when=_deleted_or_listed)
 async def run_event(
     event: Mapping[str, Any], namespace: str | None, name: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    """A deleted run: forget its metrics, lock and cached status (owner references delete its children)."""
+    """A deleted run: forget its metrics, lock and cached status (owner references delete its children).
+    A (re-)listed one: the sweep looks for runs deleted while the watch was away."""
     if event.get("type") == "DELETED":
         forget_run(memo, namespace or "", name)
+    else:
+        memo.relisted.set()

@@ -31,6 +31,9 @@ CUSTOM_PLURALS = {"PodMonitor": "podmonitors", "Eagle3Run": PLURAL}
 # (a partition, a dead load balancer: no reset) would be awaited forever while its run's lock is held.
 CONNECT_SECONDS = 10.0
 TOTAL_SECONDS = 30.0
+LIST_PAGE = 500
+# Metadata only (client-go's metadata client asks the same); a server without it answers a full list.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 
 class ApiError(Exception):
@@ -86,13 +89,14 @@ class Kube:
         self._typed: dict[type[Any], Any] = {}
 
     @classmethod
-    async def connect(cls) -> Kube:
-        """In-cluster credentials in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    async def connect(cls, total_seconds: float = TOTAL_SECONDS) -> Kube:
+        """In-cluster credentials in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config); every call
+        answered within `total_seconds` or retried."""
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         else:
             await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-        return cls(client.ApiClient())
+        return cls(client.ApiClient(), min(CONNECT_SECONDS, total_seconds), total_seconds)
 
     async def close(self) -> None:
         await self.api.close()
@@ -206,6 +210,35 @@ class Kube:
             raise ApiError(status, verb, what, text)
         result: dict[str, Any] = json.loads(text)
         return result
+
+    async def list_uids(self, path: str, label_selector: str | None = None) -> set[str]:
+        """The uids of the objects a collection `path` (e.g. /apis/batch/v1/namespaces/ns/jobs) holds now: a
+        consistent read (no resourceVersion), metadata only where the server offers it, page by page."""
+        uids: set[str] = set()
+        token: str | None = None
+        while True:
+            query: list[tuple[str, Any]] = [("limit", LIST_PAGE)]
+            if label_selector:
+                query.append(("labelSelector", label_selector))
+            if token:
+                query.append(("continue", token))
+            call = self.api.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": METADATA_LIST},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            )
+            status, text = await self._send("list", path, call)
+            if status >= 300:
+                raise ApiError(status, "list", path, text)
+            page = json.loads(text)
+            uids |= {item["metadata"]["uid"] for item in page.get("items") or []}
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return uids
 
     async def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the cluster serves a resource (for optional integrations such as PodMonitor)."""

@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 
 import eagle3_operator.handlers  # noqa: F401  (registers the handlers)
-from eagle3_operator.k8s import ApiError, Kube, current_namespace
+from eagle3_operator.k8s import TOTAL_SECONDS, ApiError, Kube, current_namespace
 from eagle3_operator.lease import LEASE_SECONDS, PeerActive, PeerLease, identity
 from eagle3_operator.metrics import OperatorMetrics
 
@@ -20,18 +20,28 @@ def run_operator(
     liveness: str | None,
     metrics_port: int | None,
     pipeline_image: str | None = None,
+    resync_seconds: float | None = None,
+    api_timeout_seconds: float | None = None,
 ) -> None:
     """Block running the operator; metrics on `metrics_port`, kopf's liveness probe on `liveness`; stage Jobs
-    of runs that name no spec.images.pipeline run `pipeline_image`."""
+    of runs that name no spec.images.pipeline run `pipeline_image`; every run reconciled (and the indexes
+    re-listed) each `resync_seconds`; every API call answered within `api_timeout_seconds` or retried."""
     metrics = OperatorMetrics()
     if metrics_port:
         metrics.serve(metrics_port)
+    memo = kopf.Memo(
+        metrics=metrics,
+        pipeline_image=pipeline_image,
+        namespaces=list(namespaces),
+        resync_seconds=resync_seconds,
+        api_timeout_seconds=api_timeout_seconds,
+    )
     options: dict[str, Any] = dict(
         standalone=True,
         clusterwide=not namespaces,
         namespaces=list(namespaces),
         liveness_endpoint=liveness,
-        memo=kopf.Memo(metrics=metrics, pipeline_image=pipeline_image),
+        memo=memo,
     )
     # The Lease lives where the runs are: the first watched namespace, else the operator's own (cluster-wide).
     where = namespaces[0] if namespaces else None
@@ -54,7 +64,7 @@ async def run_alone(
     memo = options["memo"]
     owned = memo.get("kube") is None
     if owned:
-        memo.kube = await Kube.connect()  # shared with the handlers (startup uses memo.kube)
+        memo.kube = await Kube.connect(memo.get("api_timeout_seconds") or TOTAL_SECONDS)  # the handlers' too
     lease = PeerLease(memo.kube, namespace or current_namespace(), identity(), seconds)
     try:
         await lease.acquire()

@@ -56,7 +56,8 @@ def test_the_operator_deployment(rendered: Rendered) -> None:
     assert c["image"] == "eagle3-operator:0.1.0" and c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["eagle3"]
     pipeline = "--pipeline-image=eagle3-operator/pipeline:0.1.0"  # the chart's appVersion, as the operator's
-    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090", pipeline]
+    loops = ["--resync-seconds=60", "--api-timeout-seconds=30"]
+    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090", *loops, pipeline]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
     probe = c["livenessProbe"]
@@ -71,8 +72,10 @@ def test_the_args_are_the_cli_flags_the_operator_reads(rendered: Rendered) -> No
     args = cli_parser().parse_args(container(rendered["default"])["args"])
     assert (args.command, args.health_port, args.metrics_port, args.namespace) == ("operator", 8080, 9090, [])
     assert args.pipeline_image == DEFAULT_PIPELINE_IMAGE, "the chart's default is the spec's documented one"
+    assert (args.resync_seconds, args.api_timeout_seconds) == (60.0, 30.0)
     args = cli_parser().parse_args(container(rendered["watch-namespaces"])["args"])
     assert args.namespace == ["team-a", "team-b"]
+    assert (args.resync_seconds, args.api_timeout_seconds) == (120.0, 45.5)
     assert args.pipeline_image == "registry.example.com/ml/eagle3-pipeline:1.2.3"
 
 

@@ -28,6 +28,10 @@ CASES = {
         ["operator.metricsPort=80"],
         "at '/operator/metricsPort': minimum: got 80, want 1,024",
     ),
+    "zero-api-timeout": (
+        ["operator.apiTimeoutSeconds=0"],
+        "at '/operator/apiTimeoutSeconds': exclusiveMinimum: got 0, want 0",
+    ),
     "root-user": (
         ["podSecurityContext.runAsUser=0"],
         "at '/podSecurityContext/runAsUser': minimum: got 0, want 1",

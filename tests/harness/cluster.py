@@ -311,6 +311,7 @@ async def running_operator(
         metrics=metrics or OperatorMetrics(),
         resync_seconds=resync_seconds,
         pipeline_image=pipeline_image,
+        namespaces=[namespace] if namespace else [],
     )
     scope: dict[str, Any] = {"namespaces": [namespace]} if namespace else {"clusterwide": True}
     task = asyncio.create_task(

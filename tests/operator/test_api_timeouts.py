@@ -91,3 +91,25 @@ async def test_a_reconcile_whose_write_stalls_is_retried_and_releases_the_runs_l
             assert not any(lock.locked() for lock in memo.locks.values())
         finally:
             await api.close()
+
+
+class _Serves:
+    async def serves(self, group: str, version: str, plural: str) -> bool:
+        return False
+
+
+async def test_kopfs_own_calls_are_bounded_like_the_operators():
+    """kopf's status bookkeeping, Events and watch connects get the operator's API timeout, not kopf's
+    default of five minutes (`eagle3 operator --api-timeout-seconds`)."""
+    from eagle3_operator import handlers
+
+    settings = kopf.OperatorSettings()
+    memo = kopf.Memo(kube=_Serves(), metrics=OperatorMetrics(), api_timeout_seconds=3.0, resync_seconds=600)
+    await handlers.startup(settings=settings, memo=memo)
+    memo.resync.cancel()
+    assert settings.networking.request_timeout == 3.0
+    assert settings.networking.connect_timeout == 3.0 and settings.watching.connect_timeout == 3.0
+    default, plain = kopf.OperatorSettings(), kopf.Memo(kube=_Serves(), metrics=OperatorMetrics())
+    await handlers.startup(settings=default, memo=plain)
+    plain.resync.cancel()
+    assert default.networking.request_timeout == 30.0 and default.networking.connect_timeout == 10.0

@@ -1,5 +1,6 @@
 """The operator's own loops outlive what breaks them: the periodic resync survives any exception in a
-reconcile and its liveness is part of kopf's liveness endpoint; a run deleted unseen is never acted on."""
+reconcile and its liveness is part of kopf's liveness endpoint; a run or Job deleted unseen (kopf's index
+keeps it after a re-list) is found by the resync's re-list and never acted on."""
 
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ import pytest
 from eagle3_operator import handlers
 from eagle3_operator.k8s import ApiError
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_operator.reconcile.executor import CHILD_INDEXES, OWNED_INDEXES, reconcile, reconcile_current
+from eagle3_operator.reconcile.executor import (
+    CHILD_INDEXES,
+    OWNED_INDEXES,
+    reconcile,
+    reconcile_current,
+    sweep_ghosts,
+)
 from tests.harness.cluster import eventually, running_operator
-from tests.harness.scenario import tiny, wait_job
+from tests.harness.scenario import tiny, wait_job, wait_phase
 
 pytestmark = pytest.mark.operator
 
@@ -141,3 +148,64 @@ async def test_a_create_that_fails_because_the_run_is_gone_forgets_the_run():
     assert "u-gone" in memo.gone and not memo.statuses and not memo.pending and not memo.locks
     await reconcile_current(body, memo, logging.getLogger(__name__), indices)
     assert len(memo.kube.writes) == 1, "a stale index entry of it is never acted on again"
+
+
+async def test_a_failed_job_deleted_while_the_watch_missed_it_is_swept_and_its_retry_starts(backend):
+    """Item 13: the index still holds the deleted Job (no DELETED event, as after a re-list); the resync's
+    re-list finds it gone and the run's next attempt starts."""
+    if backend.real:
+        pytest.skip("the mock deletes without an event; the real server's scenario is in test_faults.py")
+    cluster = backend.cluster
+    async with running_operator(backend.url, resync_seconds=0.3) as memo:
+        await cluster.apply_run("tiny", tiny(stages={"prepare": {"backoffLimit": 0}}))
+        job = await wait_job(cluster, "tiny", "prepare")
+        await backend.player.fail(job, "ValueError: bad row")
+        await wait_phase(cluster, "tiny", "Failed")
+        await asyncio.sleep(0.5)  # its events are handled: the failed Job is in the index
+        for plural in ("jobs", "pods"):
+            for obj in [k for k in backend.mock.objects.keys() if plural in str(k[0])]:  # noqa: SIM118
+                backend.mock.objects[obj].delete()
+        retry = await eventually(lambda: _retry(cluster), timeout=5, what="the next attempt's Job")
+        assert retry["metadata"]["name"].endswith("-r1")
+        assert job["metadata"]["uid"] in memo.gone, "the deleted Job is remembered as gone"
+        run_uid = (await cluster.run("tiny"))["metadata"]["uid"]
+        assert run_uid not in memo.gone and retry["metadata"]["uid"] not in memo.gone, "live objects are not"
+
+
+async def _retry(cluster) -> dict | None:
+    jobs = [j for j in await cluster.jobs("tiny", "prepare") if j["metadata"]["name"].endswith("-r1")]
+    return jobs[0] if jobs else None
+
+
+async def test_a_listing_wakes_the_resync_early(backend):
+    """kopf's (re-)listing of a watch (its type-None events) starts a resync round within seconds, not after
+    the interval: a re-list is when the indexes may have kept deleted objects."""
+    if backend.real:
+        pytest.skip("the loop's own behaviour, not the server's")
+    await backend.cluster.apply_run("tiny", tiny())  # listed when the operator starts
+    async with running_operator(backend.url, resync_seconds=600) as memo:
+        started = memo.resync_beat
+        await eventually(
+            lambda: _async(memo.resync_beat > started), timeout=handlers.RELIST_SETTLE_SECONDS + 3,
+            what="a resync round after the startup listing",
+        )  # fmt: skip
+
+
+class _ListFails:
+    """An API whose list of one collection fails (an outage mid-sweep)."""
+
+    async def list_uids(self, path: str, label_selector: str | None = None) -> set[str]:
+        if path.endswith("/pods"):
+            raise ApiError(503, "list", path, "the server is shutting down")
+        return set()
+
+
+async def test_a_sweep_whose_listing_fails_marks_nothing_gone(caplog):
+    job = {"metadata": {"name": "j", "uid": "u-job"}}
+    run = {"metadata": {"name": "r", "namespace": "n", "uid": "u-run"}}
+    memo = kopf.Memo(kube=_ListFails(), metrics=OperatorMetrics(), locks={}, statuses={}, pending={})
+    indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
+    indices |= {"eagle3_runs": {("n", "r"): [run]}, "stage_jobs": {("n", "r"): [job]}}
+    await sweep_ghosts(memo, indices, logging.getLogger(__name__))
+    assert not memo.get("gone"), "a partial listing would take live objects for deleted"
+    assert "re-listing the runs and their children failed" in caplog.text

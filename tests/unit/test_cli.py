@@ -45,6 +45,19 @@ def test_the_operators_pipeline_image_flag_names_the_specs_default(monkeypatch):
     assert parser().parse_args(["operator"]).pipeline_image == "reg/p:1"
 
 
+def test_the_operators_resync_and_api_timeout_flags_take_positive_seconds(capsys):
+    from eagle3_cli.main import parser
+
+    args = parser().parse_args(["operator", "--resync-seconds", "5", "--api-timeout-seconds", "2.5"])
+    assert (args.resync_seconds, args.api_timeout_seconds) == (5.0, 2.5)
+    defaults = parser().parse_args(["operator"])
+    assert (defaults.resync_seconds, defaults.api_timeout_seconds) == (60.0, 30.0)
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["operator", "--api-timeout-seconds", bad])
+        assert f"'{bad}' is not a positive number of seconds" in capsys.readouterr().err
+
+
 HEAVY = (
     "torch",
     "transformers",

@@ -28,12 +28,13 @@ from eagle3_operator.reconcile.observe import (
     serving_pods,
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
+from eagle3_operator.reconcile.relist import entry_uid, list_ghosts
 from eagle3_operator.reconcile.run_report import blocked_pods, run_report
 from eagle3_operator.reconcile.status_patch import merge_patch
 
 PENDING_SECONDS = 30.0
 Key = tuple[str, str]
-Owned = tuple[str, str, str | None]  # kind, name, eagle3.dev/spec-hash
+Owned = tuple[str, str, str | None, str | None]  # kind, name, eagle3.dev/spec-hash, uid
 # kopf's indexes of a run's children, by the handler that fills them (handlers.py)
 CHILD_INDEXES = ("stage_jobs", "stage_pods", "serving_deployments")
 OWNED_INDEXES = ("owned_services", "owned_configmaps", "owned_claims", "owned_pod_monitors")
@@ -55,13 +56,17 @@ def recently_created(memo: kopf.Memo, key: Key, indexed: set[tuple[str, str]]) -
 
 
 def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
-    """The run's children as the indexes (and this process's own recent creates) know them."""
-    pods = list(indices["stage_pods"].get(key, []))
-    jobs = list(indices["stage_jobs"].get(key, []))
-    deployments = list(indices["serving_deployments"].get(key, []))
-    owned: list[Owned] = [obj for index in OWNED_INDEXES for obj in indices[index].get(key, [])]
-    objects = {(kind, name) for kind, name, _ in owned}
-    hashes = {(kind, name): spec_hash for kind, name, spec_hash in owned if spec_hash}
+    """The run's children as the indexes (and this process's own recent creates) know them, without the
+    index entries of objects found deleted (relist.py)."""
+    gone: set[str] = memo.setdefault("gone", set())
+
+    def live(index: str) -> list[Any]:
+        return [v for v in indices[index].get(key, []) if entry_uid(v) not in gone]
+
+    pods, jobs, deployments = live("stage_pods"), live("stage_jobs"), live("serving_deployments")
+    owned: list[Owned] = [obj for index in OWNED_INDEXES for obj in live(index)]
+    objects = {(kind, name) for kind, name, _, _ in owned}
+    hashes = {(kind, name): spec_hash for kind, name, spec_hash, _ in owned if spec_hash}
     indexed = objects | {("Job", j["metadata"]["name"]) for j in jobs}
     indexed |= {("Deployment", d["metadata"]["name"]) for d in deployments}
     for (kind, name), body in recently_created(memo, key, indexed).items():
@@ -242,3 +247,30 @@ async def reconcile_current(
         memo.gone.add(uid)  # deleted and created again under the same name: reconcile the new one
     if not current["metadata"].get("deletionTimestamp"):
         await reconcile(current, memo, logger, indices)
+
+
+async def sweep_ghosts(memo: kopf.Memo, indices: Mapping[str, Any], logger: Any) -> None:
+    """Re-list what kopf's indexes (`indices`: eagle3_runs and the children's) hold and remember the entries
+    of objects deleted unseen as gone (relist.py); a run among them is forgotten. A failed list skips this
+    sweep (the next resync round tries again): a partial listing would take live objects for deleted."""
+    served = {k: v for k, v in indices.items() if k != "owned_pod_monitors" or memo.get("pod_monitors")}
+    try:
+        ghosts, held = await list_ghosts(memo.kube, served, memo.get("namespaces") or ())
+    except ApiError as err:
+        logger.warning("re-listing the runs and their children failed (the next round retries): %s", err)
+        return
+    gone: set[str] = memo.setdefault("gone", set())
+    new = ghosts - gone
+    for key in list(indices["eagle3_runs"]):
+        for run in list(indices["eagle3_runs"].get(key, [])):
+            meta = run["metadata"]
+            if meta.get("uid") in new:
+                logger.info("run %s/%s was deleted unseen; forgetting it", meta["namespace"], meta["name"])
+                forget_run(memo, meta["namespace"], meta["name"], meta["uid"])
+    if new:
+        logger.warning(
+            "%d objects were deleted while a watch was away (kopf's indexes still held them); ignoring them",
+            len(new),
+        )
+    gone.intersection_update(held)  # uids no index holds any more need no remembering
+    gone.update(ghosts)

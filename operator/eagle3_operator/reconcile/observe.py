@@ -265,6 +265,7 @@ def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
     return _pick(
         body,
         "metadata.name",
+        "metadata.uid",
         "metadata.labels",
         "metadata.annotations",
         "spec.template.spec.volumes",
@@ -276,6 +277,7 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     return _pick(
         body,
         "metadata.name",
+        "metadata.uid",
         "metadata.labels",
         "status.phase",
         "status.conditions",
@@ -288,6 +290,7 @@ def slim_deployment(body: Mapping[str, Any]) -> dict[str, Any]:
     return _pick(
         body,
         "metadata.name",
+        "metadata.uid",
         "metadata.annotations",
         "spec.replicas",
         "spec.template.metadata.annotations",
