@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Mapping
@@ -57,8 +58,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     memo.locks = {}
     memo.statuses = {}
     memo.pending = {}
-    memo.gone = set()  # uids of runs found deleted (their stale index entries are skipped)
+    memo.gone = set()  # uids of runs and children found deleted (their stale index entries are skipped)
     memo.pod_monitors = await memo.kube.serves("monitoring.coreos.com", "v1", "podmonitors")
+    memo.contexts = {}  # a handler's context (_remember_context)
     memo.relisted = asyncio.Event()  # a watch listed its objects: sweep the indexes for ghosts soon
     memo.resync_beat = time.monotonic()
     memo.resync = asyncio.create_task(resync(memo, kwargs))
@@ -99,10 +101,12 @@ async def _next_round(memo: kopf.Memo) -> None:
 async def _resync_round(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
     runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
     await sweep_ghosts(memo, {"eagle3_runs": runs} | _indices(kwargs), logger)
+    context: contextvars.Context | None = memo.contexts.get("handler")
     for key in list(runs):
         for body in list(runs.get(key, [])):
             try:
-                await reconcile_current(body, memo, logger, _indices(kwargs))
+                call = reconcile_current(body, memo, logger, _indices(kwargs))
+                await (asyncio.create_task(call, context=context.copy()) if context else call)
             except (kopf.TemporaryError, kopf.PermanentError) as err:
                 logger.warning("resync of %s/%s failed: %s", key[0], key[1], err)
             except Exception:
@@ -203,10 +207,20 @@ def _indices(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: kwargs[k] for k in (*CHILD_INDEXES, *OWNED_INDEXES)}
 
 
+def _remember_context(memo: kopf.Memo) -> None:
+    """kopf.info/warn post through context variables kopf sets only in its handlers' tasks; the resync task
+    (not one of them) reconciles inside a copy of a handler's context, so the Events it causes are posted.
+    Kept in a dict made at startup: a handler's memo is its object's shallow copy of the operator's."""
+    contexts: dict[str, contextvars.Context] | None = memo.get("contexts")
+    if contexts is not None and "handler" not in contexts:
+        contexts["handler"] = contextvars.copy_context()
+
+
 @kopf.on.create(*RUN, id="reconcile-create")
 @kopf.on.update(*RUN, id="reconcile-update")
 @kopf.on.resume(*RUN, id="reconcile-resume")
 async def run_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
+    _remember_context(memo)
     await reconcile(body, memo, logger, _indices(kwargs))
 
 
@@ -227,6 +241,7 @@ async def child_changed(
     namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, logger: Any, **kwargs: Any
 ) -> None:
     """A child changed: reconcile its run now instead of waiting for the resync timer."""
+    _remember_context(memo)
     if kwargs.get("type") is None:
         memo.relisted.set()  # kopf's (re-)listing of the watch: this is no change, but ghosts may be left
     runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
@@ -245,6 +260,7 @@ async def run_event(
 ) -> None:
     """A deleted run: forget its metrics, lock and cached status (owner references delete its children).
     A (re-)listed one: the sweep looks for runs deleted while the watch was away."""
+    _remember_context(memo)
     if event.get("type") == "DELETED":
         forget_run(memo, namespace or "", name)
     else:

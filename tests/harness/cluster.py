@@ -113,8 +113,11 @@ class Cluster:
     async def patch(self, api: str, plural: str, name: str, body: Any, sub: str = "") -> Any:
         return await self._call("PATCH", self.path(api, plural, name, sub), body, MERGE)
 
-    async def delete(self, api: str, plural: str, name: str) -> Any:
-        return await self._call("DELETE", self.path(api, plural, name))
+    async def delete(self, api: str, plural: str, name: str, propagation: str | None = None) -> Any:
+        """DELETE; `propagation` "Background" as kubectl (a Job's REST default orphans and waits for the
+        garbage collector to drop its finalizer: the object outlives the call)."""
+        body = {"propagationPolicy": propagation} if propagation else None
+        return await self._call("DELETE", self.path(api, plural, name), body)
 
     async def list_objects(self, api: str, plural: str, **labels: str) -> list[dict[str, Any]]:
         items = (await self._call("GET", self.path(api, plural)))["items"]

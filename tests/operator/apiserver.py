@@ -5,6 +5,7 @@ outside the repo). They run on loopback with RBAC on: the tests use an admin tok
 its own bound to exactly `eagle3_operator.rbac.RULES`, so any call those rules forbid fails the test.
 Kubernetes 1.20 knows no CEL rules: the CRD is installed without its `x-kubernetes-validations` (the operator
 checks the same rules itself). With `EAGLE3_TEST_KUBECONFIG` set, that cluster is used instead.
+A started server comes with a `ServerControl`: fault tests stop, restart or freeze its components.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,12 +44,14 @@ CACHE = Path(
 
 @dataclass
 class ServerAccess:
-    """How tests reach a server: its URL, the admin token for the tests, the operator's token."""
+    """How tests reach a server: its URL, the admin token for the tests, the operator's token, and (for a
+    server started here, not an external cluster) the control to stop and start its components."""
 
     kind: str
     url: str
     token: str | None
     operator_token: str | None
+    control: ServerControl | None = None
 
     async def create_namespace(self, cluster: Cluster, name: str) -> None:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
@@ -89,18 +93,26 @@ def _request(url: str, token: str, method: str = "GET", body: Any = None) -> Any
     return json.loads(raw) if raw.startswith(b"{") else raw.decode()
 
 
-def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, timeout: float = 60) -> None:
+def _wait_ready(
+    url: str,
+    procs: list[subprocess.Popen[bytes]],
+    logs: Path,
+    timeout: float = 60,
+    what: str = "kube-apiserver",
+) -> None:
+    """Until `url` (the API server's /readyz, etcd's /health) answers 200. A 500 (post-start hooks still
+    running) raises HTTPError, an OSError, as do refused and reset connections: all retried."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}; logs in {logs}")
         try:
-            _request(f"{url}/readyz", ADMIN_TOKEN)
+            _request(url, ADMIN_TOKEN)
             return
         except OSError:
             time.sleep(0.25)
-    raise RuntimeError(f"kube-apiserver not ready in {timeout}s; logs in {logs}")
+    raise RuntimeError(f"{what} not ready in {timeout}s; logs in {logs}")
 
 
 def _die_with_parent() -> None:
@@ -134,29 +146,111 @@ def _kubeconfig(work: Path, url: str) -> Path:
     return path
 
 
-def _start(bins: dict[str, str], work: Path, procs: list[subprocess.Popen[bytes]]) -> str:
-    """Start etcd, the API server and the controller manager; `procs` collects them (newest first)."""
+class ServerControl:
+    """Stops and starts the server's components on the same etcd data, ports, certs and token file.
+
+    Fault tests restart the API server, stop etcd or freeze the controller manager and check that the operator
+    rides it out; clients and kubeconfigs keep working across a restart because nothing they hold changes.
+    Components: "etcd", "kube-apiserver", "kube-controller-manager". Every method blocks (`stop` up to ~10 s,
+    `start` of the API server until /readyz answers 200, 10-30 s on a small machine): from an async test call
+    it through `asyncio.to_thread`, so that the event loop (and what it serves, a proxy say) keeps running.
+    """
+
+    ORDER = ("etcd", "kube-apiserver", "kube-controller-manager")  # start order; stopped in reverse
+
+    def __init__(self, url: str, etcd_url: str, logs: Path) -> None:
+        self.url, self.etcd_url, self.logs = url, etcd_url, logs
+        self.argv: dict[str, list[str]] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends: a child forked on a pool
+        # thread of asyncio.to_thread would be killed when that thread retires. One long-lived thread forks.
+        self._forker = ThreadPoolExecutor(1, thread_name_prefix="kube-forker")
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start `name` with `argv` (remembered for `start`), its output appended to logs/NAME.log."""
+        current = self.procs.get(name)
+        if current is not None and current.poll() is None:
+            raise RuntimeError(f"{name} is running already (pid {current.pid})")
+        self.argv[name] = list(argv)
+        with (self.logs / f"{name}.log").open("ab") as out:
+            proc = self._forker.submit(
+                subprocess.Popen, argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            ).result()
+        self.procs[name] = proc
+        return proc
+
+    def start(self, name: str) -> None:
+        """Spawn a stopped component again with its argv; etcd and the API server: until they answer."""
+        proc = self.spawn(name, self.argv[name])
+        if name == "kube-apiserver":
+            _wait_ready(f"{self.url}/readyz", [proc], self.logs)
+        elif name == "etcd":
+            _wait_ready(f"{self.etcd_url}/health", [proc], self.logs, what="etcd")
+
+    def stop(self, name: str) -> int:
+        """SIGTERM the component (SIGCONT too, should it be paused), SIGKILL after 10 s; its exit code."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.terminate()
+            proc.send_signal(signal.SIGCONT)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def restart(self, name: str) -> None:
+        self.stop(name)
+        self.start(name)
+
+    def ensure_running(self, name: str) -> None:
+        """After a fault test, whatever it did: the component runs (resumed, or started again)."""
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+        else:
+            self.start(name)
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP: the component holds its sockets open and answers nothing (a hung process, not a crash)."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGCONT)
+
+    def stop_all(self) -> None:
+        """At exit: stop whatever processes are current (respawned ones included), newest layer first."""
+        current = [self.procs[n] for n in reversed(self.ORDER) if n in self.procs]
+        for proc in current:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.send_signal(signal.SIGCONT)
+        for proc in current:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._forker.shutdown(wait=False)
+
+
+def _start(bins: dict[str, str], work: Path) -> ServerControl:
+    """Start etcd, the API server and the controller manager (stopped at exit, respawned ones included)."""
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     url = f"https://127.0.0.1:{api_port}"
     logs = work / "logs"
     logs.mkdir()
-
-    def spawn(name: str, *args: str) -> subprocess.Popen[bytes]:
-        out = (logs / f"{name}.log").open("wb")
-        proc = subprocess.Popen(
-            [bins[name], *args], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-        )
-        procs.insert(0, proc)
-        return proc
-
-    etcd = spawn(
-        "etcd", "--data-dir", str(work / "etcd"), "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+    control = ServerControl(url, f"http://127.0.0.1:{etcd_port}", logs)
+    atexit.register(control.stop_all)  # registered after the work dir's removal: runs before it
+    etcd = control.spawn("etcd", [
+        bins["etcd"], "--data-dir", str(work / "etcd"), "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
         "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}", "--initial-advertise-peer-urls",
         f"http://127.0.0.1:{peer_port}", "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
-    )  # fmt: skip
-    api = spawn(
-        "kube-apiserver", f"--etcd-servers=http://127.0.0.1:{etcd_port}", "--bind-address=127.0.0.1",
+    ])  # fmt: skip
+    api = control.spawn("kube-apiserver", [
+        bins["kube-apiserver"], f"--etcd-servers=http://127.0.0.1:{etcd_port}", "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1", f"--secure-port={api_port}", f"--cert-dir={work / 'certs'}",
         f"--token-auth-file={work / 'tokens.csv'}", "--authorization-mode=RBAC",
         f"--service-account-key-file={work / 'sa.key'}",
@@ -164,14 +258,14 @@ def _start(bins: dict[str, str], work: Path, procs: list[subprocess.Popen[bytes]
         "--service-account-issuer=https://kubernetes.default.svc", "--api-audiences=https://kubernetes.default.svc",
         "--service-cluster-ip-range=10.96.0.0/16", "--disable-admission-plugins=ServiceAccount",
         "--insecure-port=0", "--enable-priority-and-fairness=false",
-    )  # fmt: skip
-    _wait_ready(url, [etcd, api], logs)
-    spawn(
-        "kube-controller-manager", f"--kubeconfig={_kubeconfig(work, url)}", "--leader-elect=false",
+    ])  # fmt: skip
+    _wait_ready(f"{url}/readyz", [etcd, api], logs)
+    control.spawn("kube-controller-manager", [
+        bins["kube-controller-manager"], f"--kubeconfig={_kubeconfig(work, url)}", "--leader-elect=false",
         "--controllers=job,deployment,replicaset,garbagecollector,namespace", "--port=0", "--secure-port=0",
         "--use-service-account-credentials=false",
-    )  # fmt: skip
-    return url
+    ])  # fmt: skip
+    return control
 
 
 def _install(url: str) -> None:
@@ -201,23 +295,11 @@ def start_server() -> ServerAccess:
     """Start etcd, kube-apiserver and kube-controller-manager for this test session (stopped at exit)."""
     bins = binaries()
     work = Path(tempfile.mkdtemp(prefix="eagle3-kube-"))
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def stop() -> None:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(work, ignore_errors=True)
-
-    atexit.register(stop)
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     _files(work)
-    url = _start(bins, work, procs)
-    _install(url)
-    return ServerAccess("apiserver", url, ADMIN_TOKEN, OPERATOR_TOKEN)
+    control = _start(bins, work)
+    _install(control.url)
+    return ServerAccess("apiserver", control.url, ADMIN_TOKEN, OPERATOR_TOKEN, control)
 
 
 def external_cluster(kubeconfig: str | None) -> ServerAccess | None:
@@ -235,4 +317,4 @@ def external_cluster(kubeconfig: str | None) -> ServerAccess | None:
     return ServerAccess("cluster", server, user["token"], user["token"])
 
 
-__all__ = ["ServerAccess", "external_cluster", "free_port", "start_server"]
+__all__ = ["ServerAccess", "ServerControl", "external_cluster", "free_port", "start_server"]

@@ -150,7 +150,7 @@ async def test_a_create_that_fails_because_the_run_is_gone_forgets_the_run():
     assert len(memo.kube.writes) == 1, "a stale index entry of it is never acted on again"
 
 
-async def test_a_failed_job_deleted_while_the_watch_missed_it_is_swept_and_its_retry_starts(backend):
+async def test_a_failed_job_deleted_while_the_watch_missed_it_is_swept_and_its_retry_starts(backend, caplog):
     """Item 13: the index still holds the deleted Job (no DELETED event, as after a re-list); the resync's
     re-list finds it gone and the run's next attempt starts."""
     if backend.real:
@@ -170,6 +170,15 @@ async def test_a_failed_job_deleted_while_the_watch_missed_it_is_swept_and_its_r
         assert job["metadata"]["uid"] in memo.gone, "the deleted Job is remembered as gone"
         run_uid = (await cluster.run("tiny"))["metadata"]["uid"]
         assert run_uid not in memo.gone and retry["metadata"]["uid"] not in memo.gone, "live objects are not"
+        running = await eventually(lambda: _events(cluster, "Running", 2), what="the resync's Event")
+    assert running[-1]["message"] == "stage prepare", "the resync posts the Events of what it changed"
+    assert not [r for r in caplog.records if "resync of" in r.getMessage()], "no resync round failed"
+
+
+async def _events(cluster, reason: str, count: int) -> list[dict] | None:
+    """The run's Events of `reason`, once there are `count` of them."""
+    events = [e for e in await cluster.list_objects("v1", "events") if e.get("reason") == reason]
+    return events if len(events) >= count else None
 
 
 async def _retry(cluster) -> dict | None:

@@ -8,6 +8,7 @@ API writes in order, the status patch, and the Events on the run.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from eagle3_operator.reconcile.relist import entry_uid, list_ghosts
 from eagle3_operator.reconcile.run_report import blocked_pods, run_report
 from eagle3_operator.reconcile.status_patch import merge_patch
 
+logger = logging.getLogger(__name__)
 PENDING_SECONDS = 30.0
 Key = tuple[str, str]
 Owned = tuple[str, str, str | None, str | None]  # kind, name, eagle3.dev/spec-hash, uid
@@ -169,6 +171,14 @@ def _known_status(memo: kopf.Memo, key: Key, ref: RunRef, body: Mapping[str, Any
 def announce(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) -> None:
     """Kubernetes Events on the run (`kubectl describe e3r` shows the history): its phase changed, or a pod
     of it stopped running for a new reason."""
+    try:
+        _post_events(body, known, plan)
+    except LookupError:  # outside kopf's handler context (no event queue): the log says it instead
+        meta = body["metadata"]
+        logger.info("%s/%s is %s (no Event posted)", meta["namespace"], meta["name"], plan.phase.value)
+
+
+def _post_events(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) -> None:
     target = kopf.Body(cast(kopf.RawBody, dict(body)))
     before = blocked_pods(known)
     for stage, why in blocked_pods(plan.status).items():

@@ -1,0 +1,253 @@
+"""The operator as its own process against the real API server, broken on purpose (issue 13, items 12-17).
+
+Each scenario orders events deterministically: the operator is paused (SIGSTOP) or stopped while the server
+changes under it, kube-apiserver is restarted on the same etcd and port (its watch cache starts afresh, so
+the operator's watches resume from versions it no longer holds: HTTP 410 and a re-list), the controller
+manager is held back, or the operator's connections go silent behind a TCP proxy that stops forwarding
+without a reset. They need the test's own API server (they stop and restart it): skipped on an external
+cluster. The server is shared with the rest of the session and is up again when each test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from eagle3_contract.api.base import API_VERSION, PLURAL
+from eagle3_operator.lease import LEASE_NAME
+from tests.harness.cluster import Cluster, eventually
+from tests.harness.kubelet import Kubelet
+from tests.harness.operator_process import operator_process
+from tests.harness.proxy import StallingProxy
+from tests.harness.results import fake_result
+from tests.harness.scenario import drive_to_serving, tiny, wait_job, wait_phase
+from tests.operator.apiserver import ServerAccess, ServerControl
+
+pytestmark = [pytest.mark.operator, pytest.mark.apiserver]
+_namespaces = iter(range(1, 1000))
+
+
+@dataclass
+class Real:
+    access: ServerAccess
+    control: ServerControl
+    cluster: Cluster
+    kubelet: Kubelet
+    namespace: str
+
+    def operator(self, tmp_path: Any, url: str | None = None, **options: Any) -> Any:
+        """`eagle3 operator` for this test's namespace, logged in with the operator's own RBAC token."""
+        token = self.access.operator_token
+        return operator_process(url or self.access.url, token, self.namespace, tmp_path, **options)
+
+    async def restart_apiserver(self) -> None:
+        await asyncio.to_thread(self.control.restart, "kube-apiserver")
+
+
+@pytest_asyncio.fixture
+async def real(request: pytest.FixtureRequest) -> AsyncIterator[Real]:
+    access: ServerAccess = request.getfixturevalue("server")
+    if access.control is None:
+        pytest.skip("stops and restarts the API server: needs the test's own, not EAGLE3_TEST_KUBECONFIG's")
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        namespace = f"e3f-{os.getpid()}-{next(_namespaces)}"
+        cluster = Cluster(session, access.url, namespace=namespace, token=access.token)
+        await access.create_namespace(cluster, namespace)
+        try:
+            yield Real(access, access.control, cluster, Kubelet(cluster), namespace)
+        finally:
+            for name in ("kube-apiserver", "kube-controller-manager"):
+                await asyncio.to_thread(access.control.ensure_running, name)
+            await access.delete_namespace(cluster, namespace)
+
+
+def _no_forbidden_calls(log: str) -> None:
+    """The operator's RBAC rules cover every call it made (the re-list's included)."""
+    refused = [line for line in log.splitlines() if " 403" in line or "forbidden" in line.lower()]
+    assert not refused, f"calls its RBAC rules forbid: {refused[:3]}"
+
+
+async def _jobs_seen(cluster: Cluster, run: str, seconds: float) -> set[str]:
+    """The uids of the run's Jobs seen over `seconds` (polled often: a Job the operator creates lives until
+    the garbage collector deletes it, a second or more)."""
+    seen: set[str] = set()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline:
+        seen |= {j["metadata"]["uid"] for j in await cluster.jobs(run)}
+        await asyncio.sleep(0.1)
+    return seen
+
+
+async def test_a_run_deleted_while_the_operator_missed_it_gets_no_job_ever_again(real, tmp_path):
+    """Item 12: paused operator and controller manager, restarted API server, run deleted; resumed, the
+    operator re-lists, finds the run gone and creates nothing, while the garbage collector deletes its Job."""
+    cluster = real.cluster
+    async with real.operator(tmp_path, resync_seconds=1.0) as op:
+        await cluster.apply_run("gone", tiny())
+        job = await wait_job(cluster, "gone", "prepare")
+        await eventually(lambda: _has(op.metrics(), 'run="gone"'), timeout=10, what="the run's series")
+        op.pause()
+        await asyncio.to_thread(real.control.stop, "kube-controller-manager")
+        try:
+            await real.restart_apiserver()
+            await cluster.delete(API_VERSION, PLURAL, "gone")
+        finally:
+            op.resume()
+            await asyncio.to_thread(real.control.start, "kube-controller-manager")
+        resumed = len(op.log())
+        await eventually(lambda: _none(cluster.jobs("gone")), timeout=60, what="the garbage collector's part")
+        seen = await _jobs_seen(cluster, "gone", seconds=6)  # six resync rounds
+        assert not seen, f"the operator created {len(seen)} Jobs for a deleted run"
+        text = await op.metrics()
+        after = op.log()[resumed:]
+        assert await op.health() == 200
+    created = re.findall(r"create Job \S+", after)
+    assert not created, f"Jobs created after the run was deleted: {created[:5]}"
+    assert job["metadata"]["uid"] and 'run="gone"' not in text, "its metric series are dropped"
+    assert after.count("HTTP 404") <= 3, "no flood of writes to a run that is gone"
+    _no_forbidden_calls(op.log())
+
+
+async def test_a_failed_job_deleted_during_an_outage_gets_its_next_attempt_from_the_re_list(real, tmp_path):
+    """Item 13: the Job's DELETED event is lost in the restart; the re-list's sweep (woken by kopf's listing,
+    not the 10-minute resync of this operator) sees it gone and starts the next attempt."""
+    cluster = real.cluster
+    async with real.operator(tmp_path, resync_seconds=600.0) as op:
+        await cluster.apply_run("retry", tiny(stages={"prepare": {"backoffLimit": 0}}))
+        job = await wait_job(cluster, "retry", "prepare")
+        await real.kubelet.fail(job, "ValueError: row 3 is not JSON")
+        await wait_phase(cluster, "retry", "Failed", timeout=30)
+        op.pause()
+        try:
+            await real.restart_apiserver()
+            await cluster.delete("batch/v1", "jobs", job["metadata"]["name"], "Background")  # gone at once
+        finally:
+            op.resume()
+        retry = await eventually(lambda: _retry(cluster, "retry"), timeout=30, what="the next attempt")
+        assert retry["metadata"]["name"] == job["metadata"]["name"] + "-r1"
+        _no_forbidden_calls(op.log())
+
+
+async def test_the_resync_outlives_an_api_server_outage_and_repairs_what_was_deleted(real, tmp_path):
+    """Item 14: the periodic resync keeps running through an outage (its rounds fail, it goes on), the
+    liveness probe stays green, and a deleted serving Service (only the resync restores it) comes back."""
+    cluster = real.cluster
+    async with real.operator(tmp_path, resync_seconds=1.0, api_timeout_seconds=2.0) as op:
+        await cluster.apply_run("outage", tiny())
+        await drive_to_serving(cluster, real.kubelet, "outage")
+        await asyncio.to_thread(real.control.stop, "kube-apiserver")
+        try:
+            await asyncio.sleep(6)  # a few resync rounds meet a refused connection
+        finally:
+            await asyncio.to_thread(real.control.start, "kube-apiserver")
+        [service] = await cluster.list_objects("v1", "services", **{"eagle3.dev/run": "outage"})
+        await cluster.delete("v1", "services", service["metadata"]["name"])
+        restored = await eventually(
+            lambda: _fresh(cluster, "services", "outage", service["metadata"]["uid"]), 30, "restored"
+        )
+        assert restored["metadata"]["name"] == service["metadata"]["name"]
+        assert await op.health() == 200, "the liveness probe (the resync's included) passes"
+        _no_forbidden_calls(op.log())
+
+
+async def test_a_completed_job_whose_pod_vanished_while_the_operator_was_down_is_re_run(real, tmp_path):
+    """Item 15: the result lived in the pod's termination message and the pod is gone: the stage is re-run
+    (its output is complete on the volume) and the run goes on; it never turns Failed."""
+    cluster = real.cluster
+    async with real.operator(tmp_path) as op:
+        await cluster.apply_run("lost", tiny())
+        job = await wait_job(cluster, "lost", "prepare")
+        assert await op.stop() in (0, -15)
+    await real.kubelet.succeed(job, fake_result("prepare"))
+    for pod in await cluster.list_objects("v1", "pods", **{"job-name": job["metadata"]["name"]}):
+        await cluster.delete("v1", "pods", pod["metadata"]["name"])  # node scale-down, pod GC
+    async with real.operator(tmp_path) as op:
+        rerun = await eventually(lambda: _retry(cluster, "lost"), timeout=30, what="the re-run")
+        status = (await cluster.run("lost"))["status"]
+        assert status["phase"] != "Failed"
+        assert "its pod is gone" in status["stages"]["prepare"]["message"]
+        await real.kubelet.succeed(rerun, fake_result("prepare"))
+        await wait_job(cluster, "lost", "extract")
+        _no_forbidden_calls(op.log())
+
+
+async def test_a_reconcile_whose_connection_goes_silent_is_retried_and_the_run_advances(real, tmp_path):
+    """Item 16: behind a proxy that stops forwarding (no reset), the operator's calls get no answer; each is
+    given up after --api-timeout-seconds and retried on a new connection once the network heals, long before
+    kopf's 70 s watch inactivity timeout."""
+    cluster = real.cluster
+    host, port = real.access.url.removeprefix("https://").rsplit(":", 1)
+    async with StallingProxy(host, int(port)) as proxy:
+        url = f"https://127.0.0.1:{proxy.port}"
+        async with real.operator(tmp_path, url=url, resync_seconds=1.0, api_timeout_seconds=2.0) as op:
+            await cluster.apply_run("silent", tiny())
+            job = await wait_job(cluster, "silent", "prepare")
+            await asyncio.sleep(1.5)  # the operator is idle: its watches stream, nothing is in flight
+            proxy.stall()
+            await real.kubelet.succeed(job, fake_result("prepare"))  # the watch delivers it; the calls stall
+            await eventually(lambda: _async(proxy.stalled > 0), timeout=10, what="a call gone silent")
+            await asyncio.sleep(3)
+            assert not await cluster.jobs("silent", "extract"), "nothing got through the stalled proxy"
+            proxy.heal()
+            started = asyncio.get_running_loop().time()
+            await wait_job_within(cluster, "silent", "extract", 30)
+            waited = asyncio.get_running_loop().time() - started
+            assert "no answer within its timeout" in op.log()
+            _no_forbidden_calls(op.log())
+    assert waited < 30
+
+
+async def test_a_second_operator_refuses_to_run_beside_a_live_one(real, tmp_path):
+    """Item 17: the second process exits non-zero naming the holder of the Lease; the first runs on."""
+    async with real.operator(tmp_path) as first:
+        async with real.operator(tmp_path, wait_ready=False) as second:
+            code = await second.wait(60)  # it waits out one lease duration for a holder that may be gone
+            log = second.log()
+        assert code not in (0, None), log[-2000:]
+        assert "refusing to start: another eagle3 operator is running" in log, log[-2000:]
+        assert f"holds the Lease {real.namespace}/{LEASE_NAME}" in log
+        assert await first.health() == 200
+        await real.cluster.apply_run("one", tiny())
+        await wait_job(real.cluster, "one", "prepare")
+
+
+async def wait_job_within(cluster: Cluster, run: str, stage: str, seconds: float) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        jobs = await cluster.jobs(run, stage)
+        return jobs[0] if jobs else None
+
+    job: dict[str, Any] = await eventually(check, timeout=seconds, what=f"a {stage} Job of {run}")
+    return job
+
+
+async def _has(text: Any, needle: str) -> bool | None:
+    return True if needle in await text else None
+
+
+async def _none(jobs: Any) -> bool | None:
+    return True if not await jobs else None
+
+
+async def _async(value: bool) -> bool | None:
+    return True if value else None
+
+
+async def _retry(cluster: Cluster, run: str) -> dict[str, Any] | None:
+    jobs = [j for j in await cluster.jobs(run, "prepare") if j["metadata"]["name"].endswith("-r1")]
+    return jobs[0] if jobs else None
+
+
+async def _fresh(cluster: Cluster, plural: str, run: str, old_uid: str) -> dict[str, Any] | None:
+    found = await cluster.list_objects("v1", plural, **{"eagle3.dev/run": run})
+    fresh = [c for c in found if c["metadata"]["uid"] != old_uid]
+    return fresh[0] if fresh else None
