@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from eagle3_contract.api import InvalidSpecError, parse_spec, spec_document
 from eagle3_contract.api.rules import RULES, CrossFieldRule
+from eagle3_contract.api.validation import INT64_MAX, INT64_MIN
 from tests.tiny_spec import minimal
 from tests.unit.api.api_support import (
     INT_OR_STRING,
@@ -104,7 +105,10 @@ def root_unknown_keys(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
             lambda k: k not in spec_schema()["properties"]
         )
     )
-    return {**doc, key: draw(st.integers() | st.text(max_size=3) | st.just({}))}, f"spec.{key}"
+    # integers a JSON decoder stores: one beyond int64 is refused while decoding, before the unknown key
+    # (the API server's order too; test_an_integer_beyond_int64_is_refused_before_the_schema_check)
+    value = draw(st.integers(INT64_MIN, INT64_MAX) | st.text(max_size=3) | st.just({}))
+    return {**doc, key: value}, f"spec.{key}"
 
 
 def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
@@ -187,6 +191,14 @@ def test_the_crd_rejects_what_parse_spec_rejects(case: tuple[dict[str, Any], str
 def test_unknown_top_level_keys_are_reported(case: tuple[dict[str, Any], str]) -> None:
     doc, reported = case
     assert problems_of(doc) == [f"{reported}: Extra inputs are not permitted"]
+
+
+def test_an_integer_beyond_int64_is_refused_before_the_schema_check() -> None:
+    """Even under an unknown key: the API server cannot decode the number, so it never reaches the schema."""
+    doc = {**minimal(), "A": INT64_MAX + 1}
+    assert problems_of(doc) == [
+        f"spec.A: {INT64_MAX + 1} does not fit a 64-bit integer ({INT64_MIN} to {INT64_MAX})"
+    ]
 
 
 @FAST
