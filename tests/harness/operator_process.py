@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -20,33 +19,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
-import yaml
 
-from tests.operator.apiserver import free_port
+from tests.operator.apiserver import die_with_parent, free_port, write_kubeconfig
 
 LOG_TAIL = 3000
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the test process dies, even by SIGKILL (no orphaned operators)."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def write_kubeconfig(path: Path, url: str, token: str) -> Path:
-    """A kubeconfig for `url` with a bearer token; TLS unverified (the test server's cert is self-signed)."""
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "operator",
-                "clusters": [{"name": "test", "cluster": {"server": url, "insecure-skip-tls-verify": True}}],
-                "users": [{"name": "operator", "user": {"token": token}}],
-                "contexts": [{"name": "operator", "context": {"cluster": "test", "user": "operator"}}],
-            }
-        )
-    )
-    return path
 
 
 class OperatorProcess:
@@ -163,7 +139,7 @@ async def operator_process(
     adds to (or overrides) the test's environment, less KUBERNETES_SERVICE_HOST so that the kubeconfig wins.
     """
     n = _next_free_index(tmp_path)
-    kubeconfig = write_kubeconfig(tmp_path / f"kubeconfig-{n}", url, token)
+    kubeconfig = write_kubeconfig(tmp_path / f"kubeconfig-{n}", url, token, "operator")
     log_path = tmp_path / f"operator-{n}.log"
     health_port, metrics_port = free_port(), free_port()
     argv = [
@@ -179,7 +155,7 @@ async def operator_process(
     child_env |= dict(env or {}) | {"KUBECONFIG": str(kubeconfig)}
     with log_path.open("ab") as out:
         proc = await asyncio.create_subprocess_exec(
-            *argv, env=child_env, stdout=out, stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent
+            *argv, env=child_env, stdout=out, stderr=asyncio.subprocess.STDOUT, preexec_fn=die_with_parent
         )
     op = OperatorProcess(proc, log_path, health_port, metrics_port)
     try:
@@ -190,4 +166,4 @@ async def operator_process(
         await op.close()
 
 
-__all__ = ["OperatorProcess", "operator_process", "write_kubeconfig"]
+__all__ = ["OperatorProcess", "operator_process"]

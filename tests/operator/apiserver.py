@@ -115,7 +115,7 @@ def _wait_ready(
     raise RuntimeError(f"{what} not ready in {timeout}s; logs in {logs}")
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: SIGTERM when the test process dies, even by SIGKILL (no orphaned servers)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -129,17 +129,17 @@ def _files(work: Path) -> None:
     )
 
 
-def _kubeconfig(work: Path, url: str) -> Path:
-    path = work / "kubeconfig"
+def write_kubeconfig(path: Path, url: str, token: str, user: str = "admin") -> Path:
+    """A kubeconfig for `url` with a bearer token; TLS unverified (the test server's cert is self-signed)."""
     path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "current-context": "admin",
+                "current-context": user,
                 "clusters": [{"name": "test", "cluster": {"server": url, "insecure-skip-tls-verify": True}}],
-                "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
-                "contexts": [{"name": "admin", "context": {"cluster": "test", "user": "admin"}}],
+                "users": [{"name": user, "user": {"token": token}}],
+                "contexts": [{"name": user, "context": {"cluster": "test", "user": user}}],
             }
         )
     )
@@ -174,7 +174,7 @@ class ServerControl:
         self.argv[name] = list(argv)
         with (self.logs / f"{name}.log").open("ab") as out:
             proc = self._forker.submit(
-                subprocess.Popen, argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                subprocess.Popen, argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
             ).result()
         self.procs[name] = proc
         return proc
@@ -260,8 +260,9 @@ def _start(bins: dict[str, str], work: Path) -> ServerControl:
         "--insecure-port=0", "--enable-priority-and-fairness=false",
     ])  # fmt: skip
     _wait_ready(f"{url}/readyz", [etcd, api], logs)
+    kubeconfig = write_kubeconfig(work / "kubeconfig", url, ADMIN_TOKEN)
     control.spawn("kube-controller-manager", [
-        bins["kube-controller-manager"], f"--kubeconfig={_kubeconfig(work, url)}", "--leader-elect=false",
+        bins["kube-controller-manager"], f"--kubeconfig={kubeconfig}", "--leader-elect=false",
         "--controllers=job,deployment,replicaset,garbagecollector,namespace", "--port=0", "--secure-port=0",
         "--use-service-account-credentials=false",
     ])  # fmt: skip
@@ -317,4 +318,11 @@ def external_cluster(kubeconfig: str | None) -> ServerAccess | None:
     return ServerAccess("cluster", server, user["token"], user["token"])
 
 
-__all__ = ["ServerAccess", "ServerControl", "external_cluster", "free_port", "start_server"]
+__all__ = [
+    "ServerAccess",
+    "ServerControl",
+    "external_cluster",
+    "free_port",
+    "start_server",
+    "write_kubeconfig",
+]
