@@ -27,6 +27,8 @@ from eagle3_contract.api.spec import (
     Draft,
     Eagle3RunSpec,
     ExtractionBackend,
+    ExtractionMode,
+    HiddenStatesTransfer,
     PinnedCheckpoint,
     ReasoningMode,
     StorageDtype,
@@ -263,24 +265,64 @@ def vocab_params(spec: Eagle3RunSpec) -> VocabParams:
     return VocabParams(verifier=verifier_ref(spec), vocab_size=spec.draft.vocab_size)
 
 
+class OnlineHiddenStates(ApiModel):
+    """Online extraction: the train stage asks vLLM producers for these verifier layers (None: the default
+    ids) of each sample, in `dtype`, instead of reading extract's files."""
+
+    layers: tuple[int, ...] | None
+    dtype: StorageDtype
+
+
 class TrainParams(StageParams):
-    """The draft's shape and training, seeded. `training.gpus` is hashed: the data-parallel world size sets
-    the global batch and the sample order, so the weights trained."""
+    """The draft's shape and training, seeded. `training.gpus` and `training.nodes` are hashed: the
+    data-parallel world size sets the global batch and the sample order, so the weights trained. `online` is
+    set in online mode (offline, the hidden states are an input: extract's hash)."""
 
     verifier: VerifierRef
     draft: Draft
     training: Training
     seed: int
+    online: OnlineHiddenStates | None = None
+
+    @model_serializer(mode="wrap")
+    def _defaults_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`training.nodes` 1 and an offline run leave their fields out of the hash payload: the hashes of
+        specs written before they existed stay the same."""
+        data: dict[str, Any] = handler(self)
+        if self.training.nodes == 1:
+            data["training"].pop("nodes", None)
+        if self.online is None:
+            data.pop("online", None)
+        return data
 
 
 class TrainTuning(StageTuning):
-    """Nothing: every training setting changes the weights."""
+    """Online only: how hidden states travel from the producers (`transfer`, over `servers` replicas) and
+    whether the trainer keeps a copy of each (`keep`); none changes the weights. Offline: nothing."""
+
+    mode: ExtractionMode = ExtractionMode.OFFLINE
+    transfer: HiddenStatesTransfer = HiddenStatesTransfer.VOLUME
+    servers: int = Field(1, ge=1)
+    keep: bool = False
 
 
 def train_params(spec: Eagle3RunSpec) -> TrainParams:
+    x = spec.extraction
+    online = None
+    if x.mode == ExtractionMode.ONLINE:
+        online = OnlineHiddenStates(layers=tuple(x.layers) if x.layers is not None else None, dtype=x.dtype)
     return TrainParams(
-        verifier=verifier_ref(spec), draft=spec.draft, training=spec.training, seed=spec.dataset.seed
+        verifier=verifier_ref(spec),
+        draft=spec.draft,
+        training=spec.training,
+        seed=spec.dataset.seed,
+        online=online,
     )
+
+
+def train_tuning(spec: Eagle3RunSpec) -> TrainTuning:
+    x = spec.extraction
+    return TrainTuning(mode=x.mode, transfer=x.transfer, servers=x.servers, keep=x.keep)
 
 
 # --- evaluate, export, verify -------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from eagle3_contract.params import (
     ExportTuning,
     StageParams,
     StageTuning,
-    TrainTuning,
     VerifyTuning,
     VocabTuning,
     evaluate_params,
@@ -36,6 +35,7 @@ from eagle3_contract.params import (
     prepare_params,
     prepare_tuning,
     train_params,
+    train_tuning,
     verify_params,
     vocab_params,
 )
@@ -46,6 +46,10 @@ STAGE_FORMAT_VERSION = 2
 HASH_LENGTH = 12
 PINNED_SKIP = "serving.pinnedCheckpoint is set: the pinned draft is served, nothing trains"
 REGENERATION_OFF = "regeneration.enabled is false: training uses the dataset's own answers"
+ONLINE_EXTRACTION = (
+    "extraction.mode is online: the train stage asks the hidden-state producers for each sample, nothing is "
+    "stored beforehand"
+)
 
 
 class Stage(StrEnum):
@@ -73,6 +77,21 @@ def _trains(spec: Eagle3RunSpec) -> str | None:
 
 def _regenerates(spec: Eagle3RunSpec) -> str | None:
     return _trains(spec) or (None if spec.regeneration.enabled else REGENERATION_OFF)
+
+
+def _online(spec: Eagle3RunSpec) -> bool:
+    return spec.extraction.mode == "online"
+
+
+def _extracts(spec: Eagle3RunSpec) -> str | None:
+    return _trains(spec) or (ONLINE_EXTRACTION if _online(spec) else None)
+
+
+def _train_upstream(spec: Eagle3RunSpec) -> tuple[Stage, ...]:
+    # the data stage too: the trainer reads its dataset (loss masks, the train/validation split)
+    if _online(spec):
+        return (_data_stage(spec), Stage.VOCAB)
+    return (_data_stage(spec), Stage.EXTRACT, Stage.VOCAB)
 
 
 def _verifies(spec: Eagle3RunSpec) -> str | None:
@@ -141,6 +160,7 @@ DEFINITIONS: dict[Stage, StageDef] = {
         params=extract_params,
         tuning=extract_tuning,
         token_budget=lambda s: extract_tuning(s).token_budget,
+        skip=_extracts,
     ),
     Stage.VOCAB: StageDef(
         Stage.VOCAB,
@@ -154,10 +174,9 @@ DEFINITIONS: dict[Stage, StageDef] = {
         Stage.TRAIN,
         gpus=lambda s: s.training.gpus,
         uses_vllm=lambda s: False,
-        # the data stage too: the trainer reads its dataset (loss masks, the train/validation split)
-        upstream=lambda s: (_data_stage(s), Stage.EXTRACT, Stage.VOCAB),
+        upstream=_train_upstream,
         params=train_params,
-        tuning=lambda s: TrainTuning(),
+        tuning=train_tuning,
     ),
     Stage.EVALUATE: StageDef(
         Stage.EVALUATE,

@@ -191,7 +191,8 @@ def test_a_broken_example_is_caught():
         "spec.draft.vocabSize: '32000' is not of type 'integer'"
     ]
     assert broken_cel_rules(stored(doc, training={"gpus": 9})) == [
-        "spec.training.gpus: training.gpus must be at most nodePool.gpusPerNode: training runs on one node"
+        "spec.training.gpus: training.gpus must be at most nodePool.gpusPerNode: "
+        "it is the GPUs of one training node"
     ]
     with pytest.raises(AssertionError, match="no validation for v1 Secret"):
         check_document({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}}, ROOT / "x.yaml")

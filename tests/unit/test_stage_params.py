@@ -56,7 +56,9 @@ def variants() -> dict[str, Doc]:
     off["regeneration"]["enabled"] = False
     pinned = copy.deepcopy(base)
     pinned["serving"]["pinnedCheckpoint"] = dict(PIN)
-    return {"example": base, "no-regeneration": off, "pinned": pinned}
+    online = copy.deepcopy(base)
+    online["extraction"]["mode"] = "online"
+    return {"example": base, "no-regeneration": off, "pinned": pinned, "online": online}
 
 
 # --- editing a leaf -----------------------------------------------------------------------------------------
@@ -67,6 +69,8 @@ ENUMS = {
     "backend": ["vllm", "transformers"],
     "dtype": ["bfloat16", "float16", "fp8"],
     "scheduler": ["linear", "cosine", "constant"],
+    "mode": ["offline", "online"],
+    "transfer": ["volume", "mooncake"],
     "accessModes": [["ReadWriteOnce"], ["ReadWriteMany"]],
     "sha256": ["ab" * 32, "cd" * 32],
 }
@@ -197,11 +201,19 @@ TUNING_ONLY = {
     "extraction.tokenBudget": {Stage.EXTRACT},
     "extraction.gpuMemoryUtilization": {Stage.EXTRACT},
     "extraction.backend": {Stage.EXTRACT},
+    # online only: how the samples travel, over how many producers, and whether the trainer keeps a copy
+    "extraction.transfer": {Stage.TRAIN},
+    "extraction.servers": {Stage.TRAIN},
+    "extraction.keep": {Stage.TRAIN},
 }
 
 
 # Leaves a cross-field rule fixes in a variant (a pinned draft needs serving.enabled).
-FIXED = {("pinned", "serving.enabled")}
+FIXED = {("pinned", "serving.enabled")} | {
+    (variant, f"extraction.{field}")  # online-only fields keep their defaults offline
+    for variant in ("example", "no-regeneration", "pinned")
+    for field in ("transfer", "servers", "keep")
+}
 
 
 def reads_nothing(path: Path_) -> bool:

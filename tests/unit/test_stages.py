@@ -335,3 +335,34 @@ def test_inputs_are_sorted_and_only_extract_and_generate_get_a_token_budget(spec
             assert stage_argv(plan, "/spec", "/art", token_budget=64)[-2:] == ["--token-budget", "64"]
         else:
             assert "--token-budget" not in argv
+
+
+# --- online extraction and multi-node training ----------------------------------------------------------
+
+
+def test_online_mode_skips_extract_and_train_reads_no_extract_output() -> None:
+    online = edited(minimal(), "extraction", mode="online")
+    planned = plans(online)
+    assert planned["extract"].skipped is not None and "online" in planned["extract"].skipped
+    assert set(planned["train"].inputs) == {"prepare", "vocab"}
+    assert "--input" in stage_argv(planned["train"], "/spec/run.json", "/artifacts")
+    assert "extract=" not in " ".join(stage_argv(planned["train"], "/spec/run.json", "/artifacts"))
+
+
+def test_online_changes_train_and_after_but_not_the_stages_before() -> None:
+    before, after = hashes(minimal()), hashes(edited(minimal(), "extraction", mode="online"))
+    assert {s for s in ALL if before[s] != after[s]} == {"train", "evaluate", "export"}
+
+
+def test_how_samples_travel_changes_no_hash() -> None:
+    online = edited(minimal(), "extraction", mode="online")
+    base = hashes(online)
+    for values in ({"transfer": "mooncake"}, {"servers": 4}, {"keep": True}):
+        assert hashes(edited(online, "extraction", mode="online", **values)) == base, values
+
+
+def test_defaults_of_the_new_fields_keep_every_earlier_hash() -> None:
+    explicit = edited(minimal(), "extraction", mode="offline", transfer="volume", servers=1, keep=False)
+    explicit = edited(explicit, "training", nodes=1)
+    assert hashes(explicit) == hashes(minimal())
+    assert hashes(edited(minimal(), "training", nodes=2))["train"] != hashes(minimal())["train"]

@@ -47,7 +47,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         ".training.gpus",
         "self.training.gpus <= self.nodePool.gpusPerNode",
-        "training.gpus must be at most nodePool.gpusPerNode: training runs on one node",
+        "training.gpus must be at most nodePool.gpusPerNode: it is the GPUs of one training node",
         lambda s: s.training.gpus <= s.node_pool.gpus_per_node,
     ),
     CrossFieldRule(
@@ -82,6 +82,31 @@ RULES: tuple[CrossFieldRule, ...] = (
         lambda s: (
             s.verifier.max_model_len is None or s.verifier.max_model_len >= s.dataset.max_sequence_length
         ),
+    ),
+    CrossFieldRule(
+        ".extraction.transfer",
+        "self.extraction.mode == 'online' || self.extraction.transfer == 'volume'",
+        "extraction.transfer 'mooncake' needs extraction.mode 'online': offline hidden states are files on "
+        "the artifacts volume",
+        lambda s: s.extraction.mode == "online" or s.extraction.transfer == "volume",
+    ),
+    CrossFieldRule(
+        ".extraction.keep",
+        "self.extraction.mode == 'online' || !self.extraction.keep",
+        "extraction.keep needs extraction.mode 'online': offline keeps every hidden state anyway",
+        lambda s: s.extraction.mode == "online" or not s.extraction.keep,
+    ),
+    CrossFieldRule(
+        ".extraction.servers",
+        "self.extraction.mode == 'online' || self.extraction.servers == 1",
+        "extraction.servers needs extraction.mode 'online': offline extraction is one stage Job",
+        lambda s: s.extraction.mode == "online" or s.extraction.servers == 1,
+    ),
+    CrossFieldRule(
+        ".extraction.dtype",
+        "self.extraction.transfer != 'mooncake' || self.extraction.dtype != 'fp8'",
+        "extraction.dtype 'fp8' is written by the volume transfer only: use bfloat16 with mooncake",
+        lambda s: s.extraction.transfer != "mooncake" or s.extraction.dtype != "fp8",
     ),
     CrossFieldRule(
         ".serving.pinnedCheckpoint",

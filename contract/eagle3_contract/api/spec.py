@@ -68,6 +68,16 @@ class ExtractionBackend(StrEnum):
     TRANSFORMERS = "transformers"
 
 
+class ExtractionMode(StrEnum):
+    OFFLINE = "offline"
+    ONLINE = "online"
+
+
+class HiddenStatesTransfer(StrEnum):
+    VOLUME = "volume"
+    MOONCAKE = "mooncake"
+
+
 class StorageDtype(StrEnum):
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
@@ -206,6 +216,36 @@ class Extraction(ApiModel):
         ExtractionBackend.VLLM, description="vllm (GPUs) or transformers (small verifiers, CPU)."
     )
     dtype: StorageDtype = Field(StorageDtype.BFLOAT16, description="Storage dtype of the hidden states.")
+    mode: ExtractionMode = Field(
+        ExtractionMode.OFFLINE,
+        description=(
+            "offline: the extract stage stores every sample's hidden states on the artifacts volume before "
+            "training (4 layers x hidden size x 2 bytes per token in bf16). online: a Deployment of vLLM "
+            "producers computes them while the train stage asks for each sample, and each is deleted once "
+            "consumed; the extract stage does not run. status.plan.estimates gives both sizes."
+        ),
+    )
+    transfer: HiddenStatesTransfer = Field(
+        HiddenStatesTransfer.VOLUME,
+        description=(
+            "online: how hidden states reach the trainer. volume: files on the artifacts volume (needs "
+            "ReadWriteMany across nodes); mooncake: a Mooncake store (an operator-run master), no shared "
+            "file system."
+        ),
+    )
+    servers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="online: hidden-state producer replicas, each verifier.tensorParallelSize GPUs.",
+    )
+    keep: bool = Field(
+        False,
+        description=(
+            "online: keep every generated sample in the train stage's output (later epochs read it "
+            "instead of asking again); default false deletes each once consumed."
+        ),
+    )
 
 
 class Draft(ApiModel):
@@ -223,7 +263,16 @@ class Training(ApiModel):
     scheduler: Scheduler = Field(Scheduler.LINEAR, description="Learning-rate schedule after warmup.")
     warmup_ratio: float = Field(0.01, ge=0.0, lt=1.0, description="Fraction of steps spent warming up.")
     ttt_steps: int = Field(3, ge=1, le=16, description="Training-time-test steps (draft positions trained).")
-    gpus: int = Field(1, ge=1, le=64, description="GPUs for data-parallel training (at most one node).")
+    gpus: int = Field(1, ge=1, le=64, description="GPUs per training node for data-parallel training.")
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "Nodes the train stage spans: an Indexed Job of this many pods (training.gpus each) behind a "
+            "headless Service, joined by torchrun's c10d rendezvous."
+        ),
+    )
     sequence_length: int = Field(
         8192, ge=16, le=1_048_576, description="Tokens per packed training row; at least the sample length."
     )

@@ -130,6 +130,19 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
     elif rule.field_path == ".serving.pinnedCheckpoint":
         doc.setdefault("serving", {})["enabled"] = False
         value = {"path": "/artifacts/run/draft"}
+    elif rule.field_path in (".extraction.transfer", ".extraction.keep", ".extraction.servers"):
+        # offline with every online-only field at its default, then the one field set
+        doc.setdefault("extraction", {}).update(
+            mode="offline", transfer="volume", keep=False, servers=1, dtype="bfloat16"
+        )
+        value = {
+            ".extraction.transfer": "mooncake",
+            ".extraction.keep": True,
+            ".extraction.servers": draw(st.integers(2, 256)),
+        }[rule.field_path]
+    elif rule.field_path == ".extraction.dtype":
+        doc.setdefault("extraction", {}).update(mode="online", transfer="mooncake")
+        value = "fp8"
     else:  # training.sequenceLength, extraction.tokenBudget: at least dataset.maxSequenceLength
         assume(max_len > 16)
         value = draw(st.integers(16, max_len - 1))
@@ -299,7 +312,8 @@ def test_cross_field_messages_name_every_broken_rule() -> None:
     with pytest.raises(InvalidSpecError) as caught:
         parse_spec(doc)
     assert caught.value.problems == [
-        "spec.training.gpus: training.gpus must be at most nodePool.gpusPerNode: training runs on one node",
+        "spec.training.gpus: training.gpus must be at most nodePool.gpusPerNode: "
+        "it is the GPUs of one training node",
         "spec.verifier.tensorParallelSize: verifier.tensorParallelSize must be at most nodePool.gpusPerNode: "
         "the verifier runs on one node",
     ]
