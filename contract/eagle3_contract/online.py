@@ -50,5 +50,6 @@ def produce_argv(spec_path: str, artifacts_root: str, port: int = PRODUCER_PORT)
 def mooncake_master_argv(
     port: int = MOONCAKE_MASTER_PORT, metrics_port: int = MOONCAKE_METRICS_PORT
 ) -> list[str]:
-    """Mooncake's own master (the `mooncake-transfer-engine` package's `mooncake_master`)."""
-    return ["mooncake_master", f"--port={port}", f"--metrics_port={metrics_port}"]
+    """Mooncake's own master (the `mooncake-transfer-engine` package's `mooncake_master`). Its gflags:
+    `--rpc_port` (0.3.13 warns that `--port` is deprecated); the metrics port also answers `GET /health`."""
+    return ["mooncake_master", f"--rpc_port={port}", f"--metrics_port={metrics_port}"]

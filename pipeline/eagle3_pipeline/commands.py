@@ -1,5 +1,5 @@
-"""The pipeline's commands of `eagle3` (`stage`, `run`, `tiny`): parsers here, the stage programs imported
-when run (torch is slow to import)."""
+"""The pipeline's commands of `eagle3` (`stage`, `produce`, `run`, `tiny`): parsers here, the programs
+imported when run (torch is slow to import)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,17 @@ def _stage(args: argparse.Namespace) -> int:
     return run_stage(args.stage, args.spec, args.artifacts, args.output, args.input, args.token_budget)
 
 
+def _produce(args: argparse.Namespace) -> int:
+    from eagle3_pipeline.produce import main as produce_main
+
+    return produce_main(args.spec, args.artifacts, args.port, dry_run=args.print)
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from eagle3_pipeline.dry_run import main as dry_run_main
+
+        return dry_run_main(args.file, args.artifacts, args.models)
     from eagle3_pipeline.local import main as run_main
 
     return run_main(args.file, args.artifacts, args.models, args.vllm, args.until)
@@ -25,7 +35,8 @@ def _tiny(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register `stage`, `run` and `tiny` on the `eagle3` command line."""
+    """Register `stage`, `produce`, `run` and `tiny` on the `eagle3` command line."""
+    from eagle3_contract.online import PRODUCER_PORT
     from eagle3_contract.stages import ORDER
 
     stage = sub.add_parser("stage", help="run one stage program (what a stage Job's container runs)")
@@ -42,6 +53,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     stage.add_argument("--token-budget", type=int, default=None, help="tokens per batch (extract, generate)")
     stage.set_defaults(func=_stage)
+    produce = sub.add_parser(
+        "produce", help="serve hidden states to an online train stage (vLLM; what a producer pod runs)"
+    )
+    produce.add_argument("--spec", required=True, help="the Eagle3Run document (YAML or JSON)")
+    produce.add_argument("--artifacts", required=True, help="root of the artifacts volume")
+    produce.add_argument("--port", type=int, default=PRODUCER_PORT, help="the port vLLM listens on")
+    produce.add_argument("--print", action="store_true", help="print the vLLM command line, do not run it")
+    produce.set_defaults(func=_produce)
     run = sub.add_parser("run", help="run an Eagle3Run manifest locally, stage by stage, with resume")
     run.add_argument("file", help="an Eagle3Run manifest (the document one would kubectl apply)")
     run.add_argument("--artifacts", help="local artifacts directory (default ./eagle3-artifacts/<run name>)")
@@ -51,6 +70,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     run.add_argument("--vllm", help="the `vllm` executable for stages that start a vLLM server")
     run.add_argument("--until", help="stop after this stage")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the stage plan and the estimates (tokens, hidden-state bytes, GPUs); run nothing",
+    )
     run.set_defaults(func=_run)
     tiny = sub.add_parser("tiny", help="build the tiny CPU verifier and example chat dataset (cached)")
     tiny.add_argument("--models", help="where to put them (default the per-user cache); prints the directory")

@@ -1,21 +1,20 @@
-"""The vLLM backend of the extract stage (GPUs): `vllm serve` extracting hidden states, speculators' client.
+"""The vLLM backend of the extract stage: `vllm serve` extracting hidden states, speculators' client.
 
 The server runs the verifier with the `extract_hidden_states` speculative method: every request's hidden
 states of `eagle_aux_hidden_state_layer_ids` are written by a KV connector, hs_connectors' `file` backend
 (vLLM's ExampleHiddenStatesConnector) or `fp8` backend (FP8HiddenStatesConnector, which needs hs_connectors
-installed in vLLM's environment), to a staging directory inside the stage's work directory. Each row is sent
-as token ids with speculators' own client (`generate_hidden_states_async`, one generated token), the file it
-names is checked with `speculators.data_generation.offline.check_hidden_states` and renamed to
-`hs_{i}.safetensors` (same filesystem: atomic). vLLM batches up to `--max-num-batched-tokens` = the token
-budget, so an out-of-memory is retried at half of it, like the transformers backend.
+installed in vLLM's environment), to a staging directory inside the stage's work directory (without an
+accelerator, on vLLM CPU, the `file` backend's connector is the CPU one: `eagle3_pipeline.kv_transfer`).
+Each row is sent as token ids with speculators' own client (`generate_hidden_states_async`, one generated
+token), the file it names is checked with `speculators.data_generation.offline.check_hidden_states` and
+renamed to `hs_{i}.safetensors` (same filesystem: atomic). vLLM batches up to `--max-num-batched-tokens` =
+the token budget, so an out-of-memory is retried at half of it, like the transformers backend.
 
-vLLM's extraction path needs CUDA (it fails on CPU builds), so this module is unit-tested (the argv against
-vLLM's own parser, the request path against a fake server), not run, on CPU machines.
+Tested on vLLM CPU against the transformers backend (tests/pipeline/test_extract_vllm.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import math
@@ -34,25 +33,22 @@ from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.extract_transformers import ExtractStats, RowSource
 from eagle3_pipeline.hidden_states import FP8, SCALES, Layout, encode, file_name, write_atomic
+from eagle3_pipeline.kv_transfer import cpu_connector_env, files_config
 
 logger = logging.getLogger(__name__)
 
 STAGING_DIR = "staging"
+CPU_CONNECTOR_DIR = "vllm-cpu-connector"  # in the work directory, on vLLM CPU only
 MAX_CONCURRENCY = 256
 REQUEST_TIMEOUT_S = 600.0  # a long row on a busy server
 MAX_RETRIES = 3
 HEALTH_INTERVAL_S = 5.0
 
 
-def kv_transfer_config(layout: Layout, staging: Path) -> dict[str, Any]:
-    """hs_connectors' own `build_kv_transfer_config` of the `file` or `fp8` backend."""
-    from hs_connectors import HiddenStatesBackend
-
-    backend = HiddenStatesBackend.registry[layout.transfer]
-    config: dict[str, Any] = backend.build_kv_transfer_config(
-        argparse.Namespace(hidden_states_path=str(staging))
-    )
-    return config
+def kv_transfer_config(layout: Layout, staging: Path, *, cpu: bool = False) -> dict[str, Any]:
+    """hs_connectors' own `build_kv_transfer_config` of the `file` or `fp8` backend; on vLLM CPU (`cpu`)
+    the CPU connector's (StageError for fp8)."""
+    return files_config(layout.transfer, staging, cpu=cpu)
 
 
 def extract_options(tuning: ExtractTuning, layout: Layout, longest_row: int) -> list[str]:
@@ -190,13 +186,11 @@ def run_vllm(
     token_budget: int,
 ) -> ExtractStats:
     """Start `vllm serve` for extraction (VllmServer), request every row in `todo`, stop the server."""
-    from eagle3_pipeline.vllm_server import VllmServer
+    from eagle3_pipeline.vllm_server import VllmServer, accelerator_present
 
     if not todo:
         return ExtractStats()
     staging = ctx.work / STAGING_DIR
-    shutil.rmtree(staging, ignore_errors=True)  # a killed attempt's half-written files
-    staging.mkdir(parents=True)
     longest = max(rows.seq_lens[i] for i in todo)
     max_model_len = ctx.tuning.max_model_len
     if max_model_len is not None and longest + 1 > max_model_len:
@@ -206,15 +200,21 @@ def run_vllm(
             "dataset.maxSequenceLength (or leave it unset)"
         )
     engine = ctx.tuning.engine(ctx.params.verifier)
+    cpu = not accelerator_present()
+    kv_config = kv_transfer_config(layout, staging, cpu=cpu)
+    shutil.rmtree(staging, ignore_errors=True)  # a killed attempt's half-written files
+    staging.mkdir(parents=True)
+    connector = ctx.work / CPU_CONNECTOR_DIR
     server = VllmServer(
         ctx,
         engine,
         seed=ctx.tuning.seed,
         # vLLM collects the ids sorted and deduplicated: the layout's are, and end with n (file order)
         speculative_config=hidden_states_speculative_config(layout.layer_ids),
-        kv_transfer_config=kv_transfer_config(layout, staging),
+        kv_transfer_config=kv_config,
         options=extract_options(ctx.tuning, layout, longest),
         max_num_batched_tokens=token_budget,
+        env=cpu_connector_env(connector, os.environ) if cpu else None,
     )
     try:
         with server:
@@ -232,3 +232,4 @@ def run_vllm(
             )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(connector, ignore_errors=True)

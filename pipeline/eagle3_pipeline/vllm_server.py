@@ -165,6 +165,7 @@ class VllmServer:
         startup_timeout_s: float = STARTUP_TIMEOUT_S,
         stop_grace_s: float = STOP_GRACE_S,
         log_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.ctx = ctx
         self.engine = engine
@@ -180,6 +181,7 @@ class VllmServer:
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
         self.log_path = log_path if log_path is not None else ctx.work / LOG_FILE
+        self.env = dict(env or {})  # set in the server's environment over the stage's own
         self.port = 0
         self.argv: list[str] = []
         self.process: subprocess.Popen[bytes] | None = None
@@ -216,6 +218,7 @@ class VllmServer:
         executable = find_vllm(env)
         for key, value in SERVER_ENV_DEFAULTS.items():
             env.setdefault(key, value)
+        env.update(self.env)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             self.port = free_port()
             self.argv = self._argv(executable)

@@ -212,6 +212,9 @@ def repository_pins() -> dict[str, str]:
     for package, variable in (("vllm", "VLLM_VERSION"), ("torch", "TORCH_VERSION")):
         version = shell_assignment(script, variable)
         assert pins.setdefault(package, version) == version, f"the Makefile and {script.name} disagree"
+    # the tests install Mooncake's CPU build; an image takes the CUDA build of the same release
+    mooncake = shell_assignment(REPO / "scripts" / "install-mooncake.sh", "MOONCAKE_VERSION")
+    pins["mooncake-transfer-engine-non-cuda"] = pins["mooncake-transfer-engine"] = mooncake
     for extra in pyproject()["project"]["optional-dependencies"]:
         for package, spec in extra_requirements(extra).items():
             exact = [s.version for s in spec if s.operator == "=="]
