@@ -45,6 +45,7 @@ from eagle3_pipeline.context import (
 )
 from eagle3_pipeline.dataset_files import local_fingerprint
 from eagle3_pipeline.process_group import run_in_own_group
+from eagle3_pipeline.train_nodes import local_nodes
 
 logger = logging.getLogger(__name__)
 ENV_VLLM = "EAGLE3_VLLM"
@@ -158,8 +159,11 @@ def run_stage_with_retries(
         argv = stage_argv(plan, str(spec_file), str(options.artifacts), budget)
         command = [options.python, "-m", "eagle3_cli", *argv[1:]]
         logger.debug("running %s", " ".join(command))
-        # its own process group, stopped whole on the deadline and on SIGTERM or Ctrl-C to this process
-        returncode = run_in_own_group(command, env, deadline, STOP_GRACE_S, f"stage {plan.stage}")
+        # its own process group, stopped whole on the deadline and on SIGTERM or Ctrl-C to this process;
+        # a multi-node train stage's other nodes are the same command in worker mode beside it
+        nodes = spec.training.nodes if plan.stage is Stage.TRAIN else 1
+        with local_nodes(command, env, nodes) as node_env:
+            returncode = run_in_own_group(command, node_env, deadline, STOP_GRACE_S, f"stage {plan.stage}")
         if returncode is None:
             outcome.seconds = time.monotonic() - started
             outcome.note = (
@@ -233,7 +237,7 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
             outcomes.append(StageOutcome(plan.stage.value, "cached", result=result, note=plan.output_dir))
         else:
             sys.stderr.write(f"==> stage {plan.stage} ({plan.output_dir})\n")
-            outcome = run_stage_with_retries(plan, spec_file, options, manifest.spec, env)
+            outcome = run_stage(plan, spec_file, options, manifest.spec, env)
             outcomes.append(outcome)
             if outcome.status == "failed":
                 raise LocalRunError(f"stage {plan.stage} failed: {outcome.note}", outcomes)
@@ -244,6 +248,21 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
             outcomes[-1].note = "gate failed"
             raise LocalRunError(failed_gate, outcomes)
     return outcomes
+
+
+def run_stage(
+    plan: StagePlan, spec_file: Path, options: LocalOptions, spec: Eagle3RunSpec, env: dict[str, str]
+) -> StageOutcome:
+    """A stage, with its hidden-state producers around it when it trains online."""
+    if plan.stage != Stage.TRAIN or spec.extraction.mode != "online":
+        return run_stage_with_retries(plan, spec_file, options, spec, env)
+    from eagle3_pipeline.local_producers import LocalProducers, ProducerError
+
+    try:
+        with LocalProducers(spec, spec_file, options.artifacts, env) as online_env:
+            return run_stage_with_retries(plan, spec_file, options, spec, {**env, **online_env})
+    except ProducerError as exc:
+        return StageOutcome(stage=plan.stage.value, status="failed", note=str(exc))
 
 
 def gate_failure(plan: StagePlan, result: StageResult | None, required: float | None) -> str | None:

@@ -5,7 +5,15 @@ speculators 0.9.0 assumes a GPU in exactly three places (everything else runs on
   2. `SingleGPUCheckpointer` loads a checkpoint onto `get_current_device()` ("cuda:0" without an accelerator);
   3. the step timer calls `torch.accelerator.synchronize()`, which raises when there is no accelerator.
 `cpu_adapted()` redirects the first two to "cpu" and makes the third a no-op (there is nothing to wait for),
-only while training and only when no accelerator is present; on a GPU it changes nothing. Two settings that
+only while training and only when no accelerator is present; on a GPU it changes nothing.
+
+Under torchrun (several processes, `training.nodes` > 1 on the CPU), a fourth: speculators'
+`maybe_setup_distributed` sets the accelerator's device and asks it for its backend (NCCL), and raises
+"No accelerator found" on the CPU. `setup_distributed()` does what it does with gloo instead: it starts the
+process group and fills in speculators' topology (rank, world size, its data- and sequence-parallel groups)
+as that function would. The rest runs on the CPU as is: speculators trains DDP-style by default (`fsdp_shard`
+stays off), which gloo and CPU tensors support, and its rank-0-only saves, barriers and metric all-reduces
+are plain collectives. Two settings that
 also differ on CPU are chosen by the caller, not patched: SDPA attention (flex attention has no CPU backward)
 and the eager loss (the fused one needs Triton). Autocast stays as speculators sets it ("cuda", which torch
 disables on a CPU-only machine): the CPU computes in float32.
@@ -22,6 +30,7 @@ import importlib
 import importlib.metadata
 import inspect
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -86,6 +95,19 @@ EXPECTED: tuple[Expectation, ...] = (
         "SingleGPUCheckpointer.load_optimizer_state_dict",
         ("device = get_current_device()",),
         "resuming loads the optimizer state onto checkpointer.get_current_device (patched to 'cpu')",
+    ),
+    Expectation(
+        "speculators.train.distributed",
+        "maybe_setup_distributed",
+        (
+            'distributed = "LOCAL_RANK" in os.environ',
+            "_local_rank = local_rank",
+            "_is_distributed = distributed",
+            "_rank = dist.get_rank()",
+            "_world_size = dist.get_world_size()",
+            "_init_sp_process_groups(_rank, _world_size, sp_size)",
+        ),
+        "setup_distributed sets speculators' topology as maybe_setup_distributed does, with gloo",
     ),
     Expectation(
         "speculators.train.trainer",
@@ -178,3 +200,26 @@ def cpu_adapted() -> Iterator[bool]:
     finally:
         for module, attribute, original in reversed(saved):
             setattr(module, attribute, original)
+
+
+def setup_distributed() -> None:
+    """speculators' `maybe_setup_distributed()`, on the CPU with gloo where there is no accelerator.
+
+    Outside torchrun (no LOCAL_RANK), or with an accelerator, it is speculators' own function.
+    `maybe_destroy_distributed()` undoes either.
+    """
+    from speculators.train import distributed
+
+    if has_accelerator() or "LOCAL_RANK" not in os.environ:
+        distributed.maybe_setup_distributed()
+        return
+    verify_library()
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    distributed._local_rank = int(os.environ["LOCAL_RANK"])
+    distributed._is_distributed = True
+    distributed._rank = dist.get_rank()
+    distributed._world_size = dist.get_world_size()
+    distributed._init_sp_process_groups(distributed._rank, distributed._world_size, 1)
+    logger.info("no accelerator: rank %d of %d on the CPU (gloo)", dist.get_rank(), dist.get_world_size())

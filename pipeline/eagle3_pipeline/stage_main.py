@@ -1,5 +1,9 @@
 """`eagle3 stage <name>`: one stage program, the same in a Job's container and under the local executor.
 
+A node above 0 of a multi-node train stage (`EAGLE3_NODE_RANK` > 0, eagle3_pipeline.train_nodes) runs the
+same command in worker mode: it joins node 0's training and exits 0 when it ends, without the output's lock,
+work directory or result, which node 0 owns.
+
 Exit codes: 0 done (the result JSON is the last line of stdout and the container's termination message),
 1 bad input (message on stderr and in the termination message), OOM_EXIT_CODE out of memory (retry with half
 the token budget; the work directory is kept so the retry resumes), CHECK_FAILED_EXIT_CODE a check failed on
@@ -26,6 +30,7 @@ from eagle3_pipeline.context import StageContext, is_complete, read_result
 from eagle3_pipeline.errors import CheckFailed, OutOfMemory, StageError, is_out_of_memory
 from eagle3_pipeline.locks import OutputLocked, hold_output_lock
 from eagle3_pipeline.process_group import Terminated, terminating_raises
+from eagle3_pipeline.train_nodes import node_rank
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +127,11 @@ def run_stage(
     try:
         Stage(stage)
         ctx = build_context(stage, spec_path, artifacts, output, inputs, token_budget)
+        worker = Stage(stage) is Stage.TRAIN and node_rank() > 0
     except (ValueError, ManifestError, StageError) as exc:
         return _fail(str(exc))
+    if worker:
+        return _run_worker(stage, ctx)
     try:
         with terminating_raises(), hold_output_lock(ctx.output):
             return _run_locked(stage, ctx)
@@ -167,6 +175,23 @@ def _run_locked(stage: str, ctx: StageContext[StageParams, StageTuning]) -> int:
         logger.exception("stage %s failed", stage)
         return _fail(f"stage {stage}: {type(exc).__name__}: {exc} (finished work is kept for the retry)")
     return _succeed(result)
+
+
+def _run_worker(stage: str, ctx: StageContext[StageParams, StageTuning]) -> int:
+    """A worker node's part of a multi-node stage: 0 when it ended; the output's lifecycle is node 0's."""
+    try:
+        with terminating_raises():
+            importlib.import_module(f"eagle3_pipeline.stages.{stage}").run_worker(ctx)
+    except StageError as exc:
+        return _fail(_prefixed(stage, exc))
+    except Terminated:
+        sys.stderr.write(f"error: stage {stage}: worker node stopped by SIGTERM\n")
+        raise
+    except Exception as exc:
+        logger.exception("stage %s: worker node failed", stage)
+        return _fail(f"stage {stage}: worker node: {type(exc).__name__}: {exc}")
+    logger.info("stage %s: worker node done", stage)
+    return 0
 
 
 def _prefixed(stage: str, exc: BaseException) -> str:

@@ -11,7 +11,9 @@ main's console and metric-backend setup (metrics go to `train_metrics.MetricsRec
 `train_command.txt` (it would copy a `git diff` of any checkout around the virtual environment).
 
 It runs in the stage's process (the CPU or one device), or once per GPU under torchrun (`torchrun_argv`):
-`python -m torch.distributed.run ... -m eagle3_pipeline.train_draft --config run.yaml --metrics M --info I`.
+`python -m torch.distributed.run ... -m eagle3_pipeline.train_draft --config run.yaml --metrics M --info I`,
+on one node or on `training.nodes` of them (eagle3_pipeline.train_nodes: on the CPU, one process per node
+and gloo).
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ import torch
 from eagle3_contract.api.spec import Scheduler
 from eagle3_contract.params import TrainParams
 from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.speculators_cpu import cpu_adapted
+from eagle3_pipeline.speculators_cpu import cpu_adapted, setup_distributed
 from eagle3_pipeline.train_metrics import recording
+from eagle3_pipeline.train_nodes import Nodes, rendezvous_args
+from eagle3_pipeline.train_resume import keep_complete_epochs
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +46,8 @@ _LOADER_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # On the CPU: flex attention has no CPU backward, the fused loss needs Triton, and spawned loader workers each
 # re-import torch (seconds per worker on a small machine) to read a few small files.
 CPU_SETTINGS: dict[str, Any] = {"draft_attn_impl": "sdpa", "loss_implementation": "eager", "num_workers": 0}
+# Online, each loader worker has one request in flight: with none, the producer sees one sample at a time.
+ONLINE_CPU_WORKERS = 4
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,9 @@ class DraftSources:
     t2d: Path
     vocab_size: int
     train_ratio: float  # int(rows * train_ratio) is the number of training rows (they come first)
+    # online (extraction.mode: online): the producers' OpenAI API, and the Mooncake master for `mooncake`
+    endpoint: str | None = None
+    mooncake_master: str | None = None
 
 
 def scheduler_settings(kind: Scheduler) -> dict[str, Any]:
@@ -92,7 +101,8 @@ def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu
         "hidden_states_backend": src.transfer,
         "total_seq_len": t.sequence_length,
         "train_data_ratio": src.train_ratio,
-        "on_missing": "raise",  # never speculators' default "generate", which asks a vLLM at localhost:8000
+        # offline: never speculators' default "generate", which would ask a vLLM at localhost:8000
+        **online_settings(src),
         "ttt_steps": t.ttt_steps,
         "lr": t.learning_rate,
         "scheduler_warmup_ratio": t.warmup_ratio,
@@ -101,16 +111,49 @@ def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu
         "checkpoint_freq": 1.0,
         "log_freq": 1,
         **scheduler_settings(t.scheduler),
-        **(CPU_SETTINGS if cpu else {}),
+        **(cpu_settings(src) if cpu else {}),
     }
     try:
         return TrainConfig.from_sources(
             cli=cli,
             argv=["eagle3", "stage", "train"],
-            backend_cli={"hidden_states_path": str(src.hidden_states)},
+            backend_cli=backend_settings(src, cpu=cpu),
         )
     except (ValidationError, ValueError) as exc:
         raise StageError(f"speculators refused the training settings: {exc}") from None
+
+
+def online_settings(src: DraftSources) -> dict[str, Any]:
+    """speculators' generation settings: ask the producers for every sample online, never offline."""
+    if src.endpoint is None:
+        return {"on_missing": "raise"}
+    return {"on_missing": "generate", "vllm_endpoint": src.endpoint}
+
+
+def cpu_settings(src: DraftSources) -> dict[str, Any]:
+    """CPU_SETTINGS, with loader workers online: they are what keeps several requests at the producers."""
+    return {**CPU_SETTINGS, "num_workers": ONLINE_CPU_WORKERS} if src.endpoint else CPU_SETTINGS
+
+
+def backend_settings(src: DraftSources, *, cpu: bool = False) -> dict[str, Any]:
+    """The hs-connectors backend's own settings: the files' directory, or the Mooncake master."""
+    if src.transfer == "mooncake":
+        if not src.mooncake_master:
+            raise StageError(
+                "extraction.transfer is mooncake, but no Mooncake master is given: set "
+                "$EAGLE3_MOONCAKE_MASTER "
+                "(host:port; the operator and `eagle3 run` set it for the train stage)"
+            )
+        if not cpu:
+            return {"mooncake_master": src.mooncake_master}
+        from eagle3_pipeline.kv_transfer import CPU_MOONCAKE_BUFFER_GIB, CPU_MOONCAKE_SEGMENT_GIB
+
+        return {
+            "mooncake_master": src.mooncake_master,
+            "mooncake_global_segment_gib": CPU_MOONCAKE_SEGMENT_GIB,
+            "mooncake_local_buffer_gib": CPU_MOONCAKE_BUFFER_GIB,
+        }
+    return {"hidden_states_path": str(src.hidden_states)}
 
 
 def load_config(path: Path) -> Any:
@@ -171,7 +214,8 @@ def build_trainer(args: argparse.Namespace) -> Any:
         transfer=transfer,
         vllm_endpoint=args.vllm_endpoint,
         on_missing=args.on_missing,
-        verifier_name_or_path=args.verifier_name_or_path,
+        # online: "" lets speculators take the model the producers serve from their endpoint ("verifier")
+        verifier_name_or_path="" if args.on_missing == "generate" else args.verifier_name_or_path,
         request_timeout=args.request_timeout,
         max_retries=args.max_retries,
         generation_validation_retries=args.generation_validation_retries,
@@ -184,6 +228,11 @@ def build_trainer(args: argparse.Namespace) -> Any:
         train_data_ratio=args.train_data_ratio,
         seed=args.seed,
     )
+    if args.on_missing == "generate":  # online: wait for the producers, keep samples if asked
+        from eagle3_pipeline.online_samples import adapt_loaders, wait_for_producers
+
+        wait_for_producers(args.vllm_endpoint)
+        adapt_loaders((train_loader, val_loader), args.vllm_endpoint)
     train_kwargs, val_kwargs = model_class.get_trainer_kwargs(**vars(args))
     return Trainer(model, trainer_config(args, train_kwargs, val_kwargs), train_loader, val_loader)
 
@@ -192,20 +241,30 @@ def train(cfg: Any, metrics: Path, info: Path) -> None:
     """Train (or resume) to the configured epochs: checkpoints in cfg's save path, a metrics line per epoch.
 
     `info` receives what the result needs from the process that held the model: trainable parameters, the
-    device, the world size and the epoch this attempt started at.
+    device, the world size and the epoch this attempt started at. Before the trainer looks at its save path,
+    the process that is rank 0 keeps only the complete epochs (a torchrun restart skips the stage's own
+    cleanup) while the others wait for it in the process group's first barrier.
     """
+    import torch.distributed as dist
     from speculators.train import cli
-    from speculators.train.distributed import get_rank, maybe_destroy_distributed, maybe_setup_distributed
+    from speculators.train.distributed import get_rank, is_distributed, maybe_destroy_distributed
 
     if cfg.speculator_type != "eagle3":
         raise StageError(f"speculator_type {cfg.speculator_type}: this stage trains eagle3 drafts only")
     args = argparse.Namespace(**cfg.flatten())
     cli.set_seed(args.seed, args.deterministic_cuda)
     saved_env = {name: os.environ.get(name) for name in _LOADER_ENV}
-    maybe_setup_distributed()
+    if int(os.environ.get("RANK", "0")) == 0:
+        keep_complete_epochs(Path(args.save_path), metrics)
+    setup_distributed()
     try:
+        if is_distributed():
+            dist.barrier()
         with cpu_adapted() as on_cpu, recording(metrics, is_writer=lambda: get_rank() == 0):
             trainer = build_trainer(args)
+            if on_cpu:  # a torchrun worker's threads as the stage sets them for training in-process
+                model = getattr(trainer.model, "module", trainer.model)  # inside DDP when distributed
+                pin_threads(model.config.transformer_layer_config.hidden_size)
             if get_rank() == 0:
                 write_info(info, trainer, on_cpu)
             trainer.run_training()
@@ -242,27 +301,25 @@ def write_info(path: Path, trainer: Any, on_cpu: bool) -> None:
 
 
 def torchrun_argv(
-    nproc: int, config: Path, metrics: Path, info: Path, python: str = sys.executable
+    nproc: int,
+    config: Path,
+    metrics: Path,
+    info: Path,
+    python: str = sys.executable,
+    nodes: Nodes | None = None,
 ) -> list[str]:
-    """The command that trains on `nproc` GPUs of this node: torchrun running this module once per GPU."""
-    return [
-        python,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        __name__,
-        "--config",
-        str(config),
-        "--metrics",
-        str(metrics),
-        "--info",
-        str(info),
-    ]
+    """The command that trains on `nproc` GPUs of this node: torchrun running this module once per GPU.
+
+    With `nodes`, this node's part of a multi-node run: c10d rendezvous at node 0, restarts after a failed
+    worker, and the worker told its node rank (for its log lines). Run it with `train_nodes.TORCHRUN_ENV`.
+    """
+    if nodes is None:
+        launcher = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc)]
+        node_args: list[str] = []
+    else:
+        launcher, node_args = rendezvous_args(nodes, nproc), ["--node-rank", str(nodes.rank)]
+    worker = ["-m", __name__, "--config", str(config), "--metrics", str(metrics), "--info", str(info)]
+    return [python, "-m", "torch.distributed.run", *launcher, *worker, *node_args]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,9 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="speculators' run.yaml")
     parser.add_argument("--metrics", required=True, type=Path, help="metrics.jsonl to append epochs to")
     parser.add_argument("--info", required=True, type=Path, help="where to write the model's figures")
+    parser.add_argument("--node-rank", type=int, help="this node's rank in a multi-node run (for the log)")
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s [rank {rank}] %(name)s: %(message)s")
+    where = f"node {args.node_rank} rank {rank}" if args.node_rank is not None else f"rank {rank}"
+    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s [{where}] %(name)s: %(message)s")
     train(load_config(args.config), args.metrics, args.info)
     return 0
 

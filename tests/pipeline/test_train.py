@@ -20,6 +20,7 @@ import yaml
 from eagle3_contract.params import train_params
 from eagle3_pipeline import speculators_cpu
 from eagle3_pipeline.context import work_dir_of
+from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.stage_main import run_stage
 from eagle3_pipeline.stages import train as train_stage
 from eagle3_pipeline.train_draft import DraftSources, cpu_threads, load_config, torchrun_argv, train_config
@@ -354,3 +355,63 @@ def test_the_schedulers_map_onto_speculators(
     assert flat["scheduler_warmup_ratio"] == 0.1
     assert flat["draft_attn_impl"] == "simple_flex_attention", "stock settings with an accelerator"
     assert yaml.safe_load(cfg.dump_yaml())["train"]["generation"]["on_missing"] == "raise"
+
+
+@pytest.mark.parametrize(
+    ("transfer", "backend_field", "value"),
+    [
+        ("file", "hidden_states_path", "kept"),
+        ("fp8", "hidden_states_path", "kept"),
+        ("mooncake", "mooncake_master", "10.0.0.7:50051"),
+    ],
+)
+def test_online_training_asks_the_producers_with_the_transfers_own_settings(
+    upstream: Path, transfer: str, backend_field: str, value: str, tmp_path: Path
+) -> None:
+    from eagle3_contract.api.manifest import load_manifest
+
+    run = load_manifest(write_manifest(tmp_path / "s.yaml", spec(upstream)))
+    art = upstream / "art"
+    sources = DraftSources(
+        verifier=str(upstream / "verifier"),
+        trust_remote_code=False,
+        dataset=art / "prepare" / "p" / "data",
+        hidden_states=tmp_path / "kept",
+        transfer=transfer,
+        aux_layers=[1, 2, 3],
+        hidden_size=32,
+        d2t=art / "vocab" / "v" / "d2t-32.npy",
+        t2d=art / "vocab" / "v" / "t2d-32.npy",
+        vocab_size=32,
+        train_ratio=0.8,
+        endpoint="http://producers:8000/v1",
+        mooncake_master="10.0.0.7:50051",
+    )
+    flat = train_config(train_params(run.spec), sources, tmp_path / "ckpt", cpu=True).flatten()
+    assert (flat["on_missing"], flat["vllm_endpoint"]) == ("generate", "http://producers:8000/v1")
+    assert flat["hidden_states_backend"] == transfer
+    expected = str(tmp_path / value) if backend_field == "hidden_states_path" else value
+    assert flat[backend_field] == expected
+
+
+def test_online_mooncake_without_a_master_is_refused(upstream: Path, tmp_path: Path) -> None:
+    from eagle3_contract.api.manifest import load_manifest
+
+    run = load_manifest(write_manifest(tmp_path / "s.yaml", spec(upstream)))
+    art = upstream / "art"
+    sources = DraftSources(
+        verifier=str(upstream / "verifier"),
+        trust_remote_code=False,
+        dataset=art / "prepare" / "p" / "data",
+        hidden_states=tmp_path / "kept",
+        transfer="mooncake",
+        aux_layers=[1, 2, 3],
+        hidden_size=32,
+        d2t=art / "vocab" / "v" / "d2t-32.npy",
+        t2d=art / "vocab" / "v" / "t2d-32.npy",
+        vocab_size=32,
+        train_ratio=0.8,
+        endpoint="http://producers:8000/v1",
+    )
+    with pytest.raises(StageError, match="EAGLE3_MOONCAKE_MASTER"):
+        train_config(train_params(run.spec), sources, tmp_path / "ckpt", cpu=True)

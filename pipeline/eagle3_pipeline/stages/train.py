@@ -3,7 +3,8 @@
 Inputs: the data stage (`prepare` or `generate`: the dataset, loss masks and train/validation split),
 `extract` (hidden states and the layers they hold) and `vocab` (d2t/t2d). Without an accelerator it trains
 on the CPU (`eagle3_pipeline.speculators_cpu`); with `training.gpus` > 1 it runs torchrun with one process
-per GPU (`eagle3_pipeline.train_draft`).
+per GPU (`eagle3_pipeline.train_draft`); with `training.nodes` > 1 this program is node 0 of a multi-node
+torchrun, and the other nodes run it in worker mode (`run_worker`, `eagle3_pipeline.train_nodes`).
 
 Output (`train/<hash>/`), what the export and evaluate stages read:
   checkpoints/checkpoint_best -> <e>   speculators' symlink to the epoch with the lowest validation loss:
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -36,10 +37,11 @@ from typing import Any
 
 from eagle3_contract.params import TrainParams, TrainTuning
 from eagle3_contract.stages import Stage
-from eagle3_pipeline.context import StageContext, read_result
+from eagle3_pipeline.context import StageContext, is_complete, read_result
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.hidden_states import METADATA_FILE, file_name
 from eagle3_pipeline.hub import verifier_at_revision
+from eagle3_pipeline.online_train import finish_online, online_environment, online_inputs
 from eagle3_pipeline.prepared import DATA_DIR, TRAIN
 from eagle3_pipeline.speculators_cpu import has_accelerator
 from eagle3_pipeline.train_draft import (
@@ -52,19 +54,16 @@ from eagle3_pipeline.train_draft import (
 )
 from eagle3_pipeline.train_metrics import (
     METRICS_FILE,
-    Epoch,
-    best_epoch,
     read_epochs,
     summarize,
-    write_epochs,
 )
+from eagle3_pipeline.train_nodes import TORCHRUN_ENV, Nodes, nodes_of, wait_for_rendezvous
+from eagle3_pipeline.train_resume import BEST, keep_complete_epochs, repair_best
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
-BEST = "checkpoint_best"
 INFO_FILE = "trainer.json"
-WEIGHTS = "model.safetensors"
 
 Context = StageContext[TrainParams, TrainTuning]
 
@@ -81,7 +80,8 @@ def run(ctx: Context) -> dict[str, Any]:
     (save_path / RUN_CONFIG_FILE).write_text(cfg.dump_yaml())
     if complete < epochs:
         logger.info("train: %d of %d epochs done already; training on %s", complete, epochs, src.dataset)
-        launch(ctx, cfg, src.hidden_size, metrics, on_cpu)
+        with online_environment(ctx):
+            launch(ctx, cfg, src.hidden_size, metrics, on_cpu)
     done = read_epochs(metrics)
     if [e["epoch"] for e in done] != list(range(epochs)):
         # speculators turns SIGTERM into a normal return after saving `interrupted/`: not a finished run
@@ -92,6 +92,7 @@ def run(ctx: Context) -> dict[str, Any]:
     repair_best(save_path, done)
     info = json.loads((ctx.work / INFO_FILE).read_text())
     return {
+        **finish_online(ctx),
         **summarize(done),
         "checkpoint": f"{CHECKPOINTS}/{BEST}",
         "metrics": METRICS_FILE,
@@ -108,11 +109,16 @@ def run(ctx: Context) -> dict[str, Any]:
 
 
 def launch(ctx: Context, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool) -> None:
-    """Train in this process, or under torchrun with one process per GPU when training.gpus > 1."""
+    """Train in this process, or under torchrun with one process per GPU when training.gpus > 1, or as node 0
+    of training.nodes (one process per GPU, or one per node on the CPU)."""
     import torch
 
     gpus = ctx.params.training.gpus
     info = ctx.work / INFO_FILE
+    nodes = nodes_of(ctx.params.training.nodes, ctx.output.name)
+    if nodes is not None:
+        run_torchrun(ctx, nodes, on_cpu)
+        return
     if gpus <= 1 or on_cpu:
         if gpus > 1:
             logger.warning(
@@ -136,23 +142,74 @@ def launch(ctx: Context, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool
         raise RuntimeError(f"torchrun exited with code {code} (its workers' errors are above)")
 
 
+def run_torchrun(ctx: Context, nodes: Nodes, on_cpu: bool) -> None:
+    """This node's torchrun of a multi-node run: the same command on every node but for its rank."""
+    import torch
+
+    gpus = ctx.params.training.gpus
+    if not on_cpu and int(torch.accelerator.device_count()) < gpus:
+        raise StageError(
+            f"training.gpus is {gpus}, but node {nodes.rank} shows {torch.accelerator.device_count()} "
+            "devices: lower training.gpus or give each train pod that many GPUs",
+            keep_work=True,
+        )
+    work = ctx.work
+    argv = torchrun_argv(
+        1 if on_cpu else gpus,
+        work / CHECKPOINTS / RUN_CONFIG_FILE,
+        work / METRICS_FILE,
+        work / INFO_FILE,
+        nodes=nodes,
+    )
+    logger.info("train: node %d of %d: %s", nodes.rank, nodes.count, " ".join(argv))
+    code = subprocess.run(argv, env=os.environ | TORCHRUN_ENV, check=False).returncode
+    if code != 0:
+        raise RuntimeError(
+            f"node {nodes.rank}: torchrun exited with code {code} (the workers' errors are above)"
+        )
+
+
+def run_worker(ctx: Context) -> None:
+    """Node rank > 0 of a multi-node train stage: join node 0's torchrun, and return when training ends.
+
+    It reads what node 0 prepared on the shared volume (run.yaml in node 0's work directory) and takes no
+    lock, makes or moves no directory and writes no result: node 0 owns the output. (Its torchrun worker may
+    be global rank 0, which writes the checkpoints and metrics into node 0's work directory.) A node that
+    finds the output complete (node 0 had nothing left to train, or finished) has nothing to join.
+    """
+    nodes = nodes_of(ctx.params.training.nodes, ctx.output.name)
+    if nodes is None or nodes.rank == 0:
+        raise StageError(f"{ctx.output}: worker mode is for node ranks above 0 of a multi-node train stage")
+    if not wait_for_rendezvous(nodes, finished=lambda: is_complete(ctx.output)):
+        logger.info("train: node %d: %s is complete; nothing to join", nodes.rank, ctx.output)
+        return
+    with online_environment(ctx):  # extraction.keep: this node's samples are kept in node 0's work dir too
+        run_torchrun(ctx, nodes, not has_accelerator())
+
+
 def sources(ctx: Context) -> DraftSources:
     """The upstream outputs, checked against each other before anything is trained."""
-    extract, vocab, data = ctx.input(Stage.EXTRACT), ctx.input(Stage.VOCAB), ctx.data_input()
-    metadata = read_metadata(extract)
+    vocab, data = ctx.input(Stage.VOCAB), ctx.data_input()
     rows, n_train = dataset_split(data / DATA_DIR)
-    check_hidden_states(extract, metadata, rows)
     v = ctx.params.verifier
+    common: dict[str, Any] = {
+        "verifier": verifier_at_revision(ctx.local_path(v.model), v.revision),
+        "trust_remote_code": v.trust_remote_code,
+        "dataset": data / DATA_DIR,
+        **vocab_files(ctx, vocab),
+        "train_ratio": train_ratio(data, rows, n_train),
+    }
+    if ctx.params.online is not None:  # the producers compute every sample's hidden states while training
+        return DraftSources(**common, **online_inputs(ctx))
+    extract = ctx.input(Stage.EXTRACT)
+    metadata = read_metadata(extract)
+    check_hidden_states(extract, metadata, rows)
     return DraftSources(
-        verifier=verifier_at_revision(ctx.local_path(v.model), v.revision),
-        trust_remote_code=v.trust_remote_code,
-        dataset=data / DATA_DIR,
+        **common,
         hidden_states=extract,
         transfer=str(metadata.get("transfer", "file")),
         aux_layers=[int(i) for i in metadata["auxLayers"]],
         hidden_size=int(metadata["hiddenSize"]),
-        **vocab_files(ctx, vocab),
-        train_ratio=train_ratio(data, rows, n_train),
     )
 
 
@@ -232,49 +289,3 @@ def check_hidden_states(extract: Path, metadata: dict[str, Any], rows: int) -> N
             f"{extract} has no hidden states for {len(missing)} rows (e.g. {file_name(missing[0])}): "
             "re-run stage extract (delete its output directory first)"
         )
-
-
-def keep_complete_epochs(save_path: Path, metrics: Path) -> int:
-    """Keep the epochs an earlier attempt completed (0..k, each with a checkpoint and a metrics line).
-
-    Returns how many; the rest goes. speculators resumes from the highest numbered checkpoint directory, so a
-    half-written one or one without its validation must go; so must `interrupted/` (SIGTERM).
-    """
-    epochs = read_epochs(metrics)
-    complete: list[Epoch] = []
-    for index, epoch in enumerate(epochs):
-        if epoch["epoch"] != index or not (save_path / str(index) / WEIGHTS).is_file():
-            break
-        complete.append(epoch)
-    if metrics.exists():
-        write_epochs(metrics, complete)
-    if save_path.is_dir():
-        for child in sorted(save_path.iterdir()):
-            stale = child.name == "interrupted" or (child.name.isdigit() and int(child.name) >= len(complete))
-            if stale and child.is_dir() and not child.is_symlink():
-                logger.info("train: removing %s (an incomplete epoch of an earlier attempt)", child)
-                shutil.rmtree(child)
-        for child in save_path.iterdir():
-            if child.is_symlink() and not child.exists():
-                child.unlink()
-    if complete:
-        repair_best(save_path, complete)
-        logger.info("train: resuming after epoch %d", len(complete) - 1)
-    return len(complete)
-
-
-def repair_best(save_path: Path, epochs: list[Epoch]) -> None:
-    """Point `checkpoint_best` at the epoch with the lowest validation loss among `epochs`.
-
-    speculators moves it after each validation; a kill between our metrics line and that move leaves it
-    behind, and a resumed run would compare against the wrong best loss.
-    """
-    from speculators.train.checkpointer import SingleGPUCheckpointer
-
-    best = best_epoch(epochs)["epoch"]
-    checkpointer = SingleGPUCheckpointer(save_path)
-    if checkpointer.read_best_epoch() == best and checkpointer.val_metrics_path(best).is_file():
-        return
-    logger.info("train: %s -> %d (lowest validation loss)", BEST, best)
-    checkpointer.save_val_metrics(best, best_epoch(epochs)["speculatorsVal"])
-    checkpointer.update_best_symlink(best)
