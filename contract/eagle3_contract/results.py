@@ -137,6 +137,9 @@ class PrepareResult(PreparedResult):
     conversations: int | None = None
     # local dataset files' paths, sizes and mtimes, hashed: `eagle3 run` warns when a cached output's differs
     dataset_fingerprint: str | None = None
+    # the verifier's shape from its config, for status.plan.estimates (eagle3_contract.estimates)
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
 
     @property
     def tokens_processed(self) -> int | None:

@@ -46,7 +46,8 @@ def _epoch(epoch: int, val_loss: float, accuracy: list[float], acceptance: float
 
 FAKE_RESULTS: dict[Stage, StageResult] = {
     Stage.PREPARE: PrepareResult(
-        format="chat", conversations=243, dataset_fingerprint="0123456789abcdef", samples=240, train=216,
+        format="chat", conversations=243, dataset_fingerprint="0123456789abcdef", hidden_size=128,
+        num_hidden_layers=4, samples=240, train=216,
         validation=24, train_ratio=0.9,
         skipped={"too_long": 3}, skipped_total=3, skipped_examples={"too_long": ["row 7: 300 tokens > 256"]},
         tokens=TOKENS, assistant_tokens=20_000, unique_assistant_tokens=700, max_seq_len=256,

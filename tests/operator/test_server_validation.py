@@ -14,6 +14,7 @@ from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run
 from tests.harness.cluster import Cluster
+from tests.unit.builders.builder_cases import kimi_online_spec, online_objects
 
 pytestmark = pytest.mark.apiserver
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -56,3 +57,25 @@ async def test_the_objects_planned_for_an_example_pass_a_server_side_dry_run(rea
         api, plural = PATHS[body["kind"]]
         stored = await dry_run(real.cluster, api, plural, body)
         assert stored["metadata"]["name"] == body["metadata"]["name"]
+
+
+async def test_the_online_and_multi_node_objects_pass_a_server_side_dry_run(real):
+    """Producers and their Service, the Mooncake master and its Service, the Indexed train Job and its
+    headless Service, as built for the Kimi run online (mooncake, 2 training nodes)."""
+    ref = RunRef("kimi-k2-5", real.cluster.ns, "00000000-0000-0000-0000-000000000002")
+    objects = online_objects(ref, kimi_online_spec())
+    assert [o["kind"] for o in objects] == [
+        "Deployment",
+        "Service",
+        "Deployment",
+        "Service",
+        "Job",
+        "Service",
+    ]
+    for body in objects:
+        api, plural = PATHS[body["kind"]]
+        stored = await dry_run(real.cluster, api, plural, body)
+        assert stored["metadata"]["name"] == body["metadata"]["name"]
+        assert stored["metadata"]["ownerReferences"][0]["kind"] == "Eagle3Run"
+    headless = await dry_run(real.cluster, "v1", "services", objects[-1])
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True

@@ -251,3 +251,16 @@ def test_kimi_extracts_low_middle_and_high_layers_of_its_61():
     n = KIMI_LAYERS
     assert layers == [2, n // 2, n - 3]  # speculators' default (eagle3_pipeline.hidden_states)
     assert all(0 <= i < n for i in layers)
+
+
+def test_kimi_streams_hidden_states_through_mooncake_to_two_training_nodes():
+    spec = run_spec("kimi-k2.5-tp8")
+    extraction, training = spec["extraction"], spec["training"]
+    assert (extraction["mode"], extraction["transfer"], extraction["servers"]) == ("online", "mooncake", 2)
+    assert training["nodes"] == 2 and training["gpus"] == 8
+
+
+def test_the_llama_online_example_shares_a_read_write_many_volume():
+    spec = run_spec("llama-3.1-8b-online")
+    assert (spec["extraction"]["mode"], spec["extraction"]["transfer"]) == ("online", "volume")
+    assert spec["storage"]["artifacts"]["accessModes"] == ["ReadWriteMany"]

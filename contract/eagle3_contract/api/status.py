@@ -28,6 +28,12 @@ class StagePhase(StrEnum):
     SKIPPED = "Skipped"
 
 
+class ProducersPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    DELETED = "Deleted"
+
+
 class ConditionType(StrEnum):
     SPEC_VALID = "SpecValid"
     PROGRESSING = "Progressing"
@@ -128,6 +134,90 @@ class ServingStatus(StatusModel):
     )
 
 
+class ModeEstimate(StatusModel):
+    """The hidden states of one extraction mode: bytes on the artifacts volume, and bytes the verifier
+    computes and hands to the trainer over the whole run."""
+
+    stored_bytes: int | None = Field(None, description="Bytes stored at once (unset: not known yet).")
+    stored: str | None = Field(None, description="storedBytes for people, e.g. '86.0 TB' (decimal units).")
+    moved_bytes: int | None = Field(
+        None, description="Bytes the verifier computes and hands to the trainer in the run (unset: unknown)."
+    )
+    moved: str | None = Field(None, description="movedBytes for people, e.g. '860.3 TB' (decimal units).")
+    note: str = Field(description="How the figures follow from the tokens (epochs, extraction.keep).")
+
+
+class HiddenStatesEstimate(StatusModel):
+    """The hidden states of the run, in both modes, so extraction.mode can be chosen before anything runs."""
+
+    mode: str = Field(description="The spec's extraction.mode: offline or online.")
+    dtype: str = Field(description="extraction.dtype.")
+    layers: int = Field(description="Layers stored per token: the auxiliary layers and the last one.")
+    hidden_size: int | None = Field(None, description="The verifier's hidden size (unset: not known yet).")
+    bytes_per_token: int | None = Field(
+        None, description="layers x hiddenSize x dtype bytes, plus the token id (and fp8's scale)."
+    )
+    offline: ModeEstimate = Field(description="extraction.mode offline: extract stores every sample.")
+    online: ModeEstimate = Field(description="extraction.mode online: producers compute samples as asked.")
+    basis: str = Field(description="Where the hidden size came from, or why it is not known yet.")
+
+
+class StageEstimate(StatusModel):
+    """What one stage would use while it runs."""
+
+    stage: str = Field(description="The stage.")
+    gpus: int = Field(0, description="GPUs of the stage's pods (GPUs per pod x pods); 0: skipped or CPU.")
+    pods: int = Field(0, description="Pods the stage runs (training.nodes for train); 0: skipped.")
+    producer_gpus: int | None = Field(
+        None, description="Online train: GPUs of the hidden-state producers (servers x tensorParallelSize)."
+    )
+    tokens: int | None = Field(None, description="Tokens the stage handles (unset: none or unknown).")
+    basis: str | None = Field(None, description="How the stage's tokens follow from the dataset's.")
+    skipped: str | None = Field(None, description="Why the stage does not run for this spec.")
+
+
+class Estimates(StatusModel):
+    """Figures before (and while) the run: each says its basis, an upper bound until prepare has run."""
+
+    tokens: int | None = Field(None, description="Tokens of the training dataset (unset: unknown yet).")
+    tokens_basis: str = Field(description="Where the token count came from: exact, upper bound, unknown.")
+    hidden_states: HiddenStatesEstimate = Field(description="Hidden-state bytes, offline and online.")
+    stages: list[StageEstimate] = Field(default_factory=list, description="GPUs and tokens per stage.")
+
+
+class RunPlan(StatusModel):
+    """What the run would take, derived from the spec and the results of the stages so far."""
+
+    estimates: Estimates | None = Field(None, description="Tokens, hidden-state bytes and GPUs per stage.")
+
+
+class ProducersStatus(StatusModel):
+    """Online extraction's hidden-state producers (and the Mooncake master): they live while the train
+    stage runs and are deleted, freeing their GPUs, once it finished."""
+
+    phase: ProducersPhase = Field(
+        description="Pending: created, no producer answers yet (the train Job waits for one); Running: at "
+        "least one producer is available; Deleted: the train stage finished (or needs none), their GPUs "
+        "are free."
+    )
+    deployment: str = Field(description="Name of the producers' Deployment (and Service).")
+    endpoint: str = Field(description="The producers' OpenAI API the train stage asks for hidden states.")
+    mooncake_master: str | None = Field(
+        None, description="host:port of the Mooncake master (extraction.transfer mooncake)."
+    )
+    train_hash: str | None = Field(None, description="Hash of the train stage the producers serve.")
+    replicas: int = Field(0, description="Desired producers (extraction.servers); 0 once deleted.")
+    ready_replicas: int = Field(0, description="Producers whose vLLM answers /health.")
+    available_replicas: int = Field(0, description="Producers available to the train stage.")
+    blocked_by: BlockedBy | None = Field(
+        None,
+        description="Why a producer (or the Mooncake master) pod does not run, while that lasts: an image "
+        "that cannot be pulled, no node with free GPUs, a crash loop (out of memory) with its last exit "
+        "code and log lines.",
+    )
+    message: str | None = Field(None, description="What the producers wait for, or why they were deleted.")
+
+
 class Eagle3RunStatus(StatusModel):
     """Observed state of an Eagle3Run."""
 
@@ -143,3 +233,9 @@ class Eagle3RunStatus(StatusModel):
     )
     checkpoint: Checkpoint | None = Field(None, description="The exported (or pinned) draft checkpoint.")
     serving: ServingStatus | None = Field(None, description="The vLLM rollout, once created.")
+    producers: ProducersStatus | None = Field(
+        None, description="extraction.mode online: the hidden-state producers of the train stage."
+    )
+    plan: RunPlan | None = Field(
+        None, description="What the run would take: tokens, hidden-state bytes, GPUs per stage (estimates)."
+    )

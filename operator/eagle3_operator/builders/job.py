@@ -11,16 +11,20 @@ from eagle3_contract.policy import stage_deadline, stage_override
 from eagle3_contract.stages import Stage, StagePlan, stage_argv
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, volume_mounts
+from eagle3_operator.builders.pod import (
+    PIPELINE_GID,
+    STAGE_POD_SECURITY,
+    PodShape,
+    env,
+    pod_spec,
+    resources,
+    volume_mounts,
+)
+from eagle3_operator.builders.training import indexed, train_env, train_nodes
+
+__all__ = ["PIPELINE_GID", "STAGE_POD_SECURITY", "build_job"]
 
 DEFAULT_BACKOFF_LIMIT = 2
-
-
-# The pipeline image runs as UID/GID 65532 (images/pipeline/Dockerfile): the artifacts volume's files get that
-# group so the stages can write them; only a volume whose root has another group is walked (OnRootMismatch),
-# not terabytes of hidden states on every start.
-PIPELINE_GID = 65532
-STAGE_POD_SECURITY: dict[str, Any] = {"fsGroup": PIPELINE_GID, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
 def pod_labels(run: RunRef, plan: StagePlan, attempt: int) -> dict[str, str]:
@@ -52,14 +56,15 @@ def pod_failure_policy(container: str, exit_codes: list[int]) -> dict[str, Any]:
 
 
 def stage_container(
-    run: RunRef, spec: Eagle3RunSpec, plan: StagePlan, token_budget: int | None, shape: PodShape
+    run: RunRef, spec: Eagle3RunSpec, plan: StagePlan, token_budget: int | None, shape: PodShape, name: str
 ) -> dict[str, Any]:
-    """The one container of a stage pod, running `eagle3 stage <stage> ...` in the pipeline image."""
+    """The one container of a stage pod (Job `name`), running `eagle3 stage <stage> ...` in the pipeline
+    image."""
     return {
         "name": plan.stage.value,
         "image": spec.images.pipeline or DEFAULT_PIPELINE_IMAGE,
         "command": stage_argv(plan, SPEC_MOUNT, ARTIFACTS_MOUNT, token_budget),
-        "env": env(run, spec, plan.stage.value),
+        "env": env(run, spec, plan.stage.value) + train_env(run, spec, plan, name),
         "resources": resources(spec, stage_override(spec, plan.stage), plan.gpus),
         "volumeMounts": volume_mounts(shape),
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -73,10 +78,12 @@ def job_spec(
     token_budget: int | None,
     labels: dict[str, str],
     spec_configmap: str,
+    name: str,
 ) -> dict[str, Any]:
-    """Retries, deadline, failure policy and the pod template of a stage Job."""
+    """Retries, deadline, failure policy and the pod template of a stage Job (an Indexed one for a train
+    stage of several nodes)."""
     shape = PodShape(plan.stage.value, plan.gpus, plan.uses_vllm, spec_configmap=spec_configmap)
-    container = stage_container(run, spec, plan, token_budget, shape)
+    container = stage_container(run, spec, plan, token_budget, shape, name)
     override = stage_override(spec, plan.stage)
     backoff = override.backoff_limit if override is not None else None
     out: dict[str, Any] = {"backoffLimit": DEFAULT_BACKOFF_LIMIT if backoff is None else backoff}
@@ -88,7 +95,8 @@ def job_spec(
     pod = {"restartPolicy": "Never", **pod_spec(run, spec, shape, container)}
     pod["securityContext"] = dict(STAGE_POD_SECURITY)
     out["template"] = {"metadata": {"labels": dict(labels)}, "spec": pod}
-    return out
+    nodes = train_nodes(spec, plan)
+    return indexed(out, nodes, name) if nodes > 1 else out
 
 
 def build_job(
@@ -105,10 +113,10 @@ def build_job(
     if spec.queue_name:
         job_labels[names.LABEL_KUEUE_QUEUE] = spec.queue_name
     annotations = {} if token_budget is None else {names.ANNOTATION_TOKEN_BUDGET: str(token_budget)}
-    name = names.job_name(run.name, plan.stage.value, plan.hash, attempt)
+    name = names.job_name(run.name, plan.stage.value, plan.hash, attempt, train_nodes(spec, plan))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": names.metadata(run, name, plan.stage.value, labels=job_labels, annotations=annotations),
-        "spec": job_spec(run, spec, plan, token_budget, labels, spec_configmap),
+        "spec": job_spec(run, spec, plan, token_budget, labels, spec_configmap, name),
     }

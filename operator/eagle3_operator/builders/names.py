@@ -21,6 +21,9 @@ ANNOTATION_TOKEN_BUDGET = "eagle3.dev/token-budget"
 ANNOTATION_SPEC_HASH = "eagle3.dev/spec-hash"
 ANNOTATION_DRAFT = "eagle3.dev/draft"
 SERVE_STAGE = "serve"
+# The online hidden-state producers and the Mooncake master (their Deployments, Services and pods).
+PRODUCERS_STAGE = "producers"
+MOONCAKE_STAGE = "mooncake"
 MAX_NAME = 63
 
 
@@ -52,8 +55,9 @@ def run_label(run: str) -> str:
     return run if len(run) <= MAX_NAME else f"{run[: MAX_NAME - 7].rstrip('-.')}-{_salt(run)}"
 
 
-def child_name(run: str, *parts: str) -> str:
-    """`<run>-<parts...>`: a DNS-1035 label of at most 63 characters, valid for every kind (Services too).
+def child_name(run: str, *parts: str, limit: int = MAX_NAME) -> str:
+    """`<run>-<parts...>`: a DNS-1035 label of at most `limit` (63) characters, valid for every kind (Services
+    too).
 
     A run name that is not already such a label (dots, a leading digit) or is too long is rewritten and salted
     with a hash of the full name, so distinct runs (`a.b` and `a-b`) never share a child.
@@ -62,15 +66,17 @@ def child_name(run: str, *parts: str) -> str:
     if base[:1].isdigit():
         base = "r" + base
     name = "-".join((base, *parts))
-    if base == run and len(name) <= MAX_NAME:
+    if base == run and len(name) <= limit:
         return name
-    keep = MAX_NAME - sum(len(p) + 1 for p in parts) - 7
+    keep = limit - sum(len(p) + 1 for p in parts) - 7
     return "-".join((base[:keep].rstrip("-"), _salt(run), *parts))
 
 
-def job_name(run: str, stage: str, digest: str, attempt: int) -> str:
+def job_name(run: str, stage: str, digest: str, attempt: int, pods: int = 1) -> str:
+    """An Indexed Job of `pods` > 1 names its pods' hostnames `<job>-<index>`: the name leaves room for the
+    index, so the hostname stays a DNS label too."""
     parts = [stage, digest] + ([f"r{attempt}"] if attempt else [])
-    return child_name(run, *parts)
+    return child_name(run, *parts, limit=MAX_NAME - (len(f"-{pods - 1}") if pods > 1 else 0))
 
 
 def spec_configmap_name(run: str, spec_hash: str) -> str:
@@ -83,6 +89,16 @@ def artifacts_claim_name(run: str) -> str:
 
 def serving_name(run: str) -> str:
     return child_name(run, "vllm")
+
+
+def producers_name(run: str) -> str:
+    """The hidden-state producers' Deployment and Service."""
+    return child_name(run, PRODUCERS_STAGE)
+
+
+def mooncake_name(run: str) -> str:
+    """The Mooncake master's Deployment and Service."""
+    return child_name(run, MOONCAKE_STAGE)
 
 
 def labels(run: str, stage: str) -> dict[str, str]:

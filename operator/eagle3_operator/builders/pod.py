@@ -22,6 +22,12 @@ VOLUME_SHM = "dshm"
 ENV_RUN = "EAGLE3_RUN"
 ENV_STAGE = "EAGLE3_STAGE"
 
+# The pipeline image runs as UID/GID 65532 (images/pipeline/Dockerfile): the artifacts volume's files get that
+# group so the stages (and online producers) can write them; only a volume whose root has another group is
+# walked (OnRootMismatch), not terabytes of hidden states on every start.
+PIPELINE_GID = 65532
+STAGE_POD_SECURITY: dict[str, Any] = {"fsGroup": PIPELINE_GID, "fsGroupChangePolicy": "OnRootMismatch"}
+
 
 @dataclass(frozen=True)
 class PodShape:

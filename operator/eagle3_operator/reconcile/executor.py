@@ -24,9 +24,10 @@ from eagle3_operator.k8s import ApiError
 from eagle3_operator.reconcile.observe import (
     Observed,
     blocked_by,
-    observe_deployment,
     observe_job,
     serving_pods,
+    split_deployments,
+    workloads_blocked_by,
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
 from eagle3_operator.reconcile.relist import entry_uid, list_ghosts
@@ -80,13 +81,16 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
             objects.add((kind, name))
             if spec_hash := body["metadata"].get("annotations", {}).get(names.ANNOTATION_SPEC_HASH):
                 hashes[(kind, name)] = spec_hash
+    serving, workloads = split_deployments(deployments)
     return Observed(
         jobs=tuple(observe_job(job, pods) for job in jobs),
-        deployment=observe_deployment(deployments[0]) if deployments else None,
+        deployment=serving,
         objects=frozenset(objects),
         spec_hashes=hashes,
         serving_blocked_by=blocked_by(serving_pods(pods)),
         pod_monitors_served=bool(memo.pod_monitors),
+        workloads=workloads,
+        workload_blocked_by=workloads_blocked_by(pods),
     )
 
 

@@ -54,13 +54,17 @@ class JobView:
 
 @dataclass(frozen=True)
 class DeploymentView:
-    """The serving Deployment."""
+    """A Deployment of the run: the serving one, the producers or the Mooncake master (`stage`)."""
 
     name: str
     spec_hash: str | None
     draft: str | None
     replicas: int
     ready_replicas: int
+    stage: str = names.SERVE_STAGE
+    hash: str | None = None  # producers, Mooncake master: the train stage they serve
+    available_replicas: int = 0
+    spec_configmap: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,10 @@ class Observed:
     spec_hashes: Mapping[tuple[str, str], str] = field(default_factory=dict)
     serving_blocked_by: BlockedBy | None = None  # why a vLLM pod does not run
     pod_monitors_served: bool = False
+    # the other Deployments (online: producers, Mooncake master) by their stage label, and why a pod of
+    # one does not run
+    workloads: Mapping[str, DeploymentView] = field(default_factory=dict)
+    workload_blocked_by: Mapping[str, BlockedBy] = field(default_factory=dict)
 
 
 def _int(value: Any) -> int | None:
@@ -154,13 +162,38 @@ def blocked_by(pods: Iterable[Mapping[str, Any]]) -> BlockedBy | None:
     return None
 
 
+def pods_of_stage(pods: Iterable[Mapping[str, Any]], stage: str) -> list[Mapping[str, Any]]:
+    """The run's pods with the stage label `stage`."""
+    return [
+        p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(names.LABEL_STAGE) == stage
+    ]
+
+
 def serving_pods(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The run's vLLM pods among its pods (stage label `serve`)."""
-    return [
-        p
-        for p in pods
-        if ((p.get("metadata") or {}).get("labels") or {}).get(names.LABEL_STAGE) == names.SERVE_STAGE
-    ]
+    return pods_of_stage(pods, names.SERVE_STAGE)
+
+
+WORKLOAD_STAGES = (names.PRODUCERS_STAGE, names.MOONCAKE_STAGE)
+
+
+def workloads_blocked_by(pods: Iterable[Mapping[str, Any]]) -> dict[str, BlockedBy]:
+    """Why a producer or Mooncake master pod does not run, by stage label."""
+    listed = list(pods)
+    found = {stage: blocked_by(pods_of_stage(listed, stage)) for stage in WORKLOAD_STAGES}
+    return {stage: why for stage, why in found.items() if why is not None}
+
+
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def _rank(pod: Mapping[str, Any]) -> str | None:
+    """The completion index of an Indexed Job's pod (its label since Kubernetes 1.28, else annotation)."""
+    meta = pod.get("metadata") or {}
+    value = (meta.get("labels") or {}).get(COMPLETION_INDEX) or (meta.get("annotations") or {}).get(
+        COMPLETION_INDEX
+    )
+    return str(value) if value is not None else None
 
 
 def _job_phase(status: Mapping[str, Any]) -> StagePhase:
@@ -195,14 +228,17 @@ def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()) 
             for key in (names.LABEL_STAGE, names.LABEL_HASH, names.LABEL_ATTEMPT)
         )
     ]
-    terms = _terminations(mine, stage)
+    phase = _job_phase(status)
+    # a multi-node stage's result is node 0's: the others' pods end too, a moment earlier or later
+    first = [p for p in mine if _rank(p) in (None, "0")]
+    terms = _terminations(first if phase == StagePhase.SUCCEEDED and first else mine, stage)
     failed = _condition(status, "Failed") or _condition(status, "FailureTarget")
     return JobView(
         name=meta.get("name", ""),
         stage=stage,
         hash=job_labels.get(names.LABEL_HASH, ""),
         attempt=_int(job_labels.get(names.LABEL_ATTEMPT)) or 0,
-        phase=_job_phase(status),
+        phase=phase,
         token_budget=_int((meta.get("annotations") or {}).get(names.ANNOTATION_TOKEN_BUDGET)),
         spec_configmap=_spec_configmap(job),
         start_time=status.get("startTime"),
@@ -217,6 +253,7 @@ def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()) 
 
 def observe_deployment(deployment: Mapping[str, Any]) -> DeploymentView:
     meta = deployment.get("metadata") or {}
+    labels = meta.get("labels") or {}
     spec = deployment.get("spec") or {}
     template_meta = (spec.get("template") or {}).get("metadata") or {}
     status = deployment.get("status") or {}
@@ -226,7 +263,27 @@ def observe_deployment(deployment: Mapping[str, Any]) -> DeploymentView:
         draft=(template_meta.get("annotations") or {}).get(names.ANNOTATION_DRAFT),
         replicas=_int(spec.get("replicas")) or 0,
         ready_replicas=_int(status.get("readyReplicas")) or 0,
+        stage=labels.get(names.LABEL_STAGE) or names.SERVE_STAGE,
+        hash=labels.get(names.LABEL_HASH),
+        available_replicas=_int(status.get("availableReplicas")) or 0,
+        spec_configmap=_spec_configmap(deployment),
     )
+
+
+def split_deployments(
+    deployments: Iterable[Mapping[str, Any]],
+) -> tuple[DeploymentView | None, dict[str, DeploymentView]]:
+    """The serving Deployment (stage `serve`, or no stage label: an older operator's) and the others by
+    stage."""
+    serving: DeploymentView | None = None
+    others: dict[str, DeploymentView] = {}
+    for body in deployments:
+        view = observe_deployment(body)
+        if view.stage == names.SERVE_STAGE:
+            serving = serving or view
+        else:
+            others.setdefault(view.stage, view)
+    return serving, others
 
 
 def _pick(body: Mapping[str, Any], *paths: str) -> dict[str, Any]:
@@ -291,8 +348,11 @@ def slim_deployment(body: Mapping[str, Any]) -> dict[str, Any]:
         body,
         "metadata.name",
         "metadata.uid",
+        "metadata.labels",
         "metadata.annotations",
         "spec.replicas",
         "spec.template.metadata.annotations",
+        "spec.template.spec.volumes",
         "status.readyReplicas",
+        "status.availableReplicas",
     )

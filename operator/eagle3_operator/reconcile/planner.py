@@ -17,10 +17,12 @@ from eagle3_contract.api.status import (
     ConditionType,
     Eagle3RunStatus,
     RunPhase,
+    RunPlan,
     ServingStatus,
     StagePhase,
 )
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec, spec_document
+from eagle3_contract.estimates import estimates_from_stages
 from eagle3_contract.results import EvaluateResult, ExportResult
 from eagle3_contract.stages import Stage, StagePlan, content_hash, plan_stages
 from eagle3_operator.builders import names
@@ -30,7 +32,9 @@ from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.actions import Action
 from eagle3_operator.reconcile.conditions import set_condition
 from eagle3_operator.reconcile.observe import Observed
+from eagle3_operator.reconcile.producers import plan_producers
 from eagle3_operator.reconcile.progress import Progress, walk_stages
+from eagle3_operator.reconcile.rendezvous import plan_rendezvous
 from eagle3_operator.reconcile.serving import plan_serving
 
 
@@ -74,17 +78,26 @@ def plan_invalid(
     return Plan(actions=(), status=_dump(status), phase=RunPhase.INVALID, problems=tuple(error.problems))
 
 
+def _mounts_spec(action: Action) -> bool:
+    """A create of an object whose pods read the spec ConfigMap: a stage Job, the producers."""
+    body = action.body
+    stage = body["metadata"].get("labels", {}).get(names.LABEL_STAGE)
+    return action.verb == "create" and (body["kind"] == "Job" or stage == names.PRODUCERS_STAGE)
+
+
 def _storage_actions(
-    ref: RunRef, spec: Eagle3RunSpec, observed: Observed, spec_hash: str, creates: set[str]
+    ref: RunRef, spec: Eagle3RunSpec, observed: Observed, spec_hash: str, changes: list[Action]
 ) -> list[Action]:
-    """The artifacts claim before any Job or Deployment mounts it; the spec ConfigMap before any Job."""
+    """The artifacts claim before any Job or Deployment mounts it; the spec ConfigMap before any Job (or
+    producer) reads it."""
     actions = []
+    creates = {a.body["kind"] for a in changes if a.verb == "create"}
     if spec.storage.artifacts.claim_name is None and creates & {"Job", "Deployment"}:
         claim = build_artifacts_claim(ref, spec)
         if ("PersistentVolumeClaim", claim["metadata"]["name"]) not in observed.objects:
             actions.append(Action("create", claim))
     if (
-        "Job" in creates
+        any(_mounts_spec(a) for a in changes)
         and ("ConfigMap", names.spec_configmap_name(ref.name, spec_hash)) not in observed.objects
     ):
         actions.append(Action("create", build_spec_configmap(ref, spec, spec_hash)))
@@ -92,8 +105,9 @@ def _storage_actions(
 
 
 def _stale_configmaps(ref: RunRef, observed: Observed, current: str) -> list[Action]:
-    """Spec ConfigMaps of older generations that no remaining Job mounts."""
+    """Spec ConfigMaps of older generations that no remaining Job (or producer Deployment) mounts."""
     in_use = {current} | {j.spec_configmap for j in observed.jobs if j.spec_configmap}
+    in_use |= {w.spec_configmap for w in observed.workloads.values() if w.spec_configmap}
     return [
         Action(
             "delete",
@@ -226,14 +240,18 @@ def plan_run(
         return plan_invalid(generation, error, previous, now)
     configmap = names.spec_configmap_name(ref.name, spec_hash)
     progress = walk_stages(ref, spec, list(stage_plans), previous.stages, observed.jobs, configmap)
+    # online: the producers first (they may hold the train Job back), then the Services of multi-node Jobs
+    online_actions, producers = plan_producers(
+        ref, spec, list(stage_plans), progress, observed, configmap, previous.producers
+    )
+    plan_rendezvous(ref, spec, progress, observed)
     checkpoint = _checkpoint(spec, progress, previous)
     rollout = checkpoint if progress.complete else None  # exported past the gate, or pinned and verified
     serving_actions, serving = plan_serving(
         ref, spec, observed, rollout.path if rollout else None, rollout.sha256 if rollout else None
     )
-    changes = progress.actions + serving_actions
-    creates = {a.body["kind"] for a in changes if a.verb == "create"}
-    actions = _storage_actions(ref, spec, observed, spec_hash, creates) + changes
+    changes = online_actions + progress.actions + serving_actions
+    actions = _storage_actions(ref, spec, observed, spec_hash, changes) + changes
     actions += _stale_configmaps(ref, observed, configmap)
     evaluated = _evaluated(progress)
     phase = _phase(spec, progress, serving)
@@ -246,6 +264,8 @@ def plan_run(
         stages=progress.stages,
         checkpoint=checkpoint,
         serving=serving,
+        producers=producers,
+        plan=RunPlan(estimates=estimates_from_stages(spec, progress.stages, stage_plans)),
     )
     return Plan(
         actions=tuple(actions),

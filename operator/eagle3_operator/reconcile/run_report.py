@@ -109,9 +109,13 @@ def running_stages(status: Mapping[str, Any], deadlines: Mapping[str, int]) -> d
 
 
 def blocked_pods(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """Stage (or `serve`) to why its pod does not run (status blockedBy: reason, message)."""
+    """Stage (or `serve`, `producers`) to why its pod does not run (status blockedBy: reason, message)."""
     out: dict[str, Mapping[str, Any]] = {}
-    places = [*(status.get("stages") or {}).items(), (names.SERVE_STAGE, status.get("serving") or {})]
+    places = [
+        *(status.get("stages") or {}).items(),
+        (names.SERVE_STAGE, status.get("serving") or {}),
+        (names.PRODUCERS_STAGE, status.get("producers") or {}),
+    ]
     for stage, st in places:
         blocked = st.get("blockedBy") or {}
         if isinstance(blocked.get("reason"), str) and blocked["reason"]:

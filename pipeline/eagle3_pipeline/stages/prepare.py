@@ -12,6 +12,7 @@ from eagle3_pipeline.conversations import Skips, load_conversations
 from eagle3_pipeline.dataset_files import local_fingerprint
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.prepared import Tokenizing, assign_splits, write_prepared
+from eagle3_pipeline.verifier_config import verifier_shape
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
             "set regeneration.enabled to true so the verifier answers them"
         )
     conversations = assign_splits(conversations, ds.validation_fraction, ds.seed)
+    shape = shape_of(ctx)
     if ctx.tuning.regeneration_enabled:
         # generate re-tokenizes after answering; prompt-only rows are expected here, not skipped
         answered = [c for c in conversations if any(m["role"] == "assistant" for m in c["messages"])]
@@ -53,6 +55,7 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
                 "format": fmt,
                 "conversations": len(conversations),
                 **fingerprint,
+                **shape,
                 "samples": 0,
                 "seconds": _since(started),
             }
@@ -65,6 +68,7 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
         "format": fmt,
         "conversations": len(conversations),
         **fingerprint,
+        **shape,
         **stats,
         "seconds": seconds,
     }
@@ -80,6 +84,16 @@ def check_skipped(rows: int, skips: Skips, allowed: float) -> None:
         f"dataset.maxSkippedFraction ({allowed}) allows; first problems: {examples}. Fix the rows (or "
         "dataset.format), or raise dataset.maxSkippedFraction to train on the rest"
     )
+
+
+def shape_of(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, int]:
+    """The verifier's shape for status.plan.estimates (hidden-state bytes before extract); {}: unknown."""
+    v = ctx.params.verifier
+    shape = verifier_shape(ctx.local_path(v.model), v.revision, v.trust_remote_code)
+    if shape is None:
+        return {}
+    layers = {"numHiddenLayers": shape.num_hidden_layers} if shape.num_hidden_layers is not None else {}
+    return {"hiddenSize": shape.hidden_size, **layers}
 
 
 def _since(t0: float) -> float:

@@ -18,7 +18,10 @@ from eagle3_operator.builders import (
     build_service,
     build_spec_configmap,
 )
+from eagle3_operator.builders.mooncake import build_mooncake_master, build_mooncake_service
 from eagle3_operator.builders.names import RunRef, spec_configmap_name
+from eagle3_operator.builders.producers import build_producers, build_producers_service
+from eagle3_operator.builders.training import build_rendezvous_service
 from tests.tiny_spec import tiny
 
 TINY_RUN = RunRef(name="tiny", namespace="eagle3", uid="00000000-0000-4000-8000-000000000001")
@@ -61,6 +64,13 @@ KIMI_SPEC: dict[str, Any] = {
 }
 
 
+# The Kimi run online: 2 producers (one node each) hand hidden states over Mooncake to 2 training nodes.
+KIMI_ONLINE_SPEC: dict[str, Any] = copy.deepcopy(KIMI_SPEC) | {
+    "extraction": {"tokenBudget": 16384, "mode": "online", "transfer": "mooncake", "servers": 2},
+    "training": {"gpus": 8, "epochs": 5, "nodes": 2},
+}
+
+
 PINNED_SHA256 = "5c1f5ae3d9f2b37a4e0f8c6d2b1a90e7c3d4f5a6b7c8d9e0f1a2b3c4d5e6f708"
 
 
@@ -76,6 +86,24 @@ def pinned_spec() -> Eagle3RunSpec:
 
 def kimi_spec() -> Eagle3RunSpec:
     return parse_spec(KIMI_SPEC)
+
+
+def kimi_online_spec() -> Eagle3RunSpec:
+    return parse_spec(KIMI_ONLINE_SPEC)
+
+
+def online_objects(run: RunRef, spec: Eagle3RunSpec) -> list[dict[str, Any]]:
+    """The online and multi-node objects: producers, Mooncake master, the Indexed train Job, its Service."""
+    train = plan_of(spec, Stage.TRAIN)
+    job = build_job(run, spec, train, 0, None, configmap_name(run, spec))
+    return [
+        build_producers(run, spec, train.hash, configmap_name(run, spec)),
+        build_producers_service(run),
+        build_mooncake_master(run, spec, train.hash),
+        build_mooncake_service(run),
+        job,
+        build_rendezvous_service(run, job["metadata"]["name"], train.hash, 0),
+    ]
 
 
 def plan_of(spec: Eagle3RunSpec, stage: Stage) -> StagePlan:

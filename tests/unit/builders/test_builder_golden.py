@@ -29,7 +29,9 @@ from tests.unit.builders.builder_cases import (
     TINY_RUN,
     configmap_name,
     draft_dir,
+    kimi_online_spec,
     kimi_spec,
+    online_objects,
     pinned_spec,
     plan_of,
     spec_hash,
@@ -46,6 +48,10 @@ def _job(spec_fn: Callable[[], Any], run: Any, stage: Stage, attempt: int = 0, h
     plan = plan_of(spec, stage)
     budget = plan.token_budget // 2 if halve and plan.token_budget else None
     return build_job(run, spec, plan, attempt, budget, configmap_name(run, spec))
+
+
+def _online(index: int) -> Callable[[], dict[str, Any]]:
+    return lambda: online_objects(KIMI_RUN, kimi_online_spec())[index]
 
 
 CASES: dict[str, Callable[[], dict[str, Any]]] = {
@@ -65,6 +71,13 @@ CASES: dict[str, Callable[[], dict[str, Any]]] = {
     "deployment_pinned_checked": lambda: build_deployment(
         TINY_RUN, pinned_spec(), "export/3f0c2a9d41be", PINNED_SHA256
     ),
+    # online + mooncake + 2 training nodes
+    "producers_kimi": _online(0),
+    "producers_service_kimi": _online(1),
+    "mooncake_kimi": _online(2),
+    "mooncake_service_kimi": _online(3),
+    "job_train_kimi_online": _online(4),
+    "rendezvous_service_kimi": _online(5),
 }
 
 

@@ -15,7 +15,9 @@ from tests.unit.builders.builder_cases import (
     PINNED_SHA256,
     TINY_RUN,
     all_objects,
+    kimi_online_spec,
     kimi_spec,
+    online_objects,
     pinned_spec,
     specs,
     stage_jobs,
@@ -44,6 +46,14 @@ def test_objects_match_kubernetes_schemas(run: RunRef, make_spec: Any) -> None:
             pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {path}: {exc.message}")
         checked.add(obj["kind"])
     assert checked == {"ConfigMap", "PersistentVolumeClaim", "Job", "Deployment", "Service"}
+
+
+def test_the_online_and_multi_node_objects_match_kubernetes_schemas() -> None:
+    objects = online_objects(KIMI_RUN, kimi_online_spec())
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["Deployment", "Service", "Deployment", "Service", "Job", "Service"]
 
 
 def test_the_verify_job_and_a_checked_deployment_match_kubernetes_schemas() -> None:

@@ -24,6 +24,7 @@ from eagle3_operator.reconcile.observe import (
     observe_deployment,
     observe_job,
     serving_pods,
+    workloads_blocked_by,
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
 from tests import tiny_spec
@@ -124,6 +125,7 @@ class World:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     deployment: dict[str, Any] | None = None
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # other Deployments, by name
     objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pod_monitors_served: bool = False
     clock: float = 0.0
@@ -143,6 +145,8 @@ class World:
             },
             pod_monitors_served=self.pod_monitors_served,
             serving_blocked_by=blocked_by(serving_pods(pods)),
+            workloads={view.stage: view for view in (observe_deployment(d) for d in self.workloads.values())},
+            workload_blocked_by=workloads_blocked_by(pods),
         )
 
     def plan(self, now: str | None = None) -> Plan:
@@ -177,6 +181,13 @@ class World:
                         p for p, v in self.pods.items() if v["metadata"]["labels"][JOB_NAME_LABEL] == name
                     ]:
                         del self.pods[pod]
+            elif kind == "Deployment" and name != names.serving_name(self.ref.name):
+                if action.verb == "create":
+                    self.workloads.setdefault(name, body)
+                elif action.verb == "delete":
+                    self.workloads.pop(name, None)
+                else:
+                    self.workloads[name] = apply_merge_patch(self.workloads[name], body)
             elif kind == "Deployment":
                 if action.verb == "delete":
                     self.deployment = None
@@ -254,6 +265,10 @@ class World:
         state = {"terminated": terminated(exit_code, term_reason, last_message, end)}
         self.pods[job["metadata"]["name"]] = pod_of(job, "a", state, "Failed")
         return job
+
+    def available(self, name: str, replicas: int = 1) -> None:
+        """The Deployment `name` (producers, Mooncake master) has `replicas` ready and available pods."""
+        self.workloads[name]["status"] = {"readyReplicas": replicas, "availableReplicas": replicas}
 
     def ready(self, replicas: int = 1) -> None:
         """The Deployment's pods are ready."""

@@ -15,6 +15,7 @@ from eagle3_contract.exit_codes import OOM_EXIT_CODE
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.job import build_job
+from eagle3_operator.builders.producers import build_producers
 from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.observe import (
     DeploymentView,
@@ -205,7 +206,28 @@ def test_observing_a_slim_copy_is_observing_the_object(spec: Eagle3RunSpec, data
     }
     slim = slim_deployment(deployment)
     assert observe_deployment(slim) == observe_deployment(deployment)
-    assert set(slim["spec"]["template"]) == {"metadata"}
+    assert set(slim["spec"]["template"]["spec"]) == {"volumes"}  # where a spec ConfigMap would be
+    producers = build_producers(TINY_RUN, spec, "abc", "tiny-spec-1") | {
+        "status": {"readyReplicas": 1, "availableReplicas": 1}
+    }
+    slim = slim_deployment(producers)
+    assert observe_deployment(slim) == observe_deployment(producers)
+    assert observe_deployment(slim).spec_configmap == "tiny-spec-1"
+    assert set(slim["spec"]["template"]["spec"]) == {"volumes"}
+
+
+def test_a_multi_node_stage_takes_node_0s_result() -> None:
+    """Every pod of an Indexed train Job ends; node 0's termination message is the stage's result."""
+    job = with_status(a_job(), job_status("complete", ts(9)))
+    pods = []
+    for index, (at, message) in enumerate([(ts(5), '{"rank": 0}'), (ts(6), "node 1 done")]):
+        pod = a_pod(job, at, 0, message=message)
+        pod["metadata"]["name"] += f"-{index}"
+        pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
+        pods.append(pod)
+    view = observe_job(job, pods)
+    assert view.termination is not None and view.termination.message == '{"rank": 0}'
+    assert observe_job(slim_job(job), [slim_pod(p) for p in pods]) == view
 
 
 def test_slim_copies_of_sparse_objects() -> None:

@@ -1,0 +1,87 @@
+"""`eagle3 run FILE --dry-run`: the stage plan and the estimates, nothing run, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3_cli.main import main as eagle3_main
+from eagle3_pipeline.stage_main import run_stage
+from tests.pipeline.chat_templates import save_verifier
+from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
+from tests.tiny_spec import EXAMPLE
+
+
+def dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code = eagle3_main(["run", *args, "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return " ".join(out.split())  # rich wraps cells: compare words
+
+
+@pytest.mark.pipeline
+def test_the_tiny_example_prints_its_plan_and_estimates(
+    tmp_path: Path, tiny_models: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    art = tmp_path / "art"
+    out = dry_run(capsys, str(EXAMPLE), "--models", str(tiny_models), "--artifacts", str(art))
+    assert not art.exists(), "a dry run writes nothing"
+    for stage in ("prepare", "generate", "extract", "vocab", "train", "evaluate", "export"):
+        assert f"│ {stage} │ run │" in out
+    assert "│ verify │ skip │" in out
+    # layers [1, 2, 3] and the last of a 128-wide verifier in bf16, with the int64 token id
+    assert "hidden states per token: 1,032 B (4 layers x 128 x bfloat16 + token id)" in out
+    assert "from the verifier's config (" in out
+    # 400 rows, 256 of them tokenized with the verifier's chat template (regeneration rewrites the answers)
+    assert "estimated: 256 of 400 rows tokenized with the verifier's chat template" in out
+    assert "offline (this spec)" in out and "x6 training.epochs" in out
+
+
+@pytest.mark.pipeline
+def test_a_prepared_output_makes_the_tokens_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    verifier = save_verifier(tmp_path / "verifier")
+    source = write_jsonl(tmp_path / "data.jsonl", [chat(i) for i in range(12)])
+    spec = base_spec(verifier, source)
+    spec["training"]["epochs"] = 3
+    manifest = write_manifest(tmp_path / "run.yaml", spec)
+    before = dry_run(capsys, str(manifest), "--artifacts", str(tmp_path / "art"))
+    assert "counted: all 12 rows tokenized with the verifier's chat template" in before
+    from eagle3_contract.api.manifest import load_manifest
+    from eagle3_contract.stages import Stage, plan_stages
+
+    plan = next(p for p in plan_stages(load_manifest(manifest).spec) if p.stage is Stage.PREPARE)
+    assert run_stage("prepare", str(manifest), str(tmp_path / "art"), plan.output_dir, []) == 0
+    result = json.loads((tmp_path / "art" / plan.output_dir / "result.json").read_text())
+    assert (result["hiddenSize"], result["numHiddenLayers"]) == (32, 2)  # for status.plan.estimates
+    after = dry_run(capsys, str(manifest), "--artifacts", str(tmp_path / "art"))
+    assert "│ prepare │ reuse │" in after and "│ extract │ run │" in after
+    assert f"tokens: {result['tokens']:,} (exact: from prepare's result)" in after
+    # layers [1] and the last: 2 x 32 x 2 bytes + 8 = 136; hidden size from prepare's result
+    assert (
+        "hidden states per token: 136 B (2 layers x 32 x bfloat16 + token id); hidden size from prepare"
+        in after
+    )
+    per_epoch = result["tokens"] * 136
+    assert f"{per_epoch * 3 / 1000:.1f} kB" in after  # online: every epoch again
+
+
+def test_a_hub_verifier_and_dataset_give_the_upper_bound_and_download_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hub cache
+    spec = {
+        "verifier": {"model": "moonshotai/Kimi-K2.5", "tensorParallelSize": 8},
+        "dataset": {"source": "HuggingFaceH4/ultrachat_200k", "maxSamples": 1000, "maxSequenceLength": 4096},
+        "extraction": {"mode": "online", "servers": 2},
+        "training": {"gpus": 8, "nodes": 2},
+    }
+    out = dry_run(
+        capsys, str(write_manifest(tmp_path / "run.yaml", spec)), "--artifacts", str(tmp_path / "a")
+    )
+    assert "tokens: 4,096,000 (upper bound from dataset.maxSamples x maxSequenceLength (1000 x 4096))" in out
+    assert "hidden states per token: unknown (4 layers x the hidden size x bfloat16)" in out
+    assert "│ train │ run │ 16 │ 2 │ 40,960,000 │ + 16 GPUs of" in out  # training.epochs 10
+    assert "│ extract │ skip │ 0 │ 0 │ - │" in out and "online (this spec)" in out
+    assert not (tmp_path / "a").exists() and not (tmp_path / "hf").exists()
