@@ -3,8 +3,10 @@ our train stage against the stock `speculators train` on the same data and the s
 
     python benchmarks/gpu_pipeline.py [--size 1b|3b|tiny] [--device cuda|cpu] [--steps 300] [--epochs 1]
         [--seq-len N] [--token-budget N] [--warmup N] [--peak-tflops T] [--json out.json] [--workdir DIR]
+        [--compare all|stock|online] [--vllm PATH] [--online-timeout S] [--online-evaluate]
 
-(PYTHONPATH=operator:pipeline; `benchmarks/gpu_pipeline.sh` runs it on a GPU machine with a time limit.)
+(PYTHONPATH=contract:operator:pipeline:cli; `benchmarks/gpu_pipeline.sh` runs it on a GPU machine with a time
+limit.)
 1. A random-weight Llama verifier of `--size` is built on the device (bf16 on a GPU; `1b`: 16 layers x 2048,
    1.1B parameters) with a small BPE tokenizer (speculators reads one for the draft's mask token).
 2. A prepared dataset of random rows (lengths uniform in [seq/8, seq/2], about 5% validation rows, token
@@ -19,12 +21,20 @@ our train stage against the stock `speculators train` on the same data and the s
    records (gpu_train_bench.py). The stock run comes second: Triton and inductor caches are warm for it,
    which only its time to the first step shows. Without an accelerator it runs inside
    eagle3_pipeline.speculators_cpu.cpu_adapted() (speculators 0.9.0 trains on CUDA only).
+5. Online against offline (gpu_online.py; needs a vLLM for the device, `--vllm`, else every part is recorded
+   as skipped with the reason): `eagle3 run` on the same prepare and vocab outputs, offline (vLLM
+   extraction) and online (`eagle3 produce`, volume transfer; mooncake where it is installed): train tokens/s
+   and their ratio, bytes stored on the volume, peak staging, the producer's own throughput at concurrency 1
+   and 32, and the acceptance length (the train stage's validation estimate; `--online-evaluate`: vLLM's).
+
+`--compare stock` runs 1-4, `--compare online` 1-3 (vocab only) and 5, `--compare all` (the default) all.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import io
 import json
@@ -43,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from gpu_online import SOURCE_DIRS
 from gpu_report import markdown
 from gpu_roofline import (
     SIZES,
@@ -285,7 +296,7 @@ def train_stock(ctx: Context) -> dict[str, Any]:
     cuda = ctx.device.type == "cuda"
     config, save = ctx.root / TRAIN / RUN_YAML, ctx.root / "stock" / "checkpoints"
     save.parent.mkdir()
-    env = stock_env([REPO / "operator", REPO / "pipeline"], None if cuda else torch.get_num_threads())
+    env = stock_env([REPO / d for d in SOURCE_DIRS], None if cuda else torch.get_num_threads())
     stock = run_stock(stock_command(config, save), env, save.parent, ctx.stock_log, ctx.warmup)
     assert ctx.ours is not None
     return {
@@ -355,11 +366,64 @@ def run(ctx: Context) -> dict[str, Any]:
     report["vocab"] = ctx.phase(
         "vocab", lambda: stage("vocab", ctx.spec, ctx.root, VOCAB, [f"prepare={PREPARE}"])
     )
-    report["extraction"] = ctx.phase("extract", lambda: extraction(ctx))
-    report["training"] = ctx.phase("train", lambda: train_ours(ctx))
-    report["training"].update(ctx.phase("stock", lambda: train_stock(ctx)))
+    if args.compare in ("all", "stock"):
+        report["extraction"] = ctx.phase("extract", lambda: extraction(ctx))
+        report["training"] = ctx.phase("train", lambda: train_ours(ctx))
+        report["training"].update(ctx.phase("stock", lambda: train_stock(ctx)))
+    if args.compare in ("all", "online"):
+        online_comparison(ctx)
     ctx.save()
     return report
+
+
+def online_comparison(ctx: Context) -> None:
+    """Step 5: offline (vLLM extraction) against online (volume, mooncake) by `eagle3 run`, and the producer
+    alone; every part that cannot run is recorded under `skipped` with the reason."""
+    import gpu_online as go
+
+    args = ctx.args
+    online: dict[str, Any] = {"runs": {}, "skipped": {}, "timeoutSeconds": args.online_timeout}
+    ctx.report["online"] = online
+    vllm, why = go.find_vllm(args.vllm)
+    if vllm is None:
+        online["skipped"]["all"] = why
+        say(f"online comparison skipped: {why}")
+        ctx.save()
+        return
+    online["vllm"], online["eager"] = vllm, not args.online_compile
+    art = ctx.root / go.ARTIFACTS
+    logs = args.json.parent if args.json else ctx.root
+    until = "evaluate" if args.online_evaluate else "train"
+    if args.online_evaluate:
+        go.conversations(ctx.root / PREPARE, go.EVAL_PROMPTS)
+    modes = {
+        "offline": {"mode": "offline", "backend": "vllm"},
+        "volume": {"mode": "online", "transfer": "volume"},
+        "mooncake": {"mode": "online", "transfer": "mooncake"},
+    }
+    specs: dict[str, Path] = {}
+    for label, fields in modes.items():
+        problem = go.mooncake_problem() if label == "mooncake" else None
+        if problem:
+            online["skipped"][label] = problem
+            say(f"online {label} skipped: {problem}")
+            continue
+        spec = specs[label] = go.manifest(
+            ctx.spec, ctx.root, label, fields, evaluate=args.online_evaluate, eager=not args.online_compile
+        )
+        go.seed(art, spec, {"prepare": ctx.root / PREPARE, "vocab": ctx.root / VOCAB})
+        run = functools.partial(go.run_mode, label, spec, art, vllm, until, args.online_timeout, logs)
+        online["runs"][label] = figures = ctx.phase(f"online-{label}", run)
+        if "error" in figures:
+            say(f"online {label}: {figures['error']} (see {logs / figures['log']})")
+    if "trainTokensPerSecond" in online["runs"].get("volume", {}):
+        rows = go.dataset_rows(ctx.root / PREPARE)
+        throughput = functools.partial(go.producer_throughput, specs["volume"], art, vllm, rows)
+        online["producer"] = ctx.phase("producer", throughput)
+    else:
+        online["skipped"]["producer"] = "the online (volume) run did not finish"
+    online["ratio"] = go.compare(online["runs"])
+    ctx.save()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -376,6 +440,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--markdown", type=Path, help="write the Markdown tables here too")
     p.add_argument("--workdir", type=Path, help="where the temporary run directory goes (default $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the run directory (models, files, checkpoints)")
+    p.add_argument(
+        "--compare",
+        choices=["all", "stock", "online"],
+        default="all",
+        help="stock: ours against stock speculators train; online: online against offline; all",
+    )
+    p.add_argument("--vllm", help="vLLM's executable for the online comparison (default $EAGLE3_VLLM, PATH)")
+    p.add_argument(
+        "--online-timeout",
+        type=float,
+        default=240.0,
+        help="seconds for each `eagle3 run` of the online comparison (default 240)",
+    )
+    p.add_argument(
+        "--online-compile",
+        action="store_true",
+        help="vLLM with torch.compile and CUDA graphs (default: --enforce-eager, faster to start)",
+    )
+    p.add_argument(
+        "--online-evaluate",
+        action="store_true",
+        help="run the evaluate stage for each draft too (two more vLLM servers per mode)",
+    )
     args = p.parse_args(argv)
     tiny = args.size == "tiny"
     args.seq_len = args.seq_len or (256 if tiny else 2048)

@@ -3,19 +3,24 @@
 # compiler and the Python packages (torch, transformers and triton must be installed; missing small ones,
 # speculators and hs-connectors above all, are installed from a directory of wheels that
 # benchmarks/gpu_wheels.sh fills, into a private directory on PYTHONPATH, never into the environment), then
-# runs benchmarks/gpu_pipeline.py with PYTHONPATH=operator:pipeline (the project need not be installed).
+# runs benchmarks/gpu_pipeline.py with PYTHONPATH=contract:operator:pipeline:cli (the project need not be
+# installed).
 #
 #   bash benchmarks/gpu_pipeline.sh [--wheels DIR] [--timeout SECONDS] [gpu_pipeline.py options]
 #     --wheels DIR   wheels to install missing packages from (env EAGLE3_WHEELS); no network is used
 #     --timeout S    the limit for everything, checks and installs included (env TIMEOUT; default 480)
 #     --device cpu   (a gpu_pipeline.py option) skips the GPU checks: the smoke run, with --size tiny
+#     --compare online --vllm PATH   (gpu_pipeline.py options) online against offline hidden states; without a
+#                    vLLM for the GPU it is recorded as skipped (docs/gpu.md)
 #     e.g.           bash benchmarks/gpu_pipeline.sh --wheels wheels-gpu --size 1b --steps 300
 #   env: PYTHON (default python3), OUT (results directory, default .), EAGLE3_GPU_PREFIX (missing packages
-#        go to its site-packages/; default ${TMPDIR:-/tmp}/eagle3-gpu), WORKDIR (the run's scratch directory:
-#        the verifier and ~10 GB of hidden states for 1b; default ${TMPDIR:-/tmp})
+#        go to its site-packages/, their commands to site-packages/bin; default ${TMPDIR:-/tmp}/eagle3-gpu),
+#        WORKDIR (the run's scratch directory: the verifier and ~10 GB of hidden states for 1b; default
+#        ${TMPDIR:-/tmp})
 #
 # Writes $OUT/gpu_pipeline.json (after every phase: a run cut short keeps what it measured), gpu_pipeline.md,
-# gpu_pipeline.log (everything printed) and gpu_pipeline.stock.log (the stock `speculators train` console).
+# gpu_pipeline.log (everything printed), gpu_pipeline.stock.log (the stock `speculators train` console) and,
+# with the online comparison, gpu_pipeline.online.{offline,volume,mooncake}.log (`eagle3 run`, producer logs).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,7 +40,7 @@ while (($#)); do
     --timeout) LIMIT=$2; shift 2 ;;
     --device) DEVICE=$2; ARGS+=("$1" "$2"); shift 2 ;;
     --device=*) DEVICE=${1#--device=}; ARGS+=("$1"); shift ;;
-    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
     esac
 done
@@ -44,7 +49,8 @@ fail() { say "$*"; exit 1; }
 
 mkdir -p "$OUT" "$WORKDIR"
 OUT=$(cd "$OUT" && pwd)
-export PYTHONPATH="$SITE:$REPO/operator:$REPO/pipeline${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE:$REPO/contract:$REPO/operator:$REPO/pipeline:$REPO/cli${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$PATH" # commands of what is installed there (mooncake_master)
 
 # --- the GPU, torch, transformers and triton --------------------------------------------------------------
 if [[ $DEVICE == cuda ]]; then
@@ -110,6 +116,14 @@ on a machine with an index and pass it as --wheels DIR (or EAGLE3_WHEELS)"
         --target "$SITE" --upgrade $TODO
     TODO=$(missing)
     [[ -z $TODO ]] || fail "still missing after installing from $WHEELS: $TODO"
+fi
+# Optional: Mooncake's transfer engine for the online comparison's mooncake transfer (gpu_wheels.sh --mooncake
+# brings it; it also needs Debian's libibverbs1). Without it that part is skipped, with the reason.
+if [[ -n $WHEELS ]] && compgen -G "$WHEELS/mooncake_transfer_engine-*.whl" >/dev/null &&
+    ! "$PYTHON" -c 'import mooncake' 2>/dev/null; then
+    say "installing mooncake-transfer-engine from $WHEELS into $SITE"
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --find-links "$WHEELS" \
+        --target "$SITE" --upgrade mooncake-transfer-engine msgpack || say "mooncake-transfer-engine did not install"
 fi
 "$PYTHON" - <<'EOF' || fail "the pipeline does not import (see above)"
 import importlib.metadata as md

@@ -1,4 +1,5 @@
-"""`gpu_pipeline.py`'s report (the JSON it writes) as Markdown: the setup, then extraction and training."""
+"""`gpu_pipeline.py`'s report (the JSON it writes) as Markdown: the setup, then extraction and training, then
+online against offline hidden states."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ FORWARD = "forward passes only (same batches)"
 
 
 def markdown(report: dict[str, Any]) -> str:
-    return "\n".join([*setup(report), "", *extraction(report["extraction"]), "", *training(report)])
+    """The tables of the parts the report has (`--compare` picks them)."""
+    parts = [setup(report)]
+    if "extraction" in report:
+        parts.append(extraction(report["extraction"]))
+    if "training" in report:
+        parts.append(training(report))
+    if "online" in report:
+        parts.append(online(report["online"]))
+    return "\n\n".join("\n".join(lines) for lines in parts)
 
 
 def setup(report: dict[str, Any]) -> list[str]:
@@ -70,6 +79,64 @@ def training(report: dict[str, Any]) -> list[str]:
         + ".",
     ]
     return lines
+
+
+def online(o: dict[str, Any]) -> list[str]:
+    """Online against offline: one row per mode that ran, the producer's throughput, what was skipped."""
+    lines = []
+    if o["runs"]:
+        lines += [
+            "| hidden states (`eagle3 run`) | train tokens/s | ratio to offline | train s | stored on volume "
+            "| peak staging | producer prompt tokens | acceptance length: estimate / vLLM |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for label, r in o["runs"].items():
+            name = "offline, vLLM extraction" if label == "offline" else f"online, {label} transfer"
+            if "error" in r:
+                lines.append(f"| {name} | {r['error']} (log: {r['log']}) | | | | | | |")
+                continue
+            rel = (o.get("ratio") or {}).get(label, {}).get("trainTokensPerSecond")
+            lines.append(
+                f"| {name} | {r['trainTokensPerSecond']:,.0f} | {_num(1.0 if label == 'offline' else rel)} "
+                f"| {_num(r.get('trainSeconds'), '.1f')} | {_bytes(r['storedBytes'])} "
+                f"| {_bytes(r['peakStagingBytes'])} | {_num(r.get('producerPromptTokens'), ',.0f')} "
+                f"| {_num(r.get('estimatedAcceptanceLength'))} / {_num(r.get('acceptanceLength'))} |"
+            )
+    if o.get("producer"):
+        if lines:
+            lines.append("")
+        lines += [
+            "| `eagle3 produce` alone, speculators' async client | rows | samples/s | tokens/s | MB/s |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for p in o["producer"]:
+            lines.append(
+                f"| concurrency {p['concurrency']} | {p['rows']} | {p['samplesPerSecond']} "
+                f"| {p['tokensPerSecond']:,.0f} | {p['megabytesPerSecond']} |"
+            )
+    for label, r in (o.get("ratio") or {}).items():
+        checks = [
+            f"{key} {r[key]} ({'within' if r[key + 'Within5Percent'] else 'NOT within'} 5%)"
+            for key in ("estimatedAcceptanceLength", "acceptanceLength")
+            if key in r
+        ]
+        if checks:
+            lines += ["", f"Online ({label}) / offline: " + "; ".join(checks) + "."]
+    for part, why in o["skipped"].items():
+        lines += ["", f"Online comparison, {part}: skipped: {why}."]
+    while lines and not lines[0]:
+        lines.pop(0)
+    return lines or ["Online comparison: nothing ran."]
+
+
+def _bytes(value: int | None) -> str:
+    return (
+        "n/a"
+        if value is None
+        else f"{value / 2**30:.2f} GiB"
+        if value >= 2**28
+        else f"{value / 2**20:.1f} MiB"
+    )
 
 
 def _num(value: float | None, spec: str = ".3g") -> str:

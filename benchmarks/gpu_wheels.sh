@@ -6,10 +6,13 @@
 # GPU machine's Python (binary wheels for manylinux x86_64). Run it here, with the package index pip is
 # configured for; copy the directory along; on the GPU machine: bash benchmarks/gpu_pipeline.sh --wheels DIR.
 #
-#   bash benchmarks/gpu_wheels.sh [DIR] [--python-version X.Y] [--no-large]
+#   bash benchmarks/gpu_wheels.sh [DIR] [--python-version X.Y] [--no-large] [--mooncake]
 #     DIR               default: wheels-gpu (created)
 #     --python-version  the GPU machine's Python (default: the virtual environment's)
 #     --no-large        leave out pyarrow and pandas (about 70 MB; datasets needs them, most images have them)
+#     --mooncake        add Mooncake's transfer engine, CUDA build (mooncake-transfer-engine==0.3.13.post1, a
+#                       98 MB wheel, and msgpack) for the online comparison's mooncake transfer; it also needs
+#                       Debian's libibverbs1 there. More than the device tool carries in one call (64 MiB).
 #   env: PYTHON (the environment whose versions are pinned; default .venv/bin/python)
 set -euo pipefail
 
@@ -18,11 +21,14 @@ PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 DEST=wheels-gpu
 PY_VERSION=""
 LARGE=1
+MOONCAKE=0
+MOONCAKE_PIN=mooncake-transfer-engine==0.3.13.post1 # the CUDA build; the CPU tier uses its -non-cuda twin
 while (($#)); do
     case "$1" in
     --python-version) PY_VERSION=$2; shift 2 ;;
     --no-large) LARGE=0; shift ;;
-    -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+    --mooncake) MOONCAKE=1; shift ;;
+    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
     -*) echo "gpu_wheels.sh: unknown option $1" >&2; exit 2 ;;
     *) DEST=$1; shift ;;
     esac
@@ -59,6 +65,7 @@ for name in sys.argv[1:]:
 EOF
 )
 mapfile -t PINS <<<"$PINNED"
+((MOONCAKE)) && PINS+=("$MOONCAKE_PIN" "msgpack==$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("msgpack"))')")
 
 mkdir -p "$DEST"
 PLATFORMS=()

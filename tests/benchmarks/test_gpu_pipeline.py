@@ -19,6 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
+SOURCE_DIRS = ("contract", "operator", "pipeline", "cli")  # what gpu_pipeline.sh puts on PYTHONPATH
 
 
 def bench(name: str) -> ModuleType:
@@ -115,13 +116,70 @@ def test_rates_count_the_steps_after_the_warmup_between_their_records() -> None:
     assert figures.peak_memory_gib == 1.0
 
 
+def online_run(tokens_per_s: float, estimate: float, stored: int) -> dict[str, Any]:
+    return {
+        "trainTokensPerSecond": tokens_per_s,
+        "trainSeconds": 12.5,
+        "estimatedAcceptanceLength": estimate,
+        "storedBytes": stored,
+        "peakStagingBytes": stored // 10,
+        "log": "x.log",
+    }
+
+
+def test_the_online_comparison_reports_ratios_and_what_was_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    online, report = bench("gpu_online"), bench("gpu_report")
+    monkeypatch.delenv("EAGLE3_VLLM", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    vllm, why = online.find_vllm(None)
+    assert vllm is None and "no vLLM" in why and "64 MiB" in why
+    assert "mooncake_master" in online.mooncake_problem()
+    runs = {
+        "offline": online_run(1000.0, 2.0, 3 * 2**30),
+        "volume": online_run(900.0, 2.06, 0),
+        "mooncake": {"mode": "mooncake", "error": "stopped at its time limit", "log": "m.log"},
+    }
+    ratio = online.compare(runs)
+    assert ratio == {
+        "volume": {
+            "trainTokensPerSecond": 0.9,
+            "estimatedAcceptanceLength": 1.03,
+            "estimatedAcceptanceLengthWithin5Percent": True,
+        }
+    }
+    producer = [
+        {
+            "concurrency": 1,
+            "rows": 64,
+            "samplesPerSecond": 5.0,
+            "tokensPerSecond": 3200.0,
+            "megabytesPerSecond": 50.0,
+        }
+    ]
+    text = "\n".join(
+        report.online(
+            {"runs": runs, "ratio": ratio, "producer": producer, "skipped": {"mooncake": "no master"}}
+        )
+    )
+    assert "| offline, vLLM extraction | 1,000 | 1 | 12.5 | 3.00 GiB | 0.30 GiB |" in text
+    assert "| online, volume transfer | 900 | 0.9 |" in text
+    assert (
+        "stopped at its time limit (log: m.log)" in text
+        and "| concurrency 1 | 64 | 5.0 | 3,200 | 50.0 |" in text
+    )
+    assert "estimatedAcceptanceLength 1.03 (within 5%)" in text and "mooncake: skipped: no master" in text
+    skipped = report.online({"runs": {}, "skipped": {"all": why}})
+    assert skipped == [f"Online comparison, all: skipped: {why}."]
+
+
 @pytest.mark.pipeline
 @pytest.mark.timeout(300)
 def test_the_benchmark_runs_on_the_cpu_with_the_tiny_verifier(tmp_path: Path) -> None:
     out = tmp_path / "gpu_pipeline.json"
     argv = [sys.executable, str(BENCHMARKS / "gpu_pipeline.py"), "--size", "tiny", "--device", "cpu"]
     argv += ["--steps", "5", "--peak-tflops", "1", "--json", str(out), "--workdir", str(tmp_path / "work")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "pipeline"))}
+    argv += ["--compare", "stock"]  # the online comparison starts vLLM servers (see docs/gpu.md)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in SOURCE_DIRS)}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=280)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "| ratio ours / stock |" in done.stdout and "in cpu_adapted()" in done.stdout

@@ -30,7 +30,9 @@ def test_the_gpu_pipeline_benchmark_runs_small_on_the_gpu(tmp_path: Path) -> Non
         "cuda",
     ]
     argv += ["--steps", "30", "--peak-tflops", "989", "--json", str(out), "--workdir", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("operator", "pipeline"))}
+    argv += ["--compare", "stock"]  # the online comparison is test_online_gpu's
+    dirs = ("contract", "operator", "pipeline", "cli")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in dirs)}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "| ratio ours / stock |" in done.stdout
