@@ -18,6 +18,7 @@ from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.reconcile.executor import (
     CHILD_INDEXES,
     OWNED_INDEXES,
+    forget_run,
     reconcile,
     reconcile_current,
     sweep_ghosts,
@@ -148,6 +149,41 @@ async def test_a_create_that_fails_because_the_run_is_gone_forgets_the_run():
     assert "u-gone" in memo.gone and not memo.statuses and not memo.pending and not memo.locks
     await reconcile_current(body, memo, logging.getLogger(__name__), indices)
     assert len(memo.kube.writes) == 1, "a stale index entry of it is never acted on again"
+
+
+class _SweptKube:
+    """An API that accepts every write, while the re-list's sweep forgets the run during the first create
+    (the reconcile awaited the server; the sweep ran meanwhile)."""
+
+    def __init__(self) -> None:
+        self.memo: kopf.Memo | None = None
+        self.writes: list[str] = []
+
+    async def apply(self, verb: str, body: dict) -> bool:
+        self.writes.append(f"{verb} {body['kind']}")
+        if self.memo is not None and len(self.writes) == 1:
+            forget_run(self.memo, "e3", "swept", "u-swept")
+        return True
+
+    async def patch_run_status(self, namespace: str, name: str, patch: dict) -> None:
+        self.writes.append("patch status")
+
+
+async def test_a_run_forgotten_while_its_reconcile_awaited_the_server_gets_no_series_back():
+    """A reconcile that was under way when the sweep forgot its run must not put the run's status and metric
+    series back when it ends (the real-server fault scenario saw them come back under load)."""
+    metrics, kube = OperatorMetrics(), _SweptKube()
+    memo = kopf.Memo(kube=kube, metrics=metrics, locks={}, statuses={}, pending={}, pod_monitors=False)
+    kube.memo = memo
+    body = {
+        "metadata": {"name": "swept", "namespace": "e3", "uid": "u-swept", "generation": 1},
+        "spec": tiny(),
+    }
+    indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
+    await reconcile(body, memo, logging.getLogger(__name__), indices)
+    assert kube.writes, "the reconcile carried out its plan"
+    assert "u-swept" in memo.gone and not memo.statuses
+    assert not any(run == "swept" for _, run in metrics.memory), "its metric series stay dropped"
 
 
 async def test_a_failed_job_deleted_while_the_watch_missed_it_is_swept_and_its_retry_starts(backend, caplog):

@@ -220,6 +220,8 @@ async def reconcile(
             logger.info("run %s/%s is gone; forgetting it: %s", ref.namespace, ref.name, gone)
             forget_run(memo, ref.namespace, ref.name, ref.uid)
             return
+        if ref.uid and ref.uid in memo.setdefault("gone", set()):
+            return  # forgotten while this reconcile awaited the API server (the re-list's sweep): keep it so
         memo.statuses[key] = (ref.uid, plan.status)
         announce(body, known, plan)
         memo.metrics.observe(run_report(ref, plan, observed.jobs, time.time()))
