@@ -262,6 +262,8 @@ async def run_event(
     A (re-)listed one: the sweep looks for runs deleted while the watch was away."""
     _remember_context(memo)
     if event.get("type") == "DELETED":
-        forget_run(memo, namespace or "", name)
+        # with its uid, a reconcile of it still under way ends without putting its status or series back
+        uid = (event.get("object") or {}).get("metadata", {}).get("uid")
+        forget_run(memo, namespace or "", name, uid)
     else:
         memo.relisted.set()
