@@ -45,6 +45,7 @@ from scale_common import (
     proc_status_kb,
     read_log,
 )
+from scale_progress import report_progress
 from tests.harness.cluster import Cluster, Emulator, JobPlayer, declare_resources
 from tests.harness.results import fake_result
 from tests.harness.scenario import tiny
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 # The watches the operator opens (kopf's indexes and handlers); the runs are created once all are open.
 WATCHED = {"eagle3runs", "jobs", "pods", "deployments", "services", "configmaps", "persistentvolumeclaims"}
+STATUS_WRITES = "UPDATE eagle3runs/status (handlers)"  # kmock names a PATCH an UPDATE
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Probe:
 
     jobs: dict[str, dict[str, float]] = field(default_factory=dict)
     bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    extract_bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
     job_names: dict[tuple[str, str], set[str]] = field(default_factory=dict)
@@ -77,7 +80,13 @@ class Probe:
         self.job_names.setdefault((run, stage), set()).add(data["metadata"]["name"])
         if stage == "prepare":
             self.bodies.setdefault(run, data)
+        if stage == "extract":
+            self.extract_bodies.setdefault(run, data)
         self.changed.set()
+
+    def status_writes(self) -> int:
+        """The operator's PATCHes of eagle3runs/status (its handlers'; kopf's own bookkeeping apart)."""
+        return sum(n for what, n in self.requests.items() if what == STATUS_WRITES)
 
     async def wait(self, check: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -174,6 +183,9 @@ class Figures:
     reconcile_seconds: float
     operator_log_lines: int
     operator_log_warnings: list[str]
+    status_writes: int = 0  # the operator's status PATCHes over the round
+    progress_writes: int = 0  # of which while every run's stage reported progress
+    progress_window_s: float = 0.0
 
 
 async def quiet(probe: Probe, seconds: float, timeout: float) -> None:
@@ -192,12 +204,20 @@ class Driven:
     create_s: float = 0.0
     cpu_first_s: float = 0.0
     cpu_transition_s: float = 0.0
+    progress_writes: int = 0
+    progress_window_s: float = 0.0
 
 
 async def drive(
-    cluster: Cluster, probe: Probe, runs: list[str], timeout: float, cpu: Callable[[], float]
+    cluster: Cluster,
+    probe: Probe,
+    runs: list[str],
+    timeout: float,
+    cpu: Callable[[], float],
+    window: float = 0.0,
 ) -> Driven:
-    """Create the runs, wait for their prepare Jobs, complete those, wait for the extract Jobs."""
+    """Create the runs, wait for their prepare Jobs, complete those, wait for the extract Jobs; then, for
+    `window` seconds, their pods run and report progress (scale_progress.py)."""
     out, player, n = Driven(), JobPlayer(cluster), len(runs)
 
     async def create(run: str) -> None:
@@ -221,6 +241,12 @@ async def drive(
         done = len(probe.jobs.get("extract", {}))
         logger.warning("%d of %d extract Jobs in %.0f s", done, len(out.completed), timeout)
     out.cpu_transition_s = cpu() - cpu_quiet
+    if window > 0:
+        await quiet(probe, QUIET_SECONDS, timeout)
+        jobs = {run: probe.extract_bodies[run] for run in runs if run in probe.extract_bodies}
+        out.progress_writes, out.progress_window_s = await report_progress(
+            cluster, jobs, window, probe.status_writes
+        )
     return out
 
 
@@ -243,7 +269,9 @@ class Sample:
     refused: Counter[str]
 
 
-async def run_round(mock: BenchEmulator, url: str, log: Path, n: int, timeout: float) -> Sample:
+async def run_round(
+    mock: BenchEmulator, url: str, log: Path, n: int, timeout: float, window: float = 0.0
+) -> Sample:
     """The operator started against `url`; N runs driven through their first transition."""
     probe = mock.probe
     async with (
@@ -259,7 +287,9 @@ async def run_round(mock: BenchEmulator, url: str, log: Path, n: int, timeout: f
         requests_before, refused_before = probe.requests.copy(), probe.refused.copy()
         started = time.monotonic()
         runs = [f"bench-{i:04d}" for i in range(n)]
-        driven = await drive(Cluster(session, url), probe, runs, timeout, lambda: proc_cpu_seconds(proc.pid))
+        driven = await drive(
+            Cluster(session, url), probe, runs, timeout, lambda: proc_cpu_seconds(proc.pid), window
+        )
         return Sample(
             n=n, driven=driven, wall_s=time.monotonic() - started,
             bench_cpu_s=time.process_time() - bench_before,
@@ -268,12 +298,12 @@ async def run_round(mock: BenchEmulator, url: str, log: Path, n: int, timeout: f
         )  # fmt: skip
 
 
-async def measure(n: int, timeout: float, log: Path) -> Figures:
+async def measure(n: int, timeout: float, log: Path, window: float = 0.0) -> Figures:
     """One benchmark round: a fresh mock API server and a fresh operator, N runs."""
     async with BenchEmulator() as mock, kmock.Server(mock) as server:
         mock.probe = Probe()
         declare_resources(mock)
-        sample = await run_round(mock, str(server.url), log, n, timeout)
+        sample = await run_round(mock, str(server.url), log, n, timeout, window)
     oplog = read_log(log)
     reconciles = oplog.reconciles
     driven = sample.driven
@@ -295,14 +325,16 @@ async def measure(n: int, timeout: float, log: Path) -> Figures:
         reconciles_ok=int(reconciles.get("ok", 0)), reconciles_error=int(reconciles.get("error", 0)),
         reconcile_seconds=reconciles.get("seconds", math.nan), operator_log_lines=len(oplog.lines),
         operator_log_warnings=oplog.warnings,
+        status_writes=sample.requests.get(STATUS_WRITES, 0), progress_writes=driven.progress_writes,
+        progress_window_s=driven.progress_window_s,
     )  # fmt: skip
 
 
 HEADER = (
     "| runs | wall s | create s | first Job p50 / p99 / max s | transition p50 / p99 / max s "
     "| operator requests | operator CPU s (first / transition) | mock+load CPU s "
-    "| operator RSS start / peak MB |\n"
-    "|---:|---:|---:|---|---|---:|---|---:|---|"
+    "| operator RSS start / peak MB | status writes per run (round / progress window) |\n"
+    "|---:|---:|---:|---|---|---:|---|---:|---|---|"
 )
 
 
@@ -316,7 +348,9 @@ def row(f: Figures) -> str:
         f"| {f.runs}{missing} | {f.wall_s:.1f} | {f.create_s:.1f} | {first} | {trans} "
         f"| {f.operator_requests} | {f.operator_cpu_first_s:.1f} / {f.operator_cpu_transition_s:.1f} "
         f"| {f.bench_cpu_s:.1f} "
-        f"| {f.operator_rss_start_mb:.0f} / {f.operator_peak_rss_mb:.0f} |"
+        f"| {f.operator_rss_start_mb:.0f} / {f.operator_peak_rss_mb:.0f} "
+        f"| {f.status_writes / f.runs:.2f} / {f.progress_writes / f.runs:.2f} "
+        f"in {f.progress_window_s:.0f} s |"
     )
 
 
@@ -329,8 +363,11 @@ class Mode:
     row: Callable[[Any], str]
 
 
-async def measure_mock(n: int, timeout: float, log: Path, _round: int) -> Figures:
-    return await measure(n, timeout, log)
+def measure_mock(window: float) -> Callable[[int, float, Path, int], Awaitable[Figures]]:
+    async def measure_round(n: int, timeout: float, log: Path, _round: int) -> Figures:
+        return await measure(n, timeout, log, window)
+
+    return measure_round
 
 
 async def main(argv: Sequence[str] | None = None) -> int:
@@ -346,13 +383,17 @@ async def main(argv: Sequence[str] | None = None) -> int:
         "--server", choices=["mock", "apiserver"], default="mock",
         help="the kmock API mock in this process, or a real kube-apiserver (tests/operator/apiserver.py)",
     )  # fmt: skip
+    parser.add_argument(
+        "--progress-window", type=float, default=120.0,
+        help="seconds every run's extract pod runs and reports progress after the transition (0: none)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.server == "apiserver":
         import scale_apiserver  # imports the test suite's server helpers; only wanted here
 
         mode = Mode(scale_apiserver.HEADER, await scale_apiserver.start(), scale_apiserver.row)
     else:
-        mode = Mode(HEADER, measure_mock, row)
+        mode = Mode(HEADER, measure_mock(args.progress_window), row)
     results = []
     print(mode.header, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -375,5 +416,6 @@ async def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("eagle3_pipeline.progress").setLevel(logging.WARNING)  # the scale_progress reporters
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     raise SystemExit(asyncio.run(main()))

@@ -6,12 +6,13 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kopf
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
+from eagle3_operator import live_progress
 from eagle3_operator.builders import names
 from eagle3_operator.k8s import CONNECT_SECONDS, TOTAL_SECONDS, Kube
 from eagle3_operator.metrics import OperatorMetrics
@@ -64,6 +65,28 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     memo.relisted = asyncio.Event()  # a watch listed its objects: sweep the indexes for ghosts soon
     memo.resync_beat = time.monotonic()
     memo.resync = asyncio.create_task(resync(memo, kwargs))
+    memo.progress = {}  # run key -> live progress by JobView.progress_key (live_progress.py)
+    if memo.get("progress_reader") is None:
+        memo.progress_reader = live_progress.Reader.open()
+    memo.progress_task = asyncio.create_task(
+        live_progress.poll(
+            memo, kwargs.get("eagle3_runs", {}), kwargs.get("stage_pods", {}), _reconciler(memo, kwargs)
+        )
+    )
+
+
+def _reconciler(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], Awaitable[None]]:
+    """Reconcile one run from outside kopf's handlers (the live progress task), as the resync does."""
+
+    async def reconcile_run(run: Mapping[str, Any]) -> None:
+        context: contextvars.Context | None = memo.contexts.get("handler")
+        call = reconcile_current(run, memo, logger, _indices(kwargs))
+        try:
+            await (asyncio.create_task(call, context=context.copy()) if context else call)
+        except (kopf.TemporaryError, kopf.PermanentError) as err:
+            logger.warning("reconcile after a stage's progress failed (the resync retries): %s", err)
+
+    return reconcile_run
 
 
 def _resync_seconds(memo: kopf.Memo) -> float:
@@ -146,6 +169,10 @@ def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if memo.get("resync") is not None:
         memo.resync.cancel()
+    if memo.get("progress_task") is not None:
+        memo.progress_task.cancel()
+    if memo.get("progress_reader") is not None:
+        await memo.progress_reader.close()
     if memo.get("owns_kube"):
         await memo.kube.close()
 

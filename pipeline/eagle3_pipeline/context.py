@@ -11,6 +11,9 @@ writes `result.json` there and renames it to `<stage>/<hash>`: an output directo
 A stage that is killed or runs out of memory leaves its work directory for the next attempt to resume from;
 a stage that fails on bad input removes it, so no partial artifact is ever mistaken for a result (its logs
 are kept in `<stage>/.<hash>.failed/`, where the failure's message then points).
+
+A program reports its progress through `ctx.progress` (eagle3_pipeline.progress.StageReporter): stage_main
+gives the context one that serves the metrics endpoint; any other context (a test's) gets one that logs only.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from eagle3_contract.mounts import ARTIFACTS_MOUNT, MODEL_CACHE_MOUNT
 from eagle3_contract.params import StageParams, StageTuning
 from eagle3_contract.stages import DEFINITIONS, Stage
 from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.progress import StageReporter
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +132,7 @@ class StageContext(Generic[P, T]):
     output: Path
     inputs: dict[Stage, Path] = field(default_factory=dict)
     token_budget: int | None = None
+    reporter: StageReporter | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of_spec(
@@ -152,6 +157,15 @@ class StageContext(Generic[P, T]):
             dict(inputs or {}),
             token_budget,
         )
+
+    @property
+    def progress(self) -> StageReporter:
+        """The program's progress reporter: `reporter`, else one made at first use (logging, not serving)."""
+        reporter = self.reporter
+        if reporter is None:
+            reporter = StageReporter(self.stage.value)
+            object.__setattr__(self, "reporter", reporter)  # frozen: set once, like a cached property
+        return reporter
 
     @property
     def work(self) -> Path:

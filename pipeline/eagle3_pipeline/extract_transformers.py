@@ -11,7 +11,6 @@ while vLLM's id n (and the verifier state speculators trains against) is the las
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,10 +19,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from tqdm import tqdm
 
 from eagle3_pipeline.errors import OutOfMemory, StageError, is_out_of_memory
 from eagle3_pipeline.hidden_states import Layout, encode_batch, file_name, sample_tensors, write_atomic
+from eagle3_pipeline.progress import StageReporter
 
 logger = logging.getLogger(__name__)
 
@@ -165,33 +164,31 @@ def extract(
     rows: RowSource,
     out_dir: Path,
     token_budget: int,
+    progress: StageReporter | None = None,
 ) -> ExtractStats:
-    """Extract every batch into `out_dir`; OutOfMemory keeps the files already written."""
+    """Extract every batch into `out_dir`; OutOfMemory keeps the files already written. `progress` counts
+    the samples and their tokens as each batch's files are handed to the writers."""
     stats = ExtractStats()
-    total = sum(rows.seq_lens[i] for batch in batches for i in batch)
     started = time.monotonic()
-    bar = tqdm(total=total, unit="tok", unit_scale=True, desc="extract", mininterval=_interval())
-    try:
-        with ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="hs-writer") as writer:
-            pending: list[Future[int]] = []
-            for batch in batches:
-                token_ids = rows.token_ids(batch)
-                encoded = _encoded_or_oom(extractor, token_ids, token_budget)
-                files = [
-                    (out_dir / file_name(index), sample_tensors(encoded, k, ids))
-                    for k, (index, ids) in enumerate(zip(batch, token_ids, strict=True))
-                ]
-                for done in pending:  # the previous batch's files, written while this one ran
-                    done.result()
-                pending = [writer.submit(write_atomic, path, tensors) for path, tensors in files]
-                batch_tokens = sum(len(ids) for ids in token_ids)
-                stats.samples += len(batch)
-                stats.tokens += batch_tokens
-                bar.update(batch_tokens)
-            for done in pending:
+    with ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="hs-writer") as writer:
+        pending: list[Future[int]] = []
+        for batch in batches:
+            token_ids = rows.token_ids(batch)
+            encoded = _encoded_or_oom(extractor, token_ids, token_budget)
+            files = [
+                (out_dir / file_name(index), sample_tensors(encoded, k, ids))
+                for k, (index, ids) in enumerate(zip(batch, token_ids, strict=True))
+            ]
+            for done in pending:  # the previous batch's files, written while this one ran
                 done.result()
-    finally:
-        bar.close()
+            pending = [writer.submit(write_atomic, path, tensors) for path, tensors in files]
+            batch_tokens = sum(len(ids) for ids in token_ids)
+            stats.samples += len(batch)
+            stats.tokens += batch_tokens
+            if progress is not None:
+                progress.advance(len(batch), batch_tokens)
+        for done in pending:
+            done.result()
     stats.seconds = time.monotonic() - started
     return stats
 
@@ -210,8 +207,3 @@ def _encoded_or_oom(
                 f"(token budget {token_budget}): {exc}"
             ) from exc
         raise
-
-
-def _interval() -> float:
-    """Redraw the progress bar often on a terminal, rarely in a Job's log."""
-    return 0.5 if sys.stderr.isatty() else 30.0

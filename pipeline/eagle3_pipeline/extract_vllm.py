@@ -25,8 +25,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from eagle3_contract.params import ExtractParams, ExtractTuning
 from eagle3_contract.vllm_command import hidden_states_speculative_config
 from eagle3_pipeline.context import StageContext
@@ -34,6 +32,7 @@ from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.extract_transformers import ExtractStats, RowSource
 from eagle3_pipeline.hidden_states import FP8, SCALES, Layout, encode, file_name, write_atomic
 from eagle3_pipeline.kv_transfer import cpu_connector_env, files_config
+from eagle3_pipeline.progress import StageReporter
 
 logger = logging.getLogger(__name__)
 
@@ -106,19 +105,20 @@ async def request_all(
     layout: Layout,
     concurrency: int,
     check: Callable[[], None] = lambda: None,
+    progress: StageReporter | None = None,
 ) -> ExtractStats:
-    """Ask the server for every row in `todo`; `check` raises when the server died (OOM or otherwise)."""
+    """Ask the server for every row in `todo`; `check` raises when the server died (OOM or otherwise).
+    `progress` counts each row and its tokens once its file is in place."""
     import openai
 
     stats = ExtractStats()
     queue: asyncio.Queue[int] = asyncio.Queue()
     for index in todo:
         queue.put_nowait(index)
-    bar = tqdm(total=sum(rows.seq_lens[i] for i in todo), unit="tok", unit_scale=True, desc="extract")
     started = time.monotonic()
     async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0) as client:
         workers = [
-            asyncio.create_task(_worker(client, model, queue, rows, out_dir, layout, stats, bar))
+            asyncio.create_task(_worker(client, model, queue, rows, out_dir, layout, stats, progress))
             for _ in range(max(1, min(concurrency, len(todo))))
         ]
         monitor = asyncio.create_task(_monitor(check))
@@ -136,7 +136,6 @@ async def request_all(
             for task in [*workers, monitor]:
                 task.cancel()
             await asyncio.gather(*workers, monitor, return_exceptions=True)
-            bar.close()
     stats.seconds = time.monotonic() - started
     return stats
 
@@ -155,7 +154,7 @@ async def _worker(
     out_dir: Path,
     layout: Layout,
     stats: ExtractStats,
-    bar: Any,
+    progress: StageReporter | None,
 ) -> None:
     from speculators.data_generation.vllm_client import generate_hidden_states_async, wait_for_lock_async
 
@@ -175,7 +174,8 @@ async def _worker(
             raise RuntimeError(f"hidden states of row {index} ({len(ids)} tokens) failed: {exc}") from exc
         stats.samples += 1
         stats.tokens += len(ids)
-        bar.update(len(ids))
+        if progress is not None:
+            progress.advance(1, len(ids))
 
 
 def run_vllm(
@@ -228,6 +228,7 @@ def run_vllm(
                     layout,
                     concurrency_for(token_budget, [rows.seq_lens[i] for i in todo]),
                     check=server.check,
+                    progress=ctx.progress,
                 )
             )
     finally:

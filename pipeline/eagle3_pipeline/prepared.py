@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from eagle3_contract.params import VerifierRef
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.conversations import Conversation, RowError, Skips
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.masking import ChatTemplate, Tokenized, tokenize_conversation
+from eagle3_pipeline.progress import StageReporter
 
 logger = logging.getLogger(__name__)
 
@@ -93,24 +92,39 @@ def tokenize_all(
     template: ChatTemplate,
     conversations: list[Conversation],
     skips: Skips,
+    progress: StageReporter | None = None,
 ) -> list[tuple[Conversation, Tokenized]]:
-    limit = tokenizing.max_sequence_length
-    loss_on_reasoning = tokenizing.loss_on_reasoning
+    """The rows that tokenize within the length limit; the others counted in `skips` (and in `progress`,
+    which counts every row and its tokens: prepare's, not generate's final re-tokenizing)."""
     rows = []
-    for conv in tqdm(conversations, desc=f"{ctx.stage}: tokenizing", unit="row", mininterval=1.0):
-        try:
-            tokenized = tokenize_conversation(template, conv["messages"], loss_on_reasoning)
-        except RowError as exc:
-            skips.add(exc.reason, conv["id"], str(exc))
-            continue
-        except Exception as exc:  # one row's failure, whatever raised it, never costs the other rows
-            skips.add("error", conv["id"], f"{type(exc).__name__}: {exc}")
-            continue
-        if len(tokenized.input_ids) > limit:
-            skips.add("too_long", conv["id"], f"{len(tokenized.input_ids)} tokens > {limit}")
-            continue
-        rows.append((conv, tokenized))
+    for conv in conversations:
+        tokenized, skipped = _tokenized(template, conv, tokenizing, skips)
+        if progress is not None:
+            progress.advance(1, len(tokenized.input_ids) if tokenized is not None else 0)
+            if skipped is not None:
+                progress.fail(skipped)
+        if tokenized is not None:
+            rows.append((conv, tokenized))
     return rows
+
+
+def _tokenized(
+    template: ChatTemplate, conv: Conversation, tokenizing: Tokenizing, skips: Skips
+) -> tuple[Tokenized | None, str | None]:
+    """(the row tokenized, None), or (None, the reason it is skipped: counted in `skips`)."""
+    limit = tokenizing.max_sequence_length
+    try:
+        tokenized = tokenize_conversation(template, conv["messages"], tokenizing.loss_on_reasoning)
+    except RowError as exc:
+        skips.add(exc.reason, conv["id"], str(exc))
+        return None, exc.reason
+    except Exception as exc:  # one row's failure, whatever raised it, never costs the other rows
+        skips.add("error", conv["id"], f"{type(exc).__name__}: {exc}")
+        return None, "error"
+    if len(tokenized.input_ids) > limit:
+        skips.add("too_long", conv["id"], f"{len(tokenized.input_ids)} tokens > {limit}")
+        return None, "too_long"
+    return tokenized, None
 
 
 def token_frequencies(rows: list[tuple[Conversation, Tokenized]]) -> Counter[int]:
@@ -162,14 +176,22 @@ def write_prepared(
     ctx: StageContext[Any, Any],
     tokenizing: Tokenizing,
     skips: Skips | None = None,
+    progress: StageReporter | None = None,
 ) -> dict[str, Any]:
-    """Tokenize, mask and save `conversations` (which carry their split) into `work`; returns statistics."""
+    """Tokenize, mask and save `conversations` (which carry their split) into `work`; returns statistics.
+
+    With `progress`, it counts the rows (the skipped ones as failures by reason, those of `skips` included).
+    """
     import torch
 
     skips = skips if skips is not None else Skips()
     template = chat_template(ctx, tokenizing.verifier)
     started = time.monotonic()
-    rows = tokenize_all(ctx, tokenizing, template, conversations, skips)
+    if progress is not None:
+        progress.begin("rows", len(conversations))
+        for reason, count in skips.counts.items():  # rows skipped before tokenizing (loading them)
+            progress.fail(reason, count)
+    rows = tokenize_all(ctx, tokenizing, template, conversations, skips, progress)
     seconds = time.monotonic() - started
     rows.sort(key=lambda r: r[0]["split"] != TRAIN)  # stable: train rows first, then validation
     n_train = sum(1 for c, _ in rows if c["split"] == TRAIN)

@@ -8,10 +8,14 @@ Exit codes: 0 done (the result JSON is the last line of stdout and the container
 1 bad input (message on stderr and in the termination message), OOM_EXIT_CODE out of memory (retry with half
 the token budget; the work directory is kept so the retry resumes), CHECK_FAILED_EXIT_CODE a check failed on
 its input (verify; the termination message adds the `reason` and what was expected and found).
+
+While the program runs it serves its progress metrics when $EAGLE3_METRICS_PORT is set (ctx.progress,
+eagle3_pipeline.progress); a worker node reports nothing (node 0 reports for the stage).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -30,6 +34,7 @@ from eagle3_pipeline.context import StageContext, is_complete, read_result
 from eagle3_pipeline.errors import CheckFailed, OutOfMemory, StageError, is_out_of_memory
 from eagle3_pipeline.locks import OutputLocked, hold_output_lock
 from eagle3_pipeline.process_group import Terminated, terminating_raises
+from eagle3_pipeline.progress import StageReporter
 from eagle3_pipeline.train_nodes import node_rank
 
 logger = logging.getLogger(__name__)
@@ -132,9 +137,10 @@ def run_stage(
         return _fail(str(exc))
     if worker:
         return _run_worker(stage, ctx)
+    reporter = StageReporter.from_env(stage)
     try:
         with terminating_raises(), hold_output_lock(ctx.output):
-            return _run_locked(stage, ctx)
+            return _run_locked(stage, dataclasses.replace(ctx, reporter=reporter))
     except OutputLocked as exc:
         return _fail(_prefixed(stage, exc))
     except OSError as exc:  # the lock file cannot be made: a read-only or missing artifacts volume
@@ -145,6 +151,8 @@ def run_stage(
     except KeyboardInterrupt:
         sys.stderr.write(f"error: stage {stage}: interrupted; its finished work is kept for a retry\n")
         raise
+    finally:
+        reporter.close()  # the end line; the metrics server stops
 
 
 def _run_locked(stage: str, ctx: StageContext[StageParams, StageTuning]) -> int:

@@ -13,7 +13,8 @@ main's console and metric-backend setup (metrics go to `train_metrics.MetricsRec
 It runs in the stage's process (the CPU or one device), or once per GPU under torchrun (`torchrun_argv`):
 `python -m torch.distributed.run ... -m eagle3_pipeline.train_draft --config run.yaml --metrics M --info I`,
 on one node or on `training.nodes` of them (eagle3_pipeline.train_nodes: on the CPU, one process per node
-and gloo).
+and gloo). Its progress (steps, loss, epochs) goes to the stage's reporter in the stage's process, or with
+`--progress P` to the events file the stage relays (eagle3_pipeline.train_progress).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.speculators_cpu import cpu_adapted, setup_distributed
 from eagle3_pipeline.train_metrics import recording
 from eagle3_pipeline.train_nodes import Nodes, rendezvous_args
+from eagle3_pipeline.train_progress import EventsWriter, TrainSink
 from eagle3_pipeline.train_resume import keep_complete_epochs
 
 logger = logging.getLogger(__name__)
@@ -237,17 +239,23 @@ def build_trainer(args: argparse.Namespace) -> Any:
     return Trainer(model, trainer_config(args, train_kwargs, val_kwargs), train_loader, val_loader)
 
 
-def train(cfg: Any, metrics: Path, info: Path) -> None:
+def train(cfg: Any, metrics: Path, info: Path, progress: TrainSink | None = None) -> None:
     """Train (or resume) to the configured epochs: checkpoints in cfg's save path, a metrics line per epoch.
 
     `info` receives what the result needs from the process that held the model: trainable parameters, the
-    device, the world size and the epoch this attempt started at. Before the trainer looks at its save path,
+    device, the world size and the epoch this attempt started at; `progress` (rank 0's) the plan, every step
+    and every epoch. Before the trainer looks at its save path,
     the process that is rank 0 keeps only the complete epochs (a torchrun restart skips the stage's own
     cleanup) while the others wait for it in the process group's first barrier.
     """
     import torch.distributed as dist
     from speculators.train import cli
-    from speculators.train.distributed import get_rank, is_distributed, maybe_destroy_distributed
+    from speculators.train.distributed import (
+        get_rank,
+        get_world_size,
+        is_distributed,
+        maybe_destroy_distributed,
+    )
 
     if cfg.speculator_type != "eagle3":
         raise StageError(f"speculator_type {cfg.speculator_type}: this stage trains eagle3 drafts only")
@@ -257,16 +265,25 @@ def train(cfg: Any, metrics: Path, info: Path) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         keep_complete_epochs(Path(args.save_path), metrics)
     setup_distributed()
+
+    def is_writer() -> bool:
+        return bool(get_rank() == 0)
+
     try:
         if is_distributed():
             dist.barrier()
-        with cpu_adapted() as on_cpu, recording(metrics, is_writer=lambda: get_rank() == 0):
+        with cpu_adapted() as on_cpu, recording(metrics, is_writer, progress, get_world_size()):
             trainer = build_trainer(args)
             if on_cpu:  # a torchrun worker's threads as the stage sets them for training in-process
                 model = getattr(trainer.model, "module", trainer.model)  # inside DDP when distributed
                 pin_threads(model.config.transformer_layer_config.hidden_size)
-            if get_rank() == 0:
+            if is_writer():
                 write_info(info, trainer, on_cpu)
+                if progress is not None:
+                    progress.train_plan(
+                        trainer.config.num_epochs, steps_per_epoch(trainer), trainer.global_step,
+                        trainer.current_epoch,
+                    )  # fmt: skip
             trainer.run_training()
     finally:
         maybe_destroy_distributed()
@@ -275,6 +292,14 @@ def train(cfg: Any, metrics: Path, info: Path) -> None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def steps_per_epoch(trainer: Any) -> int | None:
+    """Optimizer steps in an epoch (this rank's batches), None when the loader cannot tell."""
+    try:
+        return len(trainer.train_loader)
+    except TypeError:
+        return None
 
 
 def write_info(path: Path, trainer: Any, on_cpu: bool) -> None:
@@ -307,6 +332,7 @@ def torchrun_argv(
     info: Path,
     python: str = sys.executable,
     nodes: Nodes | None = None,
+    progress: Path | None = None,
 ) -> list[str]:
     """The command that trains on `nproc` GPUs of this node: torchrun running this module once per GPU.
 
@@ -319,6 +345,8 @@ def torchrun_argv(
     else:
         launcher, node_args = rendezvous_args(nodes, nproc), ["--node-rank", str(nodes.rank)]
     worker = ["-m", __name__, "--config", str(config), "--metrics", str(metrics), "--info", str(info)]
+    if progress is not None:
+        worker += ["--progress", str(progress)]
     return [python, "-m", "torch.distributed.run", *launcher, *worker, *node_args]
 
 
@@ -329,11 +357,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", required=True, type=Path, help="metrics.jsonl to append epochs to")
     parser.add_argument("--info", required=True, type=Path, help="where to write the model's figures")
     parser.add_argument("--node-rank", type=int, help="this node's rank in a multi-node run (for the log)")
+    parser.add_argument("--progress", type=Path, help="events file for the stage's progress (rank 0 writes)")
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
     where = f"node {args.node_rank} rank {rank}" if args.node_rank is not None else f"rank {rank}"
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s [{where}] %(name)s: %(message)s")
-    train(load_config(args.config), args.metrics, args.info)
+    writer = EventsWriter(args.progress) if args.progress is not None else None
+    try:
+        train(load_config(args.config), args.metrics, args.info, writer)
+    finally:
+        if writer is not None:
+            writer.close()
     return 0
 
 

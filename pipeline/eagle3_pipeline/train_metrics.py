@@ -19,6 +19,10 @@ appends one line to `metrics.jsonl`:
 right), the per-position acceptance rate of greedy verification; `valFullAccuracyByPosition` is `full_acc_k`.
 `estimatedAcceptanceLength` = 1 + a0 + a0*a1 + ... with a_k = valAccuracyByPosition[k]: a proxy of vLLM's
 mean acceptance length at temperature 0 with as many speculative tokens as TTT steps.
+
+Given a `progress` sink (eagle3_pipeline.train_progress.TrainSink: the stage's reporter, or the events file
+of a torchrun worker), rank 0 also tells it every step (global step, loss, tokens: rank 0's times the world
+size, the ranks' batches being packed to the same length) and every validated epoch.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eagle3_pipeline.train_progress import TrainSink
 
 logger = logging.getLogger(__name__)
 
@@ -111,10 +118,18 @@ def epoch_line(epoch: int, acc: _Accumulator, val: Mapping[str, Any]) -> Epoch:
 class MetricsRecorder(logging.Handler):
     """A speculators metric backend writing one `metrics.jsonl` line per epoch (on rank 0 only)."""
 
-    def __init__(self, path: Path, is_writer: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        is_writer: Callable[[], bool] = lambda: True,
+        progress: TrainSink | None = None,
+        world_size: int = 1,
+    ) -> None:
         super().__init__(logging.INFO)
         self.path = path
         self.is_writer = is_writer
+        self.progress = progress
+        self.world_size = world_size
         self.current: dict[int, _Accumulator] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -123,10 +138,21 @@ class MetricsRecorder(logging.Handler):
             return  # hyperparameters and anything else
         epoch: int = message["epoch"]
         if "train" in message:
-            self.current.setdefault(epoch, _Accumulator()).add(message)
+            acc = self.current.setdefault(epoch, _Accumulator())
+            tokens = acc.tokens
+            acc.add(message)
+            if self.progress is not None and self.is_writer():
+                self._step(message, acc.tokens - tokens)
         elif "val" in message and self.is_writer():
             line = epoch_line(epoch, self.current.pop(epoch, _Accumulator()), message["val"])
             append_line(self.path, line)
+            if self.progress is not None:
+                self.progress.train_epoch(
+                    epoch + 1,
+                    line["valLoss"],
+                    line["valAccuracyByPosition"],
+                    line["estimatedAcceptanceLength"],
+                )
             logger.info(
                 "epoch %d: train loss %s, val loss %.4f, val accuracy by position %s, "
                 "estimated acceptance length %.3f (%d steps, %.1f s)",
@@ -139,9 +165,21 @@ class MetricsRecorder(logging.Handler):
                 line["seconds"],
             )
 
+    def _step(self, message: Mapping[str, Any], tokens: float) -> None:
+        assert self.progress is not None
+        step, loss = message.get("global_step"), (message.get("train") or {}).get("loss")
+        if isinstance(step, int):  # speculators logs a step before counting it
+            loss = float(loss) if isinstance(loss, int | float) else None
+            self.progress.train_steps(step + 1, loss, tokens=round(tokens * self.world_size))
+
 
 @contextmanager
-def recording(path: Path, is_writer: Callable[[], bool] = lambda: True) -> Iterator[MetricsRecorder]:
+def recording(
+    path: Path,
+    is_writer: Callable[[], bool] = lambda: True,
+    progress: TrainSink | None = None,
+    world_size: int = 1,
+) -> Iterator[MetricsRecorder]:
     """Attach a MetricsRecorder to speculators' metric logger for the block.
 
     The metric logger stops propagating meanwhile: its per-step mappings would flood the console otherwise
@@ -149,7 +187,7 @@ def recording(path: Path, is_writer: Callable[[], bool] = lambda: True) -> Itera
     line per epoch instead.
     """
     metrics_logger = logging.getLogger(SPECULATORS_METRICS_LOGGER)
-    recorder = MetricsRecorder(path, is_writer)
+    recorder = MetricsRecorder(path, is_writer, progress, world_size)
     saved = metrics_logger.level, metrics_logger.propagate
     metrics_logger.addHandler(recorder)
     metrics_logger.setLevel(logging.INFO)  # whatever the root level: the records are data, not chatter

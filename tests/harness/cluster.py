@@ -79,6 +79,10 @@ def declare_resources(mock: Any, pod_monitors: bool = False) -> None:
         )  # fmt: skip
 
 
+# kubectl's Accept header for `kubectl get`: the server renders the printer columns
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+
+
 class Cluster:
     """A namespace driven over REST. Label selectors apply client-side (kmock ignores them)."""
 
@@ -109,6 +113,15 @@ class Cluster:
 
     async def get(self, api: str, plural: str, name: str) -> Any:
         return await self._call("GET", self.path(api, plural, name))
+
+    async def table(self, api: str, plural: str) -> Any:
+        """The server's Table of the objects (what `kubectl get` renders, printer columns included)."""
+        headers = self.headers | {"Accept": TABLE}
+        async with self.session.get(self.path(api, plural), headers=headers, ssl=False) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status >= 300:
+                raise AssertionError(f"GET {plural} as a Table: HTTP {resp.status}: {data}")
+            return data
 
     async def patch(self, api: str, plural: str, name: str, body: Any, sub: str = "") -> Any:
         return await self._call("PATCH", self.path(api, plural, name, sub), body, MERGE)
@@ -160,6 +173,8 @@ class Cluster:
 class Player(Protocol):
     """Moves stage Jobs and serving pods as told: `JobPlayer` on the mock, `Kubelet` on a real server."""
 
+    async def run(self, job: dict[str, Any], ip: str) -> None: ...
+
     async def succeed(self, job: dict[str, Any], result: dict[str, Any] | None = None) -> None: ...
 
     async def fail_pod(self, job: dict[str, Any], message: str, n: int, exit_code: int = 1) -> None: ...
@@ -197,9 +212,30 @@ class JobPlayer:
         }
         await self.cluster.create("v1", "pods", pod)
 
+    async def run(self, job: dict[str, Any], ip: str) -> None:
+        """The Job's pod runs, at `ip` (where the stage's progress metrics are served)."""
+        labels = job["spec"]["template"]["metadata"]["labels"] | {"job-name": job["metadata"]["name"]}
+        container = job["spec"]["template"]["spec"]["containers"][0]["name"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{job['metadata']['name']}-running", "labels": labels},
+            "status": {
+                "phase": "Running",
+                "podIP": ip,
+                "containerStatuses": [{"name": container, "state": {"running": {"startedAt": now()}}}],
+            },
+        }
+        await self.cluster.create("v1", "pods", pod)
+        status = {"active": 1, "startTime": now()}
+        await self.cluster.patch("batch/v1", "jobs", job["metadata"]["name"], {"status": status}, "status")
+
     async def succeed(self, job: dict[str, Any], result: dict[str, Any] | None = None) -> None:
         import json
 
+        for pod in await self.cluster.list_objects("v1", "pods", **{"job-name": job["metadata"]["name"]}):
+            if (pod.get("status") or {}).get("phase") == "Running":  # run(): it ends as the new one
+                await self.cluster.delete("v1", "pods", pod["metadata"]["name"])
         await self._pod(job, "Completed", 0, json.dumps(result or {}), 0)
         status = {
             "succeeded": 1, "active": 0, "startTime": now(), "completionTime": now(),
@@ -296,6 +332,7 @@ async def running_operator(
     resync_seconds: float | None = None,
     pipeline_image: str | None = None,
     liveness: str | None = None,
+    progress_seconds: float | None = None,
 ) -> AsyncIterator[kopf.Memo]:
     """The real kopf operator with this project's handlers, in this event loop, against `url`.
 
@@ -313,6 +350,7 @@ async def running_operator(
         kube=Kube(api),
         metrics=metrics or OperatorMetrics(),
         resync_seconds=resync_seconds,
+        progress_seconds=progress_seconds,
         pipeline_image=pipeline_image,
         namespaces=[namespace] if namespace else [],
     )

@@ -40,10 +40,12 @@ class Kubelet:
         state: dict[str, Any],
         ready: bool,
         last: dict[str, Any] | None = None,
+        ip: str | None = None,
     ) -> None:
         container = pod["spec"]["containers"][0]
         status = {
             "phase": phase,
+            **({"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}),
             "conditions": [
                 {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now()}
             ],
@@ -84,6 +86,11 @@ class Kubelet:
         """The Job's pod cannot start (`reason`: ImagePullBackOff, CreateContainerConfigError)."""
         pod = await self._live_pod(job)
         await self._patch_pod(pod, "Pending", {"waiting": {"reason": reason, "message": message}}, False)
+
+    async def run(self, job: dict[str, Any], ip: str) -> None:
+        """The Job's pod runs, at `ip` (where the stage's progress metrics are served)."""
+        pod = await self._live_pod(job)
+        await self._patch_pod(pod, "Running", {"running": {"startedAt": now()}}, True, ip=ip)
 
     async def succeed(self, job: dict[str, Any], result: dict[str, Any] | None = None) -> None:
         await self._end(job, "Completed", 0, json.dumps(result or {}))

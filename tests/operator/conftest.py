@@ -56,11 +56,21 @@ class Backend:
         return self.mock is None
 
     def operator(
-        self, metrics: OperatorMetrics | None = None, pipeline_image: str | None = None
+        self,
+        metrics: OperatorMetrics | None = None,
+        pipeline_image: str | None = None,
+        progress_seconds: float | None = None,
     ) -> AbstractAsyncContextManager[Any]:
         namespace = self.cluster.ns if self.real else None
         token = self.operator_token or self.token
-        return running_operator(self.url, metrics, token, namespace, pipeline_image=pipeline_image)
+        return running_operator(
+            self.url,
+            metrics,
+            token,
+            namespace,
+            pipeline_image=pipeline_image,
+            progress_seconds=progress_seconds,
+        )
 
     def assert_content_types(self) -> None:
         """On the mock, check what a real server enforces by itself (and rejects when wrong)."""

@@ -11,6 +11,8 @@ KIND = "Eagle3Run"
 PLURAL = "eagle3runs"
 SINGULAR = "eagle3run"
 SHORT_NAMES = ("e3r",)
+# `kubectl get all` and `kubectl get eagle3` list runs too
+CATEGORIES = ("all", "eagle3")
 API_VERSION = f"{GROUP}/{VERSION}"
 
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import core_schema
 
-from eagle3_contract.api.base import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from eagle3_contract.api.base import CATEGORIES, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from eagle3_contract.api.rules import RULES
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.status import Eagle3RunStatus
@@ -226,7 +226,9 @@ def open_api_schema() -> dict[str, Any]:
     }
 
 
-def _printer_columns() -> list[dict[str, str]]:
+def _printer_columns() -> list[dict[str, Any]]:
+    """`kubectl get e3r`: Stage, Progress, ETA, Accept, Ready, Age; `-o wide` adds Phase, Reason, Draft."""
+    ready = '.status.conditions[?(@.type=="Ready")]'
     return [
         {
             "name": "Stage",
@@ -234,14 +236,47 @@ def _printer_columns() -> list[dict[str, str]]:
             "description": "current stage",
             "jsonPath": ".status.currentStage",
         },
-        {"name": "Phase", "type": "string", "description": "phase of the run", "jsonPath": ".status.phase"},
+        {
+            "name": "Progress",
+            "type": "string",
+            "description": "how far the current stage is, e.g. 'train 6/10 ep'",
+            "jsonPath": ".status.progress",
+        },
+        {
+            "name": "ETA",
+            "type": "string",
+            "description": "time left in the current stage at its recent rate",
+            "jsonPath": ".status.eta",
+        },
         {
             "name": "Accept",
             "type": "number",
             "description": "mean acceptance length",
             "jsonPath": ".status.acceptanceLength",
         },
+        {"name": "Ready", "type": "string", "description": "serving ready", "jsonPath": f"{ready}.status"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {
+            "name": "Phase",
+            "type": "string",
+            "description": "phase of the run",
+            "jsonPath": ".status.phase",
+            "priority": 1,
+        },
+        {
+            "name": "Reason",
+            "type": "string",
+            "description": "reason of the Ready condition",
+            "jsonPath": f"{ready}.reason",
+            "priority": 1,
+        },
+        {
+            "name": "Draft",
+            "type": "string",
+            "description": "the draft vLLM serves",
+            "jsonPath": ".status.serving.draft",
+            "priority": 1,
+        },
     ]
 
 
@@ -268,6 +303,7 @@ def build_crd(cel: bool = True) -> dict[str, Any]:
                 "plural": PLURAL,
                 "singular": SINGULAR,
                 "shortNames": list(SHORT_NAMES),
+                "categories": list(CATEGORIES),
             },
             "scope": "Namespaced",
             "versions": [

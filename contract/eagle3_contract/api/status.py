@@ -73,6 +73,33 @@ class BlockedBy(StatusModel):
     message: str = Field(description="The pod, the container and what the kubelet or the scheduler said.")
 
 
+class StageProgress(StatusModel):
+    """How far a running stage is, as its program reports it (its pod's metrics endpoint)."""
+
+    unit: str = Field(description="What the stage counts: rows, samples, steps or prompts.")
+    done: int = Field(0, description="Units done so far.")
+    total: int | None = Field(None, description="Units the stage will do (unset: not known yet).")
+    rate: float | None = Field(None, description="Recent rate, units per second.")
+    eta_seconds: float | None = Field(None, description="Seconds left at the recent rate (unset: unknown).")
+    eta: str | None = Field(None, description="When the stage should finish at the recent rate (RFC 3339).")
+    updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
+    tokens: int | None = Field(None, description="Tokens handled so far (generate, extract, train).")
+    failures: int | None = Field(None, description="Rows or requests that failed so far.")
+    token_budget: int | None = Field(None, description="The current token budget (generate, extract).")
+    epochs_done: int | None = Field(None, description="train: epochs completed.")
+    epochs: int | None = Field(None, description="train: epochs to train.")
+    step: int | None = Field(None, description="train: optimizer steps so far.")
+    train_loss: float | None = Field(None, description="train: loss over the recent steps.")
+    val_loss: float | None = Field(None, description="train: validation loss of the last completed epoch.")
+    val_accuracy_by_position: list[float] | None = Field(
+        None, description="train: per-position conditional validation accuracy of the last epoch."
+    )
+    estimated_acceptance_length: float | None = Field(
+        None, description="train: the last epoch's acceptance length estimated from its validation accuracy."
+    )
+    tokens_per_second: float | None = Field(None, description="train: recent training tokens per second.")
+
+
 class StageStatus(StatusModel):
     """What one stage did for the current spec."""
 
@@ -97,6 +124,11 @@ class StageStatus(StatusModel):
         None,
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
         description="The stage program's JSON result (its container termination message).",
+    )
+    progress: StageProgress | None = Field(
+        None,
+        description="How far the stage is while it runs (read from its pod's metrics at a bounded rate), and "
+        "its last figures once it finished.",
     )
 
 
@@ -227,6 +259,12 @@ class Eagle3RunStatus(StatusModel):
     )
     observed_generation: int | None = Field(None, description="The spec generation this status reflects.")
     acceptance_length: float | None = Field(None, description="Mean acceptance length measured by evaluate.")
+    progress: str | None = Field(
+        None, description="The current stage and how far it is, e.g. 'train 6/10 ep' (kubectl's Progress)."
+    )
+    eta: str | None = Field(
+        None, description="Time left in the current stage at its recent rate, e.g. '3h20m' (kubectl's ETA)."
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
     stages: dict[str, StageStatus] = Field(
         default_factory=dict, description="Per-stage status, keyed by stage."

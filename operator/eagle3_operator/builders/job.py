@@ -8,6 +8,7 @@ from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec
 from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE
 from eagle3_contract.mounts import ARTIFACTS_MOUNT, SPEC_MOUNT
 from eagle3_contract.policy import stage_deadline, stage_override
+from eagle3_contract.progress import ENV_METRICS_PORT, METRICS_PORT, METRICS_PORT_NAME
 from eagle3_contract.stages import Stage, StagePlan, stage_argv
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
@@ -59,12 +60,15 @@ def stage_container(
     run: RunRef, spec: Eagle3RunSpec, plan: StagePlan, token_budget: int | None, shape: PodShape, name: str
 ) -> dict[str, Any]:
     """The one container of a stage pod (Job `name`), running `eagle3 stage <stage> ...` in the pipeline
-    image."""
+    image. It serves its progress on the `metrics` port (eagle3_contract.progress): the run's stage
+    PodMonitor and the operator read it."""
+    metrics = [{"name": ENV_METRICS_PORT, "value": str(METRICS_PORT)}]
     return {
         "name": plan.stage.value,
         "image": spec.images.pipeline or DEFAULT_PIPELINE_IMAGE,
         "command": stage_argv(plan, SPEC_MOUNT, ARTIFACTS_MOUNT, token_budget),
-        "env": env(run, spec, plan.stage.value) + train_env(run, spec, plan, name),
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "env": env(run, spec, plan.stage.value) + train_env(run, spec, plan, name) + metrics,
         "resources": resources(spec, stage_override(spec, plan.stage), plan.gpus),
         "volumeMounts": volume_mounts(shape),
         "terminationMessagePolicy": "FallbackToLogsOnError",

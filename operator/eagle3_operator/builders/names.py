@@ -24,6 +24,7 @@ SERVE_STAGE = "serve"
 # The online hidden-state producers and the Mooncake master (their Deployments, Services and pods).
 PRODUCERS_STAGE = "producers"
 MOONCAKE_STAGE = "mooncake"
+STAGES_MONITOR = "stages"  # the stage label of the stage pods' PodMonitor
 MAX_NAME = 63
 
 
@@ -99,6 +100,11 @@ def producers_name(run: str) -> str:
 def mooncake_name(run: str) -> str:
     """The Mooncake master's Deployment and Service."""
     return child_name(run, MOONCAKE_STAGE)
+
+
+def stage_monitor_name(run: str) -> str:
+    """The PodMonitor of the run's stage pods (their progress metrics)."""
+    return child_name(run, STAGES_MONITOR)
 
 
 def labels(run: str, stage: str) -> dict[str, str]:

@@ -144,7 +144,7 @@ def build_service(run: RunRef) -> dict[str, Any]:
     return _hashed(run, "v1", "Service", spec)
 
 
-def _pod_label(label: str) -> str:
+def pod_label(label: str) -> str:
     """A pod label as service discovery names it: `eagle3.dev/run` is `..._pod_label_eagle3_dev_run`."""
     return "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in label)
 
@@ -152,7 +152,7 @@ def _pod_label(label: str) -> str:
 def pod_monitor_relabelings() -> list[dict[str, Any]]:
     """vLLM's series get `namespace` and `run`: the labels the dashboard, alerts and operator series use."""
     return [
-        {"action": "replace", "sourceLabels": [_pod_label(names.LABEL_RUN)], "targetLabel": "run"},
+        {"action": "replace", "sourceLabels": [pod_label(names.LABEL_RUN)], "targetLabel": "run"},
         {"action": "replace", "sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
     ]
 

@@ -21,6 +21,7 @@ from eagle3_contract.api.validation import with_pipeline_image
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.k8s import ApiError
+from eagle3_operator.reconcile.news import progress_news
 from eagle3_operator.reconcile.observe import (
     Observed,
     blocked_by,
@@ -91,6 +92,7 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
         pod_monitors_served=bool(memo.pod_monitors),
         workloads=workloads,
         workload_blocked_by=workloads_blocked_by(pods),
+        progress=dict(memo.setdefault("progress", {}).get(key) or {}),
     )
 
 
@@ -105,6 +107,7 @@ def forget_run(memo: kopf.Memo, namespace: str, name: str, uid: str | None = Non
     memo.statuses.pop(key, None)
     memo.pending.pop(key, None)
     memo.locks.pop(key, None)
+    memo.setdefault("progress", {}).pop(key, None)
     memo.metrics.forget_run(namespace, name)
     if uid:
         memo.setdefault("gone", set()).add(uid)
@@ -173,8 +176,8 @@ def _known_status(memo: kopf.Memo, key: Key, ref: RunRef, body: Mapping[str, Any
 
 
 def announce(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) -> None:
-    """Kubernetes Events on the run (`kubectl describe e3r` shows the history): its phase changed, or a pod
-    of it stopped running for a new reason."""
+    """Kubernetes Events on the run (`kubectl describe e3r` shows the history): its phase changed, a pod
+    of it stopped running for a new reason, a stage succeeded or train completed an epoch (news.py)."""
     try:
         _post_events(body, known, plan)
     except LookupError:  # outside kopf's handler context (no event queue): the log says it instead
@@ -188,6 +191,8 @@ def _post_events(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) 
     for stage, why in blocked_pods(plan.status).items():
         if (before.get(stage) or {}).get("reason") != why["reason"]:
             kopf.warn(target, reason="PodNotRunning", message=f"stage {stage}: {why.get('message')}"[:1000])
+    for reason, message in progress_news(known, plan.status, dict(plan.finished)):
+        kopf.info(target, reason=reason, message=message[:1000])
     if known.get("phase") == plan.phase.value:
         return
     failed = next((c for c in plan.status.get("conditions", []) if c["type"] == "Failed"), None)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_contract.api.status import BlockedBy, StagePhase
+from eagle3_contract.api.status import BlockedBy, StagePhase, StageProgress
 from eagle3_contract.policy import is_out_of_memory, policy_exit_code
 from eagle3_operator.builders import names
 
@@ -39,6 +39,12 @@ class JobView:
     termination: Termination | None = None
     pods_seen: int = 0
     blocked_by: BlockedBy | None = None
+    pod_ip: str | None = None  # of its running pod (node 0's): where its progress metrics are served
+
+    @property
+    def progress_key(self) -> str:
+        """The key of its live progress (live_progress.py): the labels its pods carry too."""
+        return progress_key(self.stage, self.hash, self.attempt)
 
     @property
     def out_of_memory(self) -> bool:
@@ -50,6 +56,10 @@ class JobView:
         return self.failure_reason == "PodFailurePolicy" and is_out_of_memory(
             policy_exit_code(self.failure_message)
         )
+
+
+def progress_key(stage: str, stage_hash: str, attempt: int | str) -> str:
+    return f"{stage}/{stage_hash}/{attempt}"
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,8 @@ class Observed:
     # one does not run
     workloads: Mapping[str, DeploymentView] = field(default_factory=dict)
     workload_blocked_by: Mapping[str, BlockedBy] = field(default_factory=dict)
+    # the live progress of running stage attempts, by JobView.progress_key (live_progress.py)
+    progress: Mapping[str, StageProgress] = field(default_factory=dict)
 
 
 def _int(value: Any) -> int | None:
@@ -248,7 +260,18 @@ def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()) 
         termination=terms[-1] if terms else None,
         pods_seen=len(mine),
         blocked_by=blocked_by(mine),
+        pod_ip=running_pod_ip(first or mine),
     )
+
+
+def running_pod_ip(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The IP of a running pod among `pods` (the last one listed), if any has one."""
+    ips = [
+        (p.get("status") or {}).get("podIP")
+        for p in pods
+        if (p.get("status") or {}).get("phase") == "Running"
+    ]
+    return next((ip for ip in reversed(ips) if ip), None)
 
 
 def observe_deployment(deployment: Mapping[str, Any]) -> DeploymentView:
@@ -337,6 +360,7 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "metadata.uid",
         "metadata.labels",
         "status.phase",
+        "status.podIP",
         "status.conditions",
         "status.initContainerStatuses",
         "status.containerStatuses",

@@ -23,11 +23,13 @@ from eagle3_contract.api.status import (
 )
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec, spec_document
 from eagle3_contract.estimates import estimates_from_stages
+from eagle3_contract.progress import eta_text, summary
 from eagle3_contract.results import EvaluateResult, ExportResult
 from eagle3_contract.stages import Stage, StagePlan, content_hash, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.claim import build_artifacts_claim
 from eagle3_operator.builders.configmap import build_spec_configmap
+from eagle3_operator.builders.monitoring import build_stage_pod_monitor
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.actions import Action
 from eagle3_operator.reconcile.conditions import set_condition
@@ -35,7 +37,7 @@ from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.producers import plan_producers
 from eagle3_operator.reconcile.progress import Progress, walk_stages
 from eagle3_operator.reconcile.rendezvous import plan_rendezvous
-from eagle3_operator.reconcile.serving import plan_serving
+from eagle3_operator.reconcile.serving import converge, plan_serving
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,23 @@ def _ready(
     return cond(ConditionType.READY, False, "NotServing", why)
 
 
+def _headline(progress: Progress, serving: ServingStatus | None, phase: RunPhase) -> tuple[str, str | None]:
+    """kubectl's Progress and ETA columns: the current stage and how far it is (`train 6/10 ep`, `extract
+    1200/5000 samples`), and its time left at the recent rate; or what the run does once its stages ended."""
+    stage = progress.blocked_at
+    if stage is not None:
+        status = progress.stages[stage]
+        if phase in (RunPhase.FAILED, RunPhase.SUSPENDED):
+            return f"{stage} {phase.value.lower()}", None
+        if status.phase == StagePhase.PENDING:
+            return f"{stage} pending", None
+        live = status.progress
+        return summary(stage, live), eta_text(live.eta_seconds) if live is not None else None
+    if serving is not None:
+        return f"{names.SERVE_STAGE} {serving.ready_replicas}/{serving.replicas}", None
+    return ("done" if phase == RunPhase.SUCCEEDED else phase.value.lower()), None
+
+
 @functools.lru_cache(maxsize=1024)
 def resolve(spec_json: str) -> tuple[Eagle3RunSpec, tuple[StagePlan, ...], str]:
     """The validated spec, its stage plans and its hash: memoised, as every reconcile of a run needs them
@@ -239,7 +258,9 @@ def plan_run(
     except InvalidSpecError as error:
         return plan_invalid(generation, error, previous, now)
     configmap = names.spec_configmap_name(ref.name, spec_hash)
-    progress = walk_stages(ref, spec, list(stage_plans), previous.stages, observed.jobs, configmap)
+    progress = walk_stages(
+        ref, spec, list(stage_plans), previous.stages, observed.jobs, configmap, observed.progress
+    )
     # online: the producers first (they may hold the train Job back), then the Services of multi-node Jobs
     online_actions, producers = plan_producers(
         ref, spec, list(stage_plans), progress, observed, configmap, previous.producers
@@ -250,14 +271,19 @@ def plan_run(
     serving_actions, serving = plan_serving(
         ref, spec, observed, rollout.path if rollout else None, rollout.sha256 if rollout else None
     )
-    changes = online_actions + progress.actions + serving_actions
+    # the stage pods' PodMonitor lives as long as the run (its pods come and go stage by stage)
+    monitor = converge(observed, build_stage_pod_monitor(ref)) if observed.pod_monitors_served else []
+    changes = monitor + online_actions + progress.actions + serving_actions
     actions = _storage_actions(ref, spec, observed, spec_hash, changes) + changes
     actions += _stale_configmaps(ref, observed, configmap)
     evaluated = _evaluated(progress)
     phase = _phase(spec, progress, serving)
+    headline, eta = _headline(progress, serving, phase)
     status = Eagle3RunStatus(
         phase=phase,
         current_stage=progress.blocked_at or (names.SERVE_STAGE if spec.serving.enabled else None),
+        progress=headline,
+        eta=eta,
         observed_generation=generation,
         acceptance_length=evaluated.acceptance_length if evaluated is not None else None,
         conditions=_conditions(spec, progress, serving, previous.conditions, now, generation),

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from eagle3_contract.api.spec import Eagle3RunSpec
-from eagle3_contract.api.status import BlockedBy, StagePhase, StageStatus
+from eagle3_contract.api.status import BlockedBy, StagePhase, StageProgress, StageStatus
 from eagle3_contract.gate import GateVerdict, judge_evaluation
 from eagle3_contract.policy import next_token_budget, out_of_memory_message, out_of_memory_retry_note
 from eagle3_contract.reasons import OUT_OF_MEMORY
@@ -84,6 +85,7 @@ class Walk:
     previous: dict[str, StageStatus]
     jobs: tuple[JobView, ...]
     spec_configmap: str
+    live: Mapping[str, StageProgress] = field(default_factory=dict)  # by JobView.progress_key
     progress: Progress = field(default_factory=Progress)
 
     def run(self, plan: StagePlan) -> bool:
@@ -123,6 +125,8 @@ class Walk:
             start_time=latest.start_time,
             completion_time=latest.completion_time,
             message=remembered.message if remembered and remembered.job_name == latest.name else None,
+            progress=self.live.get(latest.progress_key)
+            or (remembered.progress if remembered and remembered.job_name == latest.name else None),
         )
         if latest.phase == StagePhase.SUCCEEDED and latest.termination is None and latest.pods_seen:
             base = base.model_copy(
@@ -150,7 +154,10 @@ class Walk:
             return self._reread(plan, latest)
         document = result.document() if result is not None else None
         lost = None if result is not None or (message or "").strip() else _lost_result(latest)
-        self.progress.stages[stage] = base.model_copy(update={"result": document, "message": lost})
+        final = finished_progress(base.progress)
+        self.progress.stages[stage] = base.model_copy(
+            update={"result": document, "message": lost, "progress": final}
+        )
         if remembered is None or remembered.phase != StagePhase.SUCCEEDED:
             self.progress.finished.append((stage, _seconds(latest.start_time, latest.completion_time)))
         return self._gate(_evaluated(result)) if plan.stage == Stage.EVALUATE else True
@@ -227,6 +234,17 @@ class Walk:
                 )
 
 
+def finished_progress(last: StageProgress | None) -> StageProgress | None:
+    """A finished stage's last figures (read before it ended) as done: every unit and epoch, no rate."""
+    if last is None:
+        return None
+    total = last.total if last.total is not None else last.done
+    update = {"done": total, "total": total, "rate": None, "eta_seconds": None, "eta": None}
+    if last.epochs is not None:
+        update["epochs_done"] = last.epochs
+    return last.model_copy(update=update)
+
+
 def walk_stages(
     ref: RunRef,
     spec: Eagle3RunSpec,
@@ -234,9 +252,11 @@ def walk_stages(
     previous: dict[str, StageStatus],
     jobs: tuple[JobView, ...],
     spec_configmap: str,
+    live: Mapping[str, StageProgress] | None = None,
 ) -> Progress:
-    """Walk the stages in order, stopping at the first one that is not done."""
-    walk = Walk(ref, spec, previous, jobs, spec_configmap)
+    """Walk the stages in order, stopping at the first one that is not done; `live` holds the progress
+    read from the running stages' pods (by JobView.progress_key)."""
+    walk = Walk(ref, spec, previous, jobs, spec_configmap, dict(live or {}))
     for plan in plans:  # every stage, not only those the walk reaches: an edit upstream stops it early
         walk._delete_stale(plan)
     for plan in plans:

@@ -99,13 +99,26 @@ def stage_results(status: Mapping[str, Any]) -> dict[Stage, StageResult]:
 
 
 def running_stages(status: Mapping[str, Any], deadlines: Mapping[str, int]) -> dict[str, tuple[float, int]]:
-    """Stages whose current attempt runs now: (unix time it started, seconds it is expected to take)."""
+    """Stages whose current attempt runs now: (unix time it started, seconds it is expected to take). The
+    expectation is the stage's live one where its progress has an ETA (the time it has run when its figures
+    were read, plus the ETA then), else its deadline or the default for the stage."""
     out: dict[str, tuple[float, int]] = {}
     for stage, st in (status.get("stages") or {}).items():
         started = unix_time(st.get("startTime"))
         if st.get("phase") == StagePhase.RUNNING.value and started is not None:
-            out[stage] = (started, deadlines.get(stage) or expected_seconds(stage))
+            out[stage] = (
+                started,
+                _live_expectation(started, st) or deadlines.get(stage) or expected_seconds(stage),
+            )
     return out
+
+
+def _live_expectation(started: float, stage: Mapping[str, Any]) -> int | None:
+    progress = stage.get("progress") or {}
+    read, eta = unix_time(progress.get("updated")), progress.get("etaSeconds")
+    if read is None or not isinstance(eta, int | float):
+        return None
+    return max(round(read - started + eta), 1)
 
 
 def blocked_pods(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

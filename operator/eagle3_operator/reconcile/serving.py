@@ -39,7 +39,7 @@ def _teardown(ref: RunRef, observed: Observed) -> list[Action]:
     return actions
 
 
-def _converge(observed: Observed, desired: dict[str, Any]) -> list[Action]:
+def converge(observed: Observed, desired: dict[str, Any]) -> list[Action]:
     """Create a missing child; merge-patch one whose spec hash differs (made by an older operator)."""
     key = (desired["kind"], desired["metadata"]["name"])
     if key not in observed.objects:
@@ -70,9 +70,9 @@ def plan_serving(
             actions.append(Action("create", desired))
         elif current.spec_hash != wanted:
             actions.append(Action("patch", _merge_patch(desired)))
-        actions += _converge(observed, build_service(ref))
+        actions += converge(observed, build_service(ref))
         if observed.pod_monitors_served:
-            actions += _converge(observed, build_pod_monitor(ref))
+            actions += converge(observed, build_pod_monitor(ref))
     if current is None and draft is None:
         return actions, None
     return actions, ServingStatus(

@@ -23,6 +23,8 @@ figures are null); one whose d2t points outside the verifier's vocabulary cannot
 StageError. The result also says whether the draft's copy of the verifier's embeddings is the
 verifier's own (`embeddingsMatchVerifier`: a draft trained for another version of the verifier). The work
 directory keeps the vLLM logs; the slim draft is deleted after the run (export writes the one that ships).
+Progress: prompts answered, by the draft server and then by the verifier alone (failed requests included,
+and counted as failures), and their output tokens.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from eagle3_pipeline.draft_checkpoint import (
     write_serving_checkpoint,
 )
 from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.progress import StageReporter
 from eagle3_pipeline.spec_metrics import (
     Acceptance,
     SpecDecodeCounters,
@@ -87,6 +90,9 @@ def run(ctx: Context) -> dict[str, Any]:
         )
     problem = mapping_problem(d2t, t2d, vocab)
     foreign = foreign_embeddings(source, ctx.local_path(ctx.params.verifier.model))
+    ctx.progress.begin(
+        "prompts", len(prompts) * (2 if problem is None else 1)
+    )  # with the draft, then without
     with_draft = measure(ctx, prompts, slim.path)
     shutil.rmtree(slim.path, ignore_errors=True)
     # a draft with a broken mapping fails the gate whatever its speed: no need to serve the verifier alone
@@ -158,7 +164,7 @@ def measure(ctx: Context, prompts: list[list[Message]], draft: Path | None) -> M
     log = ctx.work / f"vllm-{label}.log"
     with VllmServer(ctx, engine, seed=ctx.tuning.seed, speculative_config=config, log_path=log) as server:
         before = read_counters(server)
-        result = asyncio.run(answer_all(server, prompts, ctx.params.max_tokens))
+        result = asyncio.run(answer_all(server, prompts, ctx.params.max_tokens, ctx.progress))
         result.server_start_s = server.started_s
         if draft is not None:
             after = settled_counters(server, before, result.output_tokens)
@@ -204,7 +210,9 @@ def settled_counters(
         time.sleep(METRICS_POLL_S)
 
 
-async def answer_all(server: VllmServer, prompts: list[list[Message]], max_tokens: int) -> Measurement:
+async def answer_all(
+    server: VllmServer, prompts: list[list[Message]], max_tokens: int, progress: StageReporter | None = None
+) -> Measurement:
     """Greedy answers to every prompt, CONCURRENCY in flight; a failed request is recorded, not raised."""
     import openai
     from openai import AsyncOpenAI
@@ -224,9 +232,15 @@ async def answer_all(server: VllmServer, prompts: list[list[Message]], max_token
                 )
             except openai.APIError as exc:
                 result.failures.append(f"prompt {index}: {type(exc).__name__}: {exc}")
+                if progress is not None:
+                    progress.advance()
+                    progress.fail("request")
                 return
         result.outputs[index] = response.choices[0].message.content or ""
-        result.output_tokens += response.usage.completion_tokens if response.usage else 0
+        tokens = response.usage.completion_tokens if response.usage else 0
+        result.output_tokens += tokens
+        if progress is not None:
+            progress.advance(1, tokens)
 
     started = time.monotonic()
     try:

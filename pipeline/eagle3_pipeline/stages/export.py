@@ -12,7 +12,8 @@ the draft vLLM serves (`--speculative-config '{"method": "eagle3", "model": <out
 The result's `sha256` and `bytes` (all files but the manifest) become the run's `status.checkpoint`. The stage
 fails when the draft's mapping is not the vocab stage's, when d2t and t2d disagree, or when the checkpoint
 is more than MAX_OVERHEAD above its weights: 2 bytes per parameter of the draft (the trained ones and the
-draft head, lm_head, which vLLM needs) plus the mapping.
+draft head, lm_head, which vLLM needs) plus the mapping. Progress: three steps, the weights written, the
+mapping checked, the manifest written.
 """
 
 from __future__ import annotations
@@ -45,12 +46,15 @@ MAX_OVERHEAD = 0.05  # the serving checkpoint may exceed its weights' bf16 bytes
 
 def run(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
     started = time.monotonic()
+    ctx.progress.begin("steps", 3)
     train, vocab = ctx.input(Stage.TRAIN), ctx.input(Stage.VOCAB)
     source = best_checkpoint(train)
     verifier = ctx.params.verifier.model
     slim = write_serving_checkpoint(source, ctx.work, verifier)
+    ctx.progress.advance()
     weights = slim.weights
     check_mapping(weights.tensors.get("d2t"), weights.tensors.get("t2d"), vocab, source)
+    ctx.progress.advance()
     manifest = write_manifest(
         ctx.work,
         {
@@ -60,6 +64,7 @@ def run(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
             "draftHeadParameters": weights.head_parameters,
         },
     )
+    ctx.progress.advance()
     ratio = check_size(manifest, weights)
     check_parameter_count(train, weights.trainable_parameters)
     source_bytes = directory_bytes(source)

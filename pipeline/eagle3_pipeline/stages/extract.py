@@ -5,6 +5,7 @@ Output (`extract/<hash>`): `hs_{i}.safetensors` per dataset row i in speculators
 `FP8Transfer` for fp8, as `metadata.json`'s `transfer` says), plus `metadata.json`: layer ids, hidden size,
 dtype, verifier, samples and tokens. Resumable: files finished by a killed or out-of-memory attempt are
 checked and kept; an out-of-memory exits with the OOM code, and the retry runs at half the token budget.
+Progress: samples done of all (the kept files count as done), their tokens, and the token budget.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def run(ctx: Context) -> dict[str, Any]:
         layout.dtype,
         budget,
     )
+    ctx.progress.set_token_budget(budget)
+    ctx.progress.begin("samples", len(rows), done=len(done))
     backend = ctx.tuning.backend
     if backend == ExtractionBackend.VLLM:
         from eagle3_pipeline.extract_vllm import run_vllm
@@ -147,7 +150,7 @@ def _run_transformers(
     model = tf.load_verifier(ref, device)
     extractor = tf.TransformersExtractor(model, layout)
     logger.info("extracting %d rows in %d batches on %s", len(todo), len(batches), device)
-    return tf.extract(extractor, batches, rows, ctx.work, budget)
+    return tf.extract(extractor, batches, rows, ctx.work, budget, ctx.progress)
 
 
 def metadata_of(verifier: VerifierRef, layout: Layout, *, samples: int, tokens: int) -> dict[str, Any]:

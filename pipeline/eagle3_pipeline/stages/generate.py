@@ -7,6 +7,9 @@ they complete, so a killed or out-of-memory attempt resumes where it stopped. At
 rewritten in input order and tokenized like prepare's output (`data/`, `token_freq.pt`). Rows whose
 regeneration fails are recorded in `failed.jsonl` and dropped, up to `regeneration.maxFailedFraction` of
 the rows.
+
+Progress: conversations done of all (an earlier attempt's count as done), the tokens generated, the failed
+rows by reason, and the token budget (halved after an out-of-memory).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from eagle3_contract.stages import Stage
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.prepared import CONVERSATIONS_FILE, Tokenizing, write_conversations
+from eagle3_pipeline.progress import StageReporter
 from eagle3_pipeline.vllm_server import VllmServer
 
 logger = logging.getLogger(__name__)
@@ -51,8 +55,10 @@ def run(ctx: Context) -> dict[str, Any]:
     todo = [(i, c) for i, c in enumerate(conversations) if c["id"] not in done]
     logger.info("%d conversations: %d done by an earlier attempt", len(conversations), len(done))
     progress = Progress(rows=len(conversations), resumed=len(done))
+    budget = ctx.token_budget or ctx.tuning.token_budget
+    ctx.progress.set_token_budget(budget)
+    ctx.progress.begin("rows", len(conversations), done=len(done))
     if todo:
-        budget = ctx.token_budget or ctx.tuning.token_budget
         engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
         with VllmServer(ctx, engine, seed=ctx.params.seed, max_num_batched_tokens=budget) as server:
             progress.server_start_s = server.started_s
@@ -75,7 +81,11 @@ def run(ctx: Context) -> dict[str, Any]:
 
 
 class RowFailed(Exception):
-    """One row could not be regenerated: recorded in failed.jsonl and dropped."""
+    """One row could not be regenerated: recorded in failed.jsonl and dropped; `reason` is a short word."""
+
+    def __init__(self, message: str, reason: str = "error") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -105,7 +115,7 @@ async def regenerate_conversation(client: Any, conv: Conversation, sampling: Sam
             messages.append(dict(message))
     if not any(m["role"] == "assistant" for m in conv["messages"]):
         if not messages or messages[-1]["role"] != "user":
-            raise RowFailed("a prompt-only row must end with a user turn to answer")
+            raise RowFailed("a prompt-only row must end with a user turn to answer", "no_user_turn")
         reply, used = await ask(client, messages, sampling, seed)
         messages.append(reply)
         tokens += used
@@ -125,7 +135,7 @@ async def ask(client: Any, history: list[Message], sampling: Sampling, seed: int
             seed=seed,
         )
     except openai.APIError as exc:
-        raise RowFailed(f"turn {len(history)}: {type(exc).__name__}: {exc}") from None
+        raise RowFailed(f"turn {len(history)}: {type(exc).__name__}: {exc}", "request") from None
     choice = response.choices[0]
     extra = choice.message.model_extra or {}
     content, reasoning = split_reasoning(
@@ -134,7 +144,8 @@ async def ask(client: Any, history: list[Message], sampling: Sampling, seed: int
     if not content.strip():
         raise RowFailed(
             f"turn {len(history)}: empty answer (finish_reason {choice.finish_reason}; "
-            f"{len(reasoning or '')} characters of reasoning): raise regeneration.maxTokens?"
+            f"{len(reasoning or '')} characters of reasoning): raise regeneration.maxTokens?",
+            "empty_answer",
         )
     reply: Message = {"role": "assistant", "content": content}
     if sampling.keep_reasoning and reasoning:
@@ -255,16 +266,20 @@ class Rows:
     done: Appender
     failed: Appender
     allowed_failures: int
+    reporter: StageReporter
 
     def finished(self, answer: Answer) -> None:
         self.done.write(answer.conversation)
         self.progress.regenerated += 1
         self.progress.output_tokens += answer.output_tokens
+        self.reporter.advance(1, answer.output_tokens)
 
-    def failure(self, row_id: str, error: str) -> None:
+    def failure(self, row_id: str, error: str, reason: str = "error") -> None:
         failed = self.progress.failed
         failed.append((row_id, error))
         self.failed.write({"id": row_id, "error": error})
+        self.reporter.advance(1)
+        self.reporter.fail(reason)
         logger.warning("row %s failed: %s", row_id, error)
         if len(failed) > self.allowed_failures:
             examples = "; ".join(f"{i}: {e}" for i, e in failed[:FAILED_EXAMPLES])
@@ -294,6 +309,7 @@ async def regenerate_all(
         # this attempt's failures only: rows that failed before are retried
         failed=Appender(ctx.work / FAILED_FILE, mode="w"),
         allowed_failures=int(reg.max_failed_fraction * progress.rows),
+        reporter=ctx.progress,
     )
     try:
         await run_rows(client, sampling, todo, rows, server, ctx.tuning.concurrency, ctx.params.seed)
@@ -313,10 +329,7 @@ async def run_rows(
     seed: int,
 ) -> None:
     """The concurrent loop; the first StageError or OutOfMemory cancels the rest and is raised as is."""
-    from tqdm import tqdm
-
     semaphore = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=rows.progress.rows, initial=rows.progress.resumed, desc="generate", unit="row")
 
     async def one(index: int, conv: Conversation) -> None:
         try:
@@ -324,12 +337,11 @@ async def run_rows(
         except RowFailed as exc:
             if server is not None:
                 server.check()  # a dead server is an OutOfMemory or a StageError, not a failed row
-            rows.failure(conv["id"], str(exc))
+            rows.failure(conv["id"], str(exc), exc.reason)
         else:
             rows.finished(answer)
         finally:
             semaphore.release()
-            bar.update(1)
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -338,8 +350,6 @@ async def run_rows(
                 group.create_task(one(index, conv))
     except BaseExceptionGroup as group_error:
         raise _first(group_error) from None
-    finally:
-        bar.close()
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -1,4 +1,7 @@
-"""prepare: a chat dataset to token ids and assistant-only loss masks, split, with token frequencies."""
+"""prepare: a chat dataset to token ids and assistant-only loss masks, split, with token frequencies.
+
+Progress: rows tokenized of the rows read, their tokens, and the skipped rows as failures by reason.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
     started = time.monotonic()
+    ctx.progress.begin("rows")  # how many: once they are read
     ds = ctx.params.dataset
     source = ctx.local_path(ds.source)
     files = local_fingerprint(source)  # recorded so `eagle3 run` can tell files edited in place
@@ -51,6 +55,7 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
             from eagle3_pipeline.prepared import CONVERSATIONS_FILE, write_conversations
 
             write_conversations(ctx.work / CONVERSATIONS_FILE, conversations)
+            ctx.progress.begin("rows", len(conversations), done=len(conversations))  # generate answers them
             return {
                 "format": fmt,
                 "conversations": len(conversations),
@@ -60,7 +65,7 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
                 "seconds": _since(started),
             }
     tokenizing = Tokenizing(ctx.params.verifier, ds.max_sequence_length, ds.loss_on_reasoning)
-    stats = write_prepared(ctx.work, conversations, ctx, tokenizing, skips)
+    stats = write_prepared(ctx.work, conversations, ctx, tokenizing, skips, ctx.progress)
     check_skipped(rows, skips, ctx.tuning.max_skipped_fraction)
     seconds = _since(started)
     logger.info("prepared %d samples (%d tokens) in %.1f s", stats["samples"], stats["tokens"], seconds)

@@ -20,6 +20,10 @@ Output (`train/<hash>/`), what the export and evaluate stages read:
   trainer.json                         trainable parameters, device, world size, the last start epoch
   result.json                          the per-epoch figures, the best epoch and its per-position accuracy
 
+Progress (ctx.progress): optimizer steps of epochs x steps per epoch, the epochs done, the recent loss and
+tokens/s, and each epoch's validation figures, from speculators' metric records (train_metrics); a torchrun
+run's global rank 0 relays them through `progress.jsonl` in the work directory (train_progress).
+
 Resumable: the work directory keeps checkpoints and metrics between attempts. A new attempt keeps the epochs
 that are complete (a checkpoint and a metrics line), removes the rest, repairs `checkpoint_best` and lets
 speculators resume after the last complete epoch with its optimizer and scheduler state.
@@ -27,6 +31,7 @@ speculators resume after the last complete epoch with its optimizer and schedule
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -58,6 +63,7 @@ from eagle3_pipeline.train_metrics import (
     summarize,
 )
 from eagle3_pipeline.train_nodes import TORCHRUN_ENV, Nodes, nodes_of, wait_for_rendezvous
+from eagle3_pipeline.train_progress import EVENTS_FILE, relayed
 from eagle3_pipeline.train_resume import BEST, keep_complete_epochs, repair_best
 
 logger = logging.getLogger(__name__)
@@ -74,6 +80,7 @@ def run(ctx: Context) -> dict[str, Any]:
     save_path, metrics = ctx.work / CHECKPOINTS, ctx.work / METRICS_FILE
     epochs = ctx.params.training.epochs
     complete = keep_complete_epochs(save_path, metrics)
+    ctx.progress.train_plan(epochs, None, epochs_done=complete)  # the steps once the trainer is built
     on_cpu = not has_accelerator()
     cfg = train_config(ctx.params, src, save_path, cpu=on_cpu)
     save_path.mkdir(parents=True, exist_ok=True)
@@ -126,7 +133,7 @@ def launch(ctx: Context, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool
             )
         if on_cpu:
             logger.info("train: %d torch threads", pin_threads(hidden_size))
-        train(cfg, metrics, info)
+        train(cfg, metrics, info, ctx.progress)
         return
     visible = int(torch.accelerator.device_count())
     if visible < gpus:
@@ -135,9 +142,11 @@ def launch(ctx: Context, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool
             "the train stage's pod that many GPUs",
             keep_work=True,
         )
-    argv = torchrun_argv(gpus, ctx.work / CHECKPOINTS / RUN_CONFIG_FILE, metrics, info)
+    events = ctx.work / EVENTS_FILE
+    argv = torchrun_argv(gpus, ctx.work / CHECKPOINTS / RUN_CONFIG_FILE, metrics, info, progress=events)
     logger.info("train: %s", " ".join(argv))
-    code = subprocess.run(argv, check=False).returncode
+    with relayed(events, ctx.progress):
+        code = subprocess.run(argv, check=False).returncode
     if code != 0:
         raise RuntimeError(f"torchrun exited with code {code} (its workers' errors are above)")
 
@@ -160,9 +169,12 @@ def run_torchrun(ctx: Context, nodes: Nodes, on_cpu: bool) -> None:
         work / METRICS_FILE,
         work / INFO_FILE,
         nodes=nodes,
+        progress=work / EVENTS_FILE,
     )
     logger.info("train: node %d of %d: %s", nodes.rank, nodes.count, " ".join(argv))
-    code = subprocess.run(argv, env=os.environ | TORCHRUN_ENV, check=False).returncode
+    # node 0 relays what global rank 0 (on whichever node) writes; the other nodes report nothing
+    with relayed(work / EVENTS_FILE, ctx.progress) if nodes.rank == 0 else contextlib.nullcontext():
+        code = subprocess.run(argv, env=os.environ | TORCHRUN_ENV, check=False).returncode
     if code != 0:
         raise RuntimeError(
             f"node {nodes.rank}: torchrun exited with code {code} (the workers' errors are above)"

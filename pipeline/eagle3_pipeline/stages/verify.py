@@ -10,6 +10,7 @@ operator turns into the run's Failed condition; the Deployment is not rolled.
 
 The result: the path, the weights' sha256, the checkpoint's bytes and each file's digest. The stage reads
 the files every time it runs (its output is never reused: a check is about the files as they are now).
+Progress: the files hashed, of the weights and the others the manifest lists.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from eagle3_contract.reasons import CHECKPOINT_MISSING, CHECKSUM_MISMATCH
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import MANIFEST_FILE, WEIGHTS_FILE, sha256_of
 from eagle3_pipeline.errors import CheckFailed, StageError
+from eagle3_pipeline.progress import StageReporter
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +55,12 @@ def run(ctx: StageContext[VerifyParams, VerifyTuning]) -> dict[str, Any]:
             file=WEIGHTS_FILE,
             expected=pinned.sha256,
         )
+    ctx.progress.begin("files", 1)
     actual = sha256_of(weights)
+    ctx.progress.advance()
     if actual != pinned.sha256:
         raise checksum_mismatch(pinned.path, pinned.sha256, actual)
-    files = check_manifest(directory, shown, pinned.path, actual) or {
+    files = check_manifest(directory, shown, pinned.path, actual, ctx.progress) or {
         WEIGHTS_FILE: {"sha256": actual, "bytes": weights.stat().st_size}
     }
     logger.info("verify: %s has sha256 %s, as pinned; %d file(s) checked", shown, actual, len(files))
@@ -85,7 +89,9 @@ def checksum_mismatch(path: str, expected: str, actual: str) -> CheckFailed:
     )
 
 
-def check_manifest(directory: Path, shown: str, path: str, weights_sha256: str) -> dict[str, Any]:
+def check_manifest(
+    directory: Path, shown: str, path: str, weights_sha256: str, progress: StageReporter | None = None
+) -> dict[str, Any]:
     """Every file export's manifest.json lists, against its digest; {} without a manifest (a draft that was
     not exported by this pipeline: only its weights, which the pin names, are checked)."""
     manifest_file = directory / MANIFEST_FILE
@@ -98,6 +104,8 @@ def check_manifest(directory: Path, shown: str, path: str, weights_sha256: str) 
         raise StageError(f"{shown}/{MANIFEST_FILE} is not export's manifest ({exc}); {WHAT_TO_DO}") from None
     if not isinstance(listed, dict) or WEIGHTS_FILE not in listed:
         raise StageError(f"{shown}/{MANIFEST_FILE} lists no {WEIGHTS_FILE}; {WHAT_TO_DO}")
+    if progress is not None:
+        progress.set_total(len(listed))  # the weights, hashed already, among them
     checked: dict[str, Any] = {}
     for name, entry in sorted(listed.items()):
         expected = str((entry or {}).get("sha256"))
@@ -109,6 +117,8 @@ def check_manifest(directory: Path, shown: str, path: str, weights_sha256: str) 
                 path=path, file=name, expected=expected,
             )  # fmt: skip
         actual = weights_sha256 if name == WEIGHTS_FILE else sha256_of(target)
+        if progress is not None and name != WEIGHTS_FILE:
+            progress.advance()
         if actual != expected:
             raise CheckFailed(
                 CHECKSUM_MISMATCH,

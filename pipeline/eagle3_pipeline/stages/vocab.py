@@ -3,6 +3,7 @@
 Built with speculators' own `build_vocab_mappings_from_distribution` from the data stage's `token_freq.pt`,
 saved as `d2t-<N>.npy` / `t2d-<N>.npy` (the names speculators' trainer caches them under). Unlike speculators,
 a missing frequency file is an error here: it would silently fall back to the full target vocabulary.
+Progress: two steps, the frequencies read and the mapping saved.
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ def run(ctx: StageContext[VocabParams, VocabTuning]) -> dict[str, Any]:
     import numpy as np
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
+    ctx.progress.begin("steps", 2)
     data_dir = ctx.data_input()
     freq = load_frequencies(data_dir)
+    ctx.progress.advance()
     n = ctx.params.vocab_size
     target = target_vocab_size(ctx)
     if n > target:
@@ -79,6 +82,7 @@ def run(ctx: StageContext[VocabParams, VocabTuning]) -> dict[str, Any]:
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size=n, target_vocab_size=target)
     np.save(ctx.work / d2t_file(n), d2t.cpu().numpy())
     np.save(ctx.work / t2d_file(n), t2d.cpu().numpy())
+    ctx.progress.advance()
     total = sum(freq.values())
     covered = sum(c for tid, c in freq.items() if bool(t2d[tid]))
     seen = len(freq)

@@ -97,8 +97,16 @@ def test_names_scope_and_columns() -> None:
     assert (version["name"], version["served"], version["storage"]) == (VERSION, True, True)
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Stage", "Phase", "Accept", "Age"]
+    assert spec["names"]["categories"] == ["all", "eagle3"]
+    default = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert default == ["Stage", "Progress", "ETA", "Accept", "Ready", "Age"]
+    assert [name for name, c in columns.items() if c.get("priority") == 1] == ["Phase", "Reason", "Draft"]
     assert columns["Stage"]["jsonPath"] == ".status.currentStage"
+    assert columns["Progress"]["jsonPath"] == ".status.progress"
+    assert columns["ETA"]["jsonPath"] == ".status.eta"
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
+    assert columns["Draft"]["jsonPath"] == ".status.serving.draft"
     assert columns["Phase"]["jsonPath"] == ".status.phase"
     assert columns["Accept"] == {
         "name": "Accept",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from eagle3_contract.api.status import StageProgress
 from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
@@ -129,6 +130,7 @@ class World:
     objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pod_monitors_served: bool = False
     clock: float = 0.0
+    progress: dict[str, StageProgress] = field(default_factory=dict)  # live, by JobView.progress_key
 
     # --- the planner's view -------------------------------------------------------------------------
 
@@ -147,6 +149,7 @@ class World:
             serving_blocked_by=blocked_by(serving_pods(pods)),
             workloads={view.stage: view for view in (observe_deployment(d) for d in self.workloads.values())},
             workload_blocked_by=workloads_blocked_by(pods),
+            progress=dict(self.progress),
         )
 
     def plan(self, now: str | None = None) -> Plan:
