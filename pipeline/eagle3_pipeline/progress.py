@@ -77,6 +77,7 @@ class StageReporter:
         self._logged_at: float | None = None
         self._finished = False
         self._train = _TrainFigures()
+        self._moving = False  # a unit was done since begin() (the rate's window starts there)
         self._server: Any = None
         self.registry.register(self)
 
@@ -219,9 +220,16 @@ class StageReporter:
     def _restart_rate(self) -> None:  # lock held
         self._points.clear()
         self._points.append((self._clock(), self._done, self._tokens or 0))
+        self._moving = False
 
     def _moved(self) -> float:  # lock held: one rate point a second at most
         now = self._clock()
+        if not self._moving:
+            # the first unit since begin(): the rate counts from here, not from a start-up (a vLLM server
+            # loading for minutes) that would make the first ETA hours long; a stage that never moves keeps
+            # its begin() point, and its rate of 0 (the stalled alert)
+            self._moving = True
+            self._points.clear()
         if not self._points or now - self._points[-1][0] >= SAMPLE_SECONDS:
             self._points.append((now, self._done, self._tokens or 0))
         self._prune(now)
@@ -248,7 +256,8 @@ class StageReporter:
             stage=self.stage,
             unit=self._unit,
             done=self._done,
-            total=self._total,
+            # a total estimated from the first epoch's batches can fall short by a step or two
+            total=max(self._total, self._done) if self._total is not None else None,
             rate=rate,
             eta_seconds=_eta(self._done, self._total, rate),
             start_time=self._start_time,

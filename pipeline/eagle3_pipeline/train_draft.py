@@ -33,6 +33,7 @@ import torch
 from eagle3_contract.api.spec import Scheduler
 from eagle3_contract.params import TrainParams
 from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.log_format import configure_logging
 from eagle3_pipeline.speculators_cpu import cpu_adapted, setup_distributed
 from eagle3_pipeline.train_metrics import recording
 from eagle3_pipeline.train_nodes import Nodes, rendezvous_args
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
     where = f"node {args.node_rank} rank {rank}" if args.node_rank is not None else f"rank {rank}"
-    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s [{where}] %(name)s: %(message)s")
+    configure_logging(where=where)
     writer = EventsWriter(args.progress) if args.progress is not None else None
     try:
         train(load_config(args.config), args.metrics, args.info, writer)

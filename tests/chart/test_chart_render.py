@@ -79,6 +79,17 @@ def test_the_args_are_the_cli_flags_the_operator_reads(rendered: Rendered) -> No
     assert args.pipeline_image == "registry.example.com/ml/eagle3-pipeline:1.2.3"
 
 
+def test_the_log_format_value_sets_the_operators_environment(helm: Path, rendered: Rendered) -> None:
+    """operator.logFormat: text by default; json makes every line (kopf's too) one JSON object."""
+
+    def log_format(docs: list[dict[str, Any]]) -> str:
+        env = {e["name"]: e.get("value") for e in container(docs)["env"]}
+        return str(env["EAGLE3_LOG_FORMAT"])
+
+    assert log_format(rendered["default"]) == "text"
+    assert log_format(template(helm, sets=["operator.logFormat=json"])) == "json"
+
+
 def test_the_pod_is_hardened(rendered: Rendered) -> None:
     for docs in rendered.values():
         pod = only(docs, "Deployment")["spec"]["template"]["spec"]

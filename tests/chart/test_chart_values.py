@@ -32,6 +32,10 @@ CASES = {
         ["operator.apiTimeoutSeconds=0"],
         "at '/operator/apiTimeoutSeconds': exclusiveMinimum: got 0, want 0",
     ),
+    "bad-log-format": (
+        ["operator.logFormat=yaml"],
+        "at '/operator/logFormat': value must be one of 'text', 'json'",
+    ),
     "root-user": (
         ["podSecurityContext.runAsUser=0"],
         "at '/podSecurityContext/runAsUser': minimum: got 0, want 1",

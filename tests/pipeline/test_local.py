@@ -128,7 +128,7 @@ def test_a_second_run_skips_complete_stages_and_an_edit_reruns_only_what_it_chan
     assert first.returncode == 0, first.stderr
     second = eagle3("run", str(path), "--artifacts", str(tmp_path / "art"), "--until", "vocab")
     assert second.returncode == 0
-    assert second.stderr.count("cached") == 3 and "==> stage" not in second.stderr
+    assert second.stderr.count(" reused (") == 3 and "==> stage" not in second.stderr
     spec["draft"]["vocabSize"] = 48
     write_manifest(path, spec)
     third = eagle3("run", str(path), "--artifacts", str(tmp_path / "art"), "--until", "vocab")
@@ -319,7 +319,7 @@ def test_a_second_writer_of_one_output_fails_at_once_naming_the_lock_and_its_hol
 def test_the_summary_table_shows_notes_verbatim() -> None:
     from rich.console import Console
 
-    from eagle3_pipeline.local import StageOutcome, summary_table
+    from eagle3_pipeline.live_progress import StageOutcome, summary_table
 
     console = Console(record=True, width=200)
     console.print(summary_table([StageOutcome("prepare", "failed", note="[/oops] key [bold]loud")]))

@@ -76,6 +76,9 @@ def test_what_is_unknown_is_absent_not_zero() -> None:
     r.begin("rows")
     progress = scrape(r)
     assert progress == StageProgress(unit="rows", done=0)
+    clock.now += 600  # a start-up (vLLM loading) before the first row: not part of the rate
+    r.advance(3)
+    assert scrape(r).rate is None  # type: ignore[union-attr]
     clock.now += 5
     r.advance(3)
     progress = scrape(r)
@@ -387,3 +390,11 @@ def test_a_running_train_stage_serves_its_steps_and_epochs(
     assert with_val and all(p.val_loss and p.val_accuracy_by_position for p in with_val)
     assert "steps (100%), " in log.read_text() and f"; epoch {EPOCHS}/{EPOCHS}, " in log.read_text()
     assert not (root / "art" / "train" / "t" / "progress.jsonl").exists()
+
+
+def test_a_total_estimated_short_grows_to_what_was_done() -> None:
+    r = reporter("train", Clock())
+    r.train_plan(2, 5)  # steps per epoch from the first epoch's batches: packing may add one later
+    r.train_steps(11)
+    progress = scrape(r)
+    assert progress is not None and (progress.done, progress.total) == (11, 11)

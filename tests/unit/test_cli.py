@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +18,13 @@ import yaml
 from eagle3_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _own_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() writes the log format into the environment (for its subprocesses): not into the test run's."""
+    monkeypatch.delenv("EAGLE3_LOG_FORMAT", raising=False)
+    monkeypatch.delenv("EAGLE3_VERBOSE", raising=False)
 
 
 def test_eagle3_crd_prints_the_committed_crd(capsys):
@@ -104,3 +119,177 @@ def test_http_clients_log_no_line_per_request_unless_verbose(capsys):
 
     main(["crd"])
     assert all(logging.getLogger(name).getEffectiveLevel() == logging.WARNING for name in QUIET_LOGGERS)
+    main(["-v", "crd"])
+    assert all(logging.getLogger(name).getEffectiveLevel() == logging.DEBUG for name in QUIET_LOGGERS)
+
+
+def test_version_prints_the_installed_distributions_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"eagle3 {version('eagle3-operator')}\n"
+
+
+def test_the_log_format_is_a_root_option_and_the_subprocesses_inherit_it(monkeypatch, capsys):
+    import os
+
+    monkeypatch.setenv("EAGLE3_LOG_FORMAT", "json")
+    assert main(["crd"]) == 0
+    assert os.environ["EAGLE3_LOG_FORMAT"] == "json"
+    assert main(["--log-format", "TEXT", "crd"]) == 0
+    assert os.environ["EAGLE3_LOG_FORMAT"] == "text" and os.environ["EAGLE3_VERBOSE"] == "0"
+    monkeypatch.setenv("EAGLE3_LOG_FORMAT", "xml")
+    capsys.readouterr()
+    assert main(["crd"]) == 2
+    assert capsys.readouterr().err == "eagle3: $EAGLE3_LOG_FORMAT is 'xml': give one of text, json\n"
+
+
+# --- `eagle3 operator` refuses to start, in one line, what it cannot work with ----------------------------
+
+
+def start_operator(kubeconfig: Path | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    env["HOME"] = str(kubeconfig.parent if kubeconfig else Path("/nonexistent"))
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
+    argv = [sys.executable, "-m", "eagle3_cli", "operator", "--health-port", "0", "--metrics-port", "0"]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def kubeconfig(path: Path, server: str, current: bool = True) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t0ken"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "default"}}],
+    }
+    if current:
+        doc["current-context"] = "x"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@contextlib.contextmanager
+def fake_api_server(answer: int, document: dict[str, object] | None = None) -> Iterator[str]:
+    """An API server that answers every GET with HTTP `answer` and `document` (default: a Status)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": answer}
+            body = json.dumps(document or status).encode()
+            self.send_response(answer)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def refusal(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert " ERROR   eagle3_operator.operator_main: eagle3 operator: " in lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("missing", "no kubeconfig: {dir}/missing.yaml does not exist; set KUBECONFIG"),
+        ("no-home-config", "no kubeconfig: /nonexistent/.kube/config does not exist"),
+        ("no-context", "names no current context; choose one with `kubectl config use-context NAME`"),
+        ("unreachable", "does not answer ([Errno 111]"),
+    ],
+)
+def test_an_unusable_kubeconfig_is_one_line_and_exit_1(tmp_path: Path, case: str, expected: str) -> None:
+    from eagle3_pipeline.vllm_server import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    path = {
+        "missing": tmp_path / "missing.yaml",
+        "no-home-config": None,
+        "no-context": kubeconfig(tmp_path / "no-context.yaml", dead, current=False),
+        "unreachable": kubeconfig(tmp_path / "k.yaml", dead),
+    }[case]
+    line = refusal(start_operator(path))
+    assert expected.format(dir=tmp_path) in line, line
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (401, "refused the credentials (HTTP 401 Unauthorized)"),
+        (403, "forbids listing eagle3runs.eagle3.dev (HTTP 403"),
+        (404, "the Eagle3Run CRD is not installed"),
+    ],
+)
+def test_credentials_refused_or_no_crd_is_one_line_and_exit_1(
+    tmp_path: Path, answer: int, expected: str
+) -> None:
+    with fake_api_server(answer) as url:
+        line = refusal(start_operator(kubeconfig(tmp_path / "k.yaml", url)))
+    assert expected in line and url in line, line
+    if answer == 404:
+        assert (
+            "GET /apis/eagle3.dev/v1alpha1/eagle3runs" in line and "eagle3 crd | kubectl apply -f -" in line
+        )
+
+
+def test_eagle3_status_of_a_run_in_the_cluster(tmp_path: Path) -> None:
+    run = {
+        "apiVersion": "eagle3.dev/v1alpha1",
+        "kind": "Eagle3Run",
+        "metadata": {"name": "tiny", "namespace": "team-a"},
+        "status": {
+            "phase": "Running",
+            "progress": "train 2/6 ep",
+            "eta": "3m",
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "Progressing", "message": "training"}
+            ],
+            "stages": {
+                "prepare": {"phase": "Succeeded", "attempts": 1, "result": {"samples": 400}},
+                "train": {
+                    "phase": "Running",
+                    "attempts": 1,
+                    "progress": {"unit": "steps", "done": 5, "total": 9},
+                },
+            },
+        },
+    }
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"} | {"COLUMNS": "160"}
+    with fake_api_server(200, run) as url:
+        env["KUBECONFIG"] = str(kubeconfig(tmp_path / "k.yaml", url))
+        argv = [sys.executable, "-m", "eagle3_cli", "status", "tiny", "-n", "team-a"]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    headline = "Eagle3Run team-a/tiny: Running, Ready False, train 2/6 ep, ETA 3m (Progressing: training)"
+    assert lines[0].strip() == headline
+    assert any("prepare" in line and "Succeeded" in line and "samples=400" in line for line in lines), (
+        proc.stdout
+    )
+    assert any("train" in line and "Running" in line and "5/9 steps" in line for line in lines), proc.stdout
+    with fake_api_server(404) as url:
+        env["KUBECONFIG"] = str(kubeconfig(tmp_path / "k.yaml", url))
+        argv = [sys.executable, "-m", "eagle3_cli", "status", "gone", "-n", "team-a"]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: cannot read Eagle3Run team-a/gone: "), (
+        proc.stderr
+    )
+    assert "not found: check the run's name and namespace (-n)" in proc.stderr

@@ -1,0 +1,80 @@
+"""`eagle3 status FILE`: a local run's status, from the plan, the complete outputs and what `eagle3 run`
+recorded (eagle3_pipeline.local_status), in the shape of an Eagle3Run's status."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from eagle3_contract.api.manifest import Manifest, load_manifest
+from eagle3_contract.api.status import Eagle3RunStatus
+from eagle3_contract.stages import plan_stages
+from eagle3_pipeline.local_status import local_status, run_status, status_file
+from tests.pipeline.manifests import base_spec, write_manifest
+
+
+def manifest_and_dirs(tmp_path: Path) -> tuple[Manifest, dict[str, str]]:
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", base_spec(tmp_path / "m", tmp_path / "d")))
+    return manifest, {p.stage.value: p.output_dir for p in plan_stages(manifest.spec) if not p.skipped}
+
+
+def complete(art: Path, output_dir: str, result: dict[str, Any]) -> None:
+    (art / output_dir).mkdir(parents=True)
+    (art / output_dir / "result.json").write_text(json.dumps(result))
+
+
+def record(art: Path, pid: int | None, stages: dict[str, Any], error: str | None = None) -> None:
+    path = status_file(art, "t")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"run": "t", "pid": pid, "stages": stages, "error": error}))
+
+
+def test_complete_outputs_succeed_and_the_rest_is_pending(tmp_path: Path) -> None:
+    manifest, dirs = manifest_and_dirs(tmp_path)
+    art = tmp_path / "art"
+    complete(art, dirs["prepare"], {"samples": 12, "seconds": 3.5})
+    status = local_status(manifest, art)
+    assert status["phase"] == "Pending" and status["currentStage"] == "extract"
+    prepare = status["stages"]["prepare"]
+    assert (
+        prepare["phase"] == "Succeeded" and prepare["seconds"] == 3.5 and prepare["result"]["samples"] == 12
+    )
+    assert prepare["hash"] == dirs["prepare"].split("/")[1] and "completionTime" in prepare
+    assert status["stages"]["generate"]["phase"] == "Skipped"  # regeneration is off in this spec
+    assert {status["stages"][s]["phase"] for s in ("extract", "vocab", "train")} == {"Pending"}
+    ready = status["conditions"][0]
+    assert (ready["type"], ready["status"]) == ("Ready", "False") and "extract has not run" in ready[
+        "message"
+    ]
+    Eagle3RunStatus.model_validate(status)  # the shape of a cluster run's status
+
+
+def test_a_running_stage_shows_its_live_progress(tmp_path: Path) -> None:
+    manifest, dirs = manifest_and_dirs(tmp_path)
+    art = tmp_path / "art"
+    progress = {"unit": "samples", "done": 120, "total": 400, "rate": 8.0, "etaSeconds": 35}
+    running = {"phase": "Running", "outputDir": dirs["extract"], "attempts": 2, "progress": progress}
+    record(art, os.getpid(), {"extract": running})
+    status = local_status(manifest, art)
+    assert status["phase"] == "Running" and status["progress"] == "extract 120/400 samples"
+    assert status["eta"] == "35s" and status["stages"]["extract"]["attempts"] == 2
+
+
+def test_a_record_of_another_hash_or_a_dead_run_is_not_taken_as_running(tmp_path: Path) -> None:
+    manifest, dirs = manifest_and_dirs(tmp_path)
+    art = tmp_path / "art"
+    record(art, os.getpid(), {"extract": {"phase": "Running", "outputDir": "extract/0123456789ab"}})
+    assert local_status(manifest, art)["stages"]["extract"]["phase"] == "Pending"  # the spec was edited
+    record(art, 2**22 + 1, {"extract": {"phase": "Running", "outputDir": dirs["extract"]}})  # no such pid
+    status = local_status(manifest, art)
+    assert status["phase"] == "Failed" and "stopped" in status["stages"]["extract"]["message"]
+
+
+def test_why_the_last_run_stopped_is_the_runs_message() -> None:
+    stages = {"evaluate": {"phase": "Succeeded"}, "export": {"phase": "Pending"}}
+    status = run_status(stages, running=False, error="the draft failed the gate")
+    assert status["phase"] == "Failed" and status["conditions"][0]["message"] == "the draft failed the gate"
+    done = run_status({"export": {"phase": "Succeeded"}}, running=False, error=None)
+    assert done["phase"] == "Succeeded" and done["conditions"][0]["status"] == "True"

@@ -1,0 +1,155 @@
+"""`eagle3 status`'s table: a pure function of an Eagle3Run's status (plain data), the same for a cluster run
+and a local one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from eagle3_cli import status as table
+from eagle3_cli.main import main
+
+NOW = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def _own_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() writes the log format into the environment (for its subprocesses): not into the test run's."""
+    monkeypatch.delenv("EAGLE3_LOG_FORMAT", raising=False)
+    monkeypatch.delenv("EAGLE3_VERBOSE", raising=False)
+
+
+RUNNING: dict[str, Any] = {
+    "phase": "Running",
+    "currentStage": "train",
+    "progress": "train 2/6 ep",
+    "eta": "3m",
+    "conditions": [
+        {"type": "Ready", "status": "False", "reason": "Progressing", "message": "stage train is running"}
+    ],
+    "stages": {
+        "train": {
+            "phase": "Running",
+            "attempts": 1,
+            "startTime": "2026-12-03T11:58:30Z",
+            "progress": {
+                "unit": "steps",
+                "done": 80,
+                "total": 240,
+                "rate": 1.234,
+                "etaSeconds": 130,
+                "epochsDone": 2,
+                "epochs": 6,
+                "trainLoss": 0.9,
+                "valLoss": 1.96,
+                "estimatedAcceptanceLength": 2.95,
+            },
+        },
+        "prepare": {
+            "phase": "Succeeded",
+            "attempts": 1,
+            "startTime": "2026-12-03T11:50:00Z",
+            "completionTime": "2026-12-03T11:50:07Z",
+            "result": {"samples": 400, "skippedTotal": 0, "tokens": 20291, "assistantTokens": 6346},
+        },
+        "extract": {
+            "phase": "Failed",
+            "attempts": 3,
+            "message": "OutOfMemory at token budget 512: halving stops at 512",
+            "blockedBy": None,
+        },
+        "generate": {"phase": "Skipped", "message": "regeneration.enabled is false"},
+        "evaluate": {"phase": "Pending"},
+    },
+}
+
+
+def test_one_row_per_stage_in_the_pipelines_order() -> None:
+    rows = table.rows(RUNNING, NOW)
+    assert [r.stage for r in rows] == ["prepare", "generate", "extract", "train", "evaluate"]
+    prepare, generate, extract, train, evaluate = rows
+    assert (prepare.phase, prepare.duration, prepare.attempts) == ("Succeeded", "7.0s", "1")
+    assert prepare.result == "samples=400, skippedTotal=0, tokens=20291"
+    assert generate.phase == "Skipped" and generate.result == "regeneration.enabled is false"
+    assert extract.phase == "Failed" and extract.attempts == "3" and "halving stops at 512" in extract.result
+    assert (train.progress, train.rate, train.eta, train.duration) == (
+        "2/6 ep",
+        "1.23 steps/s",
+        "2m",
+        "1m30s",
+    )
+    assert train.result == "epoch 2/6, val loss 1.96, est. acceptance 2.95"
+    assert (evaluate.phase, evaluate.progress, evaluate.result) == ("Pending", "", "")
+
+
+def test_the_finished_stages_key_figures() -> None:
+    status = {
+        "phase": "Succeeded",
+        "stages": {
+            "train": {
+                "phase": "Succeeded",
+                "result": {"epochs": [{}, {}, {}], "bestValLoss": 1.9104, "estimatedAcceptanceLength": 3.0},
+                "progress": {"unit": "steps", "done": 240, "total": 240},
+            },
+            "evaluate": {"phase": "Succeeded", "result": {"acceptanceLength": 3.283, "speedup": 0.707}},
+        },
+    }
+    train, evaluate = table.rows(status, NOW)
+    assert train.result == "3 epochs, val loss 1.91, est. acceptance 3"
+    assert train.rate == "" and train.eta == ""  # a finished stage has no rate
+    assert evaluate.result == "acceptance length 3.28, speedup 0.707x"
+
+
+def test_the_headline_says_phase_ready_progress_and_eta() -> None:
+    assert table.headline("Eagle3Run ns/tiny", RUNNING) == (
+        "Eagle3Run ns/tiny: Running, Ready False, train 2/6 ep, ETA 3m (Progressing: stage train is running)"
+    )
+    ready = {
+        "phase": "Serving",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "acceptanceLength": 3.28,
+    }
+    assert table.headline("x", ready) == "x: Serving, Ready True, acceptance length 3.28"
+    assert table.finished(ready) and not table.finished(RUNNING) and table.finished({"phase": "Failed"})
+    assert not table.finished({"phase": "Serving", "conditions": [{"type": "Ready", "status": "False"}]})
+
+
+def test_the_plain_table_shows_only_columns_with_values() -> None:
+    text = table.plain_table("x", {"phase": "Pending", "stages": {"prepare": {"phase": "Pending"}}}, NOW)
+    assert text.splitlines() == ["x: Pending, Ready Unknown", "stage    phase    result", "prepare  Pending"]
+    full = table.plain_table("x", RUNNING, NOW).splitlines()
+    assert full[1].split() == ["stage", "phase", "progress", "rate", "ETA", "attempts", "duration", "result"]
+
+
+def test_the_rich_table_prints_messages_verbatim() -> None:
+    from rich.console import Console
+
+    status = {"phase": "Failed", "stages": {"prepare": {"phase": "Failed", "message": "[bold]key[/oops]"}}}
+    console = Console(record=True, width=200)
+    console.print(table.rich_table("x", status, NOW))
+    assert "[bold]key[/oops]" in console.export_text()
+
+
+def test_watch_redraws_until_the_run_is_finished(monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    phases = iter(["Running", "Running", "Succeeded"])
+    monkeypatch.setattr(table.time, "sleep", lambda s: None)
+
+    def read() -> tuple[str, dict[str, Any]]:
+        return "x", {"phase": next(phases), "stages": {}}
+
+    assert table.show(read, watch=True, interval=0.01) == 0
+    out = capsys.readouterr().out
+    assert out.count("x: Running") == 2 and out.count("x: Succeeded") == 1
+
+
+def test_eagle3_status_of_a_manifest_reads_its_artifacts(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from tests.pipeline.manifests import base_spec, write_manifest
+
+    path = write_manifest(tmp_path / "run.yaml", base_spec(tmp_path / "m", tmp_path / "d"))
+    assert main(["status", str(path), "--artifacts", str(tmp_path / "art")]) == 0
+    out = capsys.readouterr().out
+    assert "local run t" in out and "Pending" in out and "prepare" in out and "export" in out
+    assert main(["status", str(tmp_path / "missing.yaml")]) == 1
+    assert "missing.yaml" in capsys.readouterr().err
