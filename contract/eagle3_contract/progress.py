@@ -20,7 +20,12 @@ columns' strings. Names (gauges unless said; labels in brackets):
   eagle3_stage_token_budget              the current token budget (generate, extract)
   eagle3_train_epochs_done, eagle3_train_epochs, eagle3_train_step, eagle3_train_loss (recent steps),
   eagle3_train_val_loss (last epoch), eagle3_train_val_accuracy [position] (last epoch, conditional),
-  eagle3_train_estimated_acceptance_length (last epoch), eagle3_train_tokens_per_second
+  eagle3_train_estimated_acceptance_length (last epoch), eagle3_train_tokens_per_second,
+  eagle3_train_val_loss_rises (epochs in a row, ending with the last finished one, whose validation loss was
+  higher than the epoch before's)
+
+The rate is absent until the first unit is done (a stage starting a vLLM server for minutes is not stalled),
+and 0 once no unit was done for RATE_WINDOW_SECONDS (the stalled-stage alert).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ TRAIN_VAL_LOSS = "eagle3_train_val_loss"
 TRAIN_VAL_ACCURACY = "eagle3_train_val_accuracy"
 TRAIN_ACCEPTANCE = "eagle3_train_estimated_acceptance_length"
 TRAIN_TOKENS_RATE = "eagle3_train_tokens_per_second"
+TRAIN_VAL_LOSS_RISES = "eagle3_train_val_loss_rises"
 
 
 def _finite(value: float) -> float | None:

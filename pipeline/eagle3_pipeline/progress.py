@@ -78,6 +78,7 @@ class StageReporter:
         self._finished = False
         self._train = _TrainFigures()
         self._moving = False  # a unit was done since begin() (the rate's window starts there)
+        self._last_move = 0.0  # when the last unit was done
         self._server: Any = None
         self.registry.register(self)
 
@@ -156,6 +157,9 @@ class StageReporter:
         """An epoch ended with these validation figures (accuracy: conditional, by draft position)."""
         with self._lock:
             t = self._train
+            if val_loss is not None:
+                rose = t.val_loss is not None and val_loss > t.val_loss
+                t.rises = (t.rises or 0) + 1 if rose else 0
             t.epochs_done, t.val_loss, t.val_accuracy, t.acceptance = (
                 epochs_done, val_loss, list(accuracy), acceptance,
             )  # fmt: skip
@@ -226,10 +230,10 @@ class StageReporter:
         now = self._clock()
         if not self._moving:
             # the first unit since begin(): the rate counts from here, not from a start-up (a vLLM server
-            # loading for minutes) that would make the first ETA hours long; a stage that never moves keeps
-            # its begin() point, and its rate of 0 (the stalled alert)
+            # loading for minutes) that would make the first ETA hours long, or count as a stall
             self._moving = True
             self._points.clear()
+        self._last_move = now
         if not self._points or now - self._points[-1][0] >= SAMPLE_SECONDS:
             self._points.append((now, self._done, self._tokens or 0))
         self._prune(now)
@@ -241,8 +245,10 @@ class StageReporter:
 
     def _rates(self, now: float) -> tuple[float | None, float | None]:  # lock held: (units/s, tokens/s)
         self._prune(now)
-        if not self._points:
-            return None, None
+        if not self._points or not self._moving:
+            return None, None  # nothing done yet: a start-up, not a stall
+        if now - self._last_move >= self._window:
+            return 0.0, 0.0  # stalled: exactly 0 (units within one sample second would leave a trickle)
         t0, done0, tokens0 = self._points[0]
         elapsed = now - t0
         if elapsed < MIN_RATE_SECONDS:
@@ -270,6 +276,7 @@ class StageReporter:
             train_loss=t.loss(),
             val_loss=t.val_loss,
             val_accuracy=list(t.val_accuracy),
+            val_loss_rises=t.rises,
             acceptance=t.acceptance,
             tokens_per_second=token_rate if t.epochs is not None else None,
         )
@@ -299,6 +306,7 @@ class _TrainFigures:
     val_loss: float | None = None
     val_accuracy: list[float] = field(default_factory=list)
     acceptance: float | None = None
+    rises: int | None = None  # epochs in a row whose validation loss rose
 
     def add_loss(self, mean: float, steps: int) -> None:
         self.losses.append((mean * steps, steps))

@@ -39,6 +39,7 @@ class Figures:
     val_accuracy: list[float] = field(default_factory=list)
     acceptance: float | None = None
     tokens_per_second: float | None = None
+    val_loss_rises: int | None = None
 
 
 def metric_families(f: Figures) -> Iterator[Metric]:
@@ -68,6 +69,11 @@ def metric_families(f: Figures) -> Iterator[Metric]:
         (names.TRAIN_VAL_LOSS, "Validation loss of the last epoch.", f.val_loss),
         (names.TRAIN_ACCEPTANCE, "Acceptance length estimated from the last epoch.", f.acceptance),
         (names.TRAIN_TOKENS_RATE, "Recent training tokens per second.", f.tokens_per_second),
+        (
+            names.TRAIN_VAL_LOSS_RISES,
+            "Epochs in a row, ending with the last one, whose validation loss rose.",
+            f.val_loss_rises,
+        ),
     ]
     for name, doc, value in optional:
         if value is not None:

@@ -14,6 +14,10 @@ The runs, all in namespace `e3`, over the tiny verifier (spec.verifier.model = t
 - `broken`: its prepare Job fails with an error (backoffLimit 0) as soon as it starts, before Prometheus first
   scrapes the operator (`fail_fast`, see tier.py): the first sample of its failure counter is already 1, the
   case `increase()` misses, and Eagle3StageFailed must fire for it all the same. The run fails.
+- `training`: prepare, extract and vocab succeed; its train Job runs (the real train stage of stage_stack
+  reports its progress as this run's): the running stage whose expected time comes from its pod's ETA.
+- `hung`: regenerates (generate stage); its prepare succeeds and its generate Job runs (stage_stack's
+  generate that waits on a hung vLLM): a running stage without an ETA.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from tests.harness.scenario import tiny, wait_job, wait_phase
 T = TypeVar("T")
 NAMESPACE = NS
 STUCK_DEADLINE_S = 2
+LIVE_RUNS = ("training", "hung")  # runs whose running stage is a real stage program (stage_stack)
 RUNNING_S = 3.0  # how long `bad`'s OOM Job runs first: Prometheus (1 s scrapes) sees its counters at 0 first
 CALL_TIMEOUT_S = 60.0
 LAST_FAILURE = "eagle3_run_stage_last_failure_timestamp_seconds"
@@ -60,7 +65,13 @@ def spec_of(run: str, model: str) -> dict[str, Any]:
         "stuck": {"prepare": {"activeDeadlineSeconds": STUCK_DEADLINE_S}},
         "broken": {"prepare": {"backoffLimit": 0}},
     }.get(run, {})
-    return tiny(verifier={"model": model}, evaluation={"minAcceptanceLength": 1.1}, stages=stages)
+    regeneration = {"enabled": run == "hung"}
+    return tiny(
+        verifier={"model": model},
+        evaluation={"minAcceptanceLength": 1.1},
+        stages=stages,
+        regeneration=regeneration,
+    )
 
 
 class OperatorStack:
@@ -143,9 +154,15 @@ class OperatorStack:
     async def before_evaluation(self, model: str) -> None:
         """The other runs created; good and bad wait at evaluate, stuck stays where it is."""
         assert self.cluster is not None
-        for run in ("good", "bad", "stuck"):
+        for run in ("good", "bad", "stuck", *LIVE_RUNS):
             await self.cluster.apply_run(run, spec_of(run, model))
-        await asyncio.gather(self._stuck(), self._good_until_evaluate(), self._bad_until_evaluate())
+        await asyncio.gather(
+            self._stuck(),
+            self._good_until_evaluate(),
+            self._bad_until_evaluate(),
+            self._running("training", ("prepare", "extract", "vocab"), "train"),
+            self._running("hung", ("prepare",), "generate"),
+        )
 
     async def _succeed(self, run: str, stage: str, result: dict[str, Any]) -> None:
         assert self.cluster is not None and self.player is not None
@@ -162,6 +179,13 @@ class OperatorStack:
     async def _good_until_evaluate(self) -> None:
         for stage in ("prepare", "extract", "vocab", "train"):
             await self._succeed("good", stage, fake_result(stage))
+
+    async def _running(self, run: str, done: tuple[str, ...], running: str) -> None:
+        """`done` succeed; the Job of `running` starts and runs (its program is stage_stack's)."""
+        assert self.cluster is not None
+        for stage in done:
+            await self._succeed(run, stage, fake_result(stage))
+        await self._start_job(await wait_job(self.cluster, run, running))
 
     async def _bad_until_evaluate(self) -> None:
         assert self.cluster is not None and self.player is not None
@@ -209,6 +233,6 @@ class OperatorStack:
     async def phases(self) -> dict[str, str]:
         assert self.cluster is not None
         out = {}
-        for run in ("good", "bad", "stuck", "broken"):
+        for run in ("good", "bad", "stuck", "broken", *LIVE_RUNS):
             out[run] = ((await self.cluster.run(run)).get("status") or {}).get("phase", "")
         return out

@@ -31,6 +31,9 @@ MAIN_PANELS: tuple[tuple[str, ...], ...] = (
     ("time to first token",),
     ("inter-token latency",),
     ("runs by phase",),
+    ("train and validation loss",),
+    ("stage progress",),
+    ("stage rate",),
 )
 LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 COLUMNS = 3

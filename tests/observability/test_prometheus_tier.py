@@ -1,12 +1,14 @@
 """The dashboard, the alerting rules and the acceptance arithmetic, checked on a real Prometheus.
 
-Prometheus scrapes two vLLM CPU servers (runs `good` and `bad`) and the operator's metrics endpoint (four
-runs driven through their lifecycles, see operator_stack.py); see tier.py for the sequence. Every instant
-query is evaluated at `tier.end`, the moment Prometheus holds a sample of the final raw counters.
+Prometheus scrapes two vLLM CPU servers (runs `good` and `bad`), the operator's metrics endpoint (six runs
+driven through their lifecycles, see operator_stack.py) and two real stage programs (`training`'s train stage
+and `hung`'s generate, see stage_stack.py); see tier.py for the sequence. Every instant query is evaluated at
+`tier.end`, the moment Prometheus holds a sample of the final raw counters, while both stage programs run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
@@ -22,7 +24,8 @@ from tests.observability import expressions as ex
 from tests.observability.operator_stack import NAMESPACE
 from tests.observability.prometheus import PromQLError, wait_for
 from tests.observability.render import main_panels, panel_data, render
-from tests.observability.tier import Tier
+from tests.observability.stage_stack import HUNG_ROWS, RISING_AT
+from tests.observability.tier import TRAIN_WAIT_S, Tier
 from tests.observability.vllm_stack import MODEL
 from tests.pipeline.conftest import BUILD_TIMEOUT_S
 
@@ -31,7 +34,7 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.vllm, pytest.mark.timeout(BUIL
 
 ROOT = Path(__file__).resolve().parents[2]
 RATE_INTERVAL = "1m"  # covers all the traffic at `end`
-RUNS = ("good", "bad", "stuck", "broken")
+RUNS = ("good", "bad", "stuck", "broken", "training", "hung")
 ALL_SELECTED = {"namespace": ex.ALL, "model": ex.ALL, "run": ex.ALL}
 # What Grafana sends with concrete selections (a multi-value variable becomes a regex alternation): a
 # variable applied to a label its series do not have matches nothing here, while ".*" would hide it.
@@ -57,11 +60,18 @@ def empty_queries(tier: Tier, dashboard: dict[str, Any], selected: dict[str, str
     return problems
 
 
-def test_prometheus_scrapes_the_operator_and_both_vllm_servers(tier: Tier) -> None:
+def test_prometheus_scrapes_the_operator_both_vllm_servers_and_the_stage_programs(tier: Tier) -> None:
     health = tier.prometheus.targets_up()
-    assert len(health) == 3 and set(health.values()) == {"up"}, health
+    assert len(health) == 5 and set(health.values()) == {"up"}, health
     runs = tier.prometheus.query('count by (run) (vllm:num_requests_running{namespace="e3"})', at=tier.end)
     assert sorted(r["metric"]["run"] for r in runs) == ["bad", "good"]
+    by = "namespace, run, stage, pod"
+    stages = tier.prometheus.query(f"count by ({by}) (eagle3_stage_units_done)", at=tier.end)
+    found = sorted(tuple(r["metric"][label] for label in by.split(", ")) for r in stages)
+    assert found == [
+        (NAMESPACE, "hung", "generate", "hung-generate-0"),
+        (NAMESPACE, "training", "train", "training-train-0"),
+    ]
 
 
 def test_every_dashboard_query_returns_data(tier: Tier, dashboard: dict[str, Any]) -> None:
@@ -109,31 +119,33 @@ def test_every_rule_expression_returns_data(tier: Tier, rules_path: Path) -> Non
 
 
 def active_alerts(tier: Tier) -> dict[str, set[str]]:
-    """Alert name to the runs it is pending or firing for."""
+    """Alert name to the runs it was pending or firing for at `end` (Prometheus's ALERTS series)."""
     out: dict[str, set[str]] = {}
-    for alert in tier.prometheus.alerts():
-        if alert["state"] in ("pending", "firing"):
-            out.setdefault(alert["labels"]["alertname"], set()).add(alert["labels"].get("run", ""))
+    for series in tier.prometheus.query('ALERTS{alertstate=~"pending|firing"}', at=tier.end):
+        out.setdefault(series["metric"]["alertname"], set()).add(series["metric"].get("run", ""))
     return out
 
 
 def test_each_alert_is_active_for_the_troubled_runs_and_none_for_good(tier: Tier, rules_path: Path) -> None:
+    """At `end`, when the stage programs run: the hung generate is stalled (pending: its `for` is 15 minutes)
+    and the train stage's validation loss has risen for two epochs."""
     alerts = [r for r in ex.rules(rules_path) if r.kind == "alert"]
     names = {r.name for r in alerts}
 
-    def every_alert_active() -> dict[str, set[str]] | None:
-        active = active_alerts(tier)
-        return active if set(active) >= names else None
-
-    active = wait_for(every_alert_active, 30, f"every alert of {sorted(names)} pending or firing")
+    with contextlib.suppress(AssertionError):  # the rules' evaluation at `end` may still be on its way
+        wait_for(lambda: active_alerts(tier).keys() >= names, 10, "every alert pending or firing at end")
+    active = active_alerts(tier)
+    assert active.keys() >= names, f"not pending or firing at end: {sorted(names - active.keys())}; {active}"
     assert not [n for n, runs in active.items() if "good" in runs], active
     for rule in alerts:
         if "vllm:" in rule.expr:  # the live acceptance alerts: the wrong draft serves in run `bad`
             assert "bad" in active[rule.name], (rule.name, active[rule.name])
-    assert active.keys() >= names
-    assert {run for runs in active.values() for run in runs} == {"bad", "stuck", "broken"}
+    runs = {run for runs in active.values() for run in runs}
+    assert runs == {"bad", "stuck", "broken", "hung", "training"}, active
     assert active["Eagle3StageFailed"] == {"broken"}, active
     assert active["Eagle3StageOOMRetry"] == {"bad"}, active
+    assert active["Eagle3StageStalled"] == {"hung"}, active
+    assert active["Eagle3ValidationLossRising"] == {"training"}, active
 
 
 def test_a_failure_before_the_first_scrape_fires_the_failure_alert(tier: Tier) -> None:
@@ -227,7 +239,8 @@ def test_the_dashboards_main_panels_render_to_a_png(
     assert [d.title for d in data if not d.series] == []
     subtitle = (
         f"Rendered from a real Prometheus scraping vLLM CPU servers (tiny verifier; run good: fitted draft, "
-        f"run bad: a draft that never matches) and the operator; {time.strftime('%Y-%m-%d')}"
+        f"run bad: a draft that never matches), the operator and two stage programs (run training: a train "
+        f"stage; run hung: a generate whose vLLM hangs); {time.strftime('%Y-%m-%d')}"
     )
     outputs = [tmp_path / "dashboard.png"]
     if os.environ.get("EAGLE3_WRITE_DOCS") == "1":
@@ -236,3 +249,60 @@ def test_the_dashboards_main_panels_render_to_a_png(
         render(data, out, str(dashboard.get("title", "EAGLE-3")), subtitle, span=(start, end))
         width, height = is_png(out)
         assert width >= 1200 and height >= 800 and out.stat().st_size > 50_000
+
+
+def rule_expr(rules_path: Path, name: str) -> str:
+    (rule,) = [r for r in ex.rules(rules_path) if r.name == name]
+    return rule.expr
+
+
+def test_the_stalled_stage_expression_finds_the_hung_generate_only(tier: Tier, rules_path: Path) -> None:
+    """Eagle3StageStalled's expression (its 15 minutes are promtool's to test): hung's generate is up, did 1
+    row of 6 (the one that failed) and has a rate of 0; the train stage moves."""
+    stalled = tier.prometheus.query(rule_expr(rules_path, "Eagle3StageStalled"), at=tier.end)
+    assert [(r["metric"]["run"], r["metric"]["stage"], r["metric"]["unit"]) for r in stalled] == [
+        ("hung", "generate", "rows")
+    ]
+    hung = '{run="hung"}'
+    assert tier.scalar(f"eagle3_stage_units_done{hung}") == 1
+    assert tier.scalar(f"eagle3_stage_units{hung}") == HUNG_ROWS
+    assert tier.scalar('eagle3_stage_failures_total{run="hung", reason="no_user_turn"}') == 1
+    assert tier.scalar('eagle3_stage_units_per_second{run="training"}') > 0
+
+
+def test_the_train_stages_validation_loss_rose_at_each_of_its_last_two_epochs(tier: Tier) -> None:
+    """The panel's validation loss: a step per epoch, rising at epochs 1 and 2 (three values, increasing)."""
+    series = tier.prometheus.query_range(
+        'eagle3_train_val_loss{run="training"}', tier.end - TRAIN_WAIT_S, tier.end, 0.5
+    )
+    assert len(series) == 1, series
+    steps: list[float] = []
+    for _, value in series[0]["values"]:
+        if not steps or float(value) != steps[-1]:
+            steps.append(float(value))
+    assert len(steps) >= RISING_AT and steps[-3] < steps[-2] < steps[-1], steps
+    assert tier.scalar('eagle3_train_epochs_done{run="training"}') >= RISING_AT
+    positions = tier.prometheus.query('eagle3_train_val_accuracy{run="training"}', at=tier.end)
+    assert sorted(r["metric"]["position"] for r in positions) == ["0", "1", "2"]  # ttt_steps: 3
+
+
+def test_the_elapsed_panel_reads_the_live_eta_where_a_stage_reports_one(
+    tier: Tier, dashboard: dict[str, Any]
+) -> None:
+    """expected = elapsed + the pod's ETA for training's train stage; the operator's expected seconds for
+    hung (stalled: no ETA) and stuck (no stage program)."""
+    expr = ex.substitute(panel_expr(dashboard, "running stages: elapsed"), CONCRETE | ex.builtin_values("1m"))
+    got = {r["metric"]["run"]: float(r["value"][1]) for r in tier.prometheus.query(expr, at=tier.end)}
+    assert got.keys() == {"training", "hung", "stuck"}, got
+
+    now = tier.scalar("time()")  # `end` as Prometheus evaluates it (to the millisecond)
+
+    def elapsed(run: str) -> float:
+        return now - tier.scalar(f'eagle3_run_stage_started_timestamp_seconds{{run="{run}"}}')
+
+    eta = tier.scalar('eagle3_stage_eta_seconds{run="training"}')
+    assert got["training"] == pytest.approx(elapsed("training") / (elapsed("training") + eta), rel=1e-9)
+    for run in ("hung", "stuck"):
+        expected = tier.scalar(f'eagle3_run_stage_expected_seconds{{run="{run}"}}')
+        assert got[run] == pytest.approx(elapsed(run) / expected, rel=1e-9), run
+    assert not tier.prometheus.query('eagle3_stage_eta_seconds{run="hung"}', at=tier.end)

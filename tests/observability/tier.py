@@ -1,19 +1,26 @@
 """The tier's whole stack, in the order a cluster would see it, and the moment every check looks at.
 
+0. The real stage programs of stage_stack start: `hung` (a generate whose vLLM hangs) at once, the training's
+   prepare, extract and vocab in the background.
 1. The operator (against kmock) starts, and run `broken` fails at once; then Prometheus starts, scraping the
    operator's metrics endpoint (its first scrape already holds broken's failure), and the operator takes the
-   other three runs (see operator_stack) as far as they go before evaluation.
-2. The two vLLM CPU servers start (concurrently); Prometheus reloads its config with them as targets.
+   other runs (see operator_stack) as far as they go before evaluation: `training` and `hung` to their
+   running train and generate Jobs, whose pods are stage_stack's programs.
+2. The two vLLM CPU servers start (concurrently); Prometheus reloads its config with them and `hung` as
+   targets.
 3. "Evaluation": held-out prompts to `good`'s server; the acceptance its counters show (before/after, as the
    evaluate stage measures) becomes the evaluate result of `good` and of `bad`, whose export then ships the
    muted draft. Both runs roll out and reach Serving.
-4. Live traffic to both servers in a few waves; then the raw counters, once settled, and the moment `end`
-   at which Prometheus holds a sample of exactly those counters. Instant queries are evaluated at `end`.
+4. Live traffic to both servers in a few waves. Then `hung` has been stalled (a rate of 0), and the train
+   stage starts, a target too; once it has finished the epochs whose validation loss rose twice in a row,
+   the raw counters, once settled, and the moment `end` at which Prometheus holds a sample of exactly those
+   counters. Instant queries are evaluated at `end`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -26,11 +33,16 @@ from eagle3_pipeline.spec_metrics import ACCEPTED, DRAFTS, GENERATION_TOKENS, Ac
 from tests.observability import vllm_stack
 from tests.observability.operator_stack import NAMESPACE, OperatorStack
 from tests.observability.prometheus import PrometheusServer, Target, every_second, wait_for
+from tests.observability.stage_stack import RISING_AT, STALL_WAIT_S, StageStack
 from tests.observability.vllm_stack import MODEL, Served
 
 EVALUATION_PROMPTS = 8
 WAVES, WAVE_PROMPTS, WAVE_PAUSE_S = 6, 8, 3.0
 SCRAPE_WAIT_S = 30.0
+log = logging.getLogger(__name__)
+# the alerts of the stage programs' metrics: a busy machine evaluates the rules a moment after the scrape
+STAGE_ALERTS = ("Eagle3StageStalled", "Eagle3ValidationLossRising")
+TRAIN_WAIT_S = 300.0  # the train stage's start (imports, the trainer) and its first epochs, on a busy machine
 OPERATOR_NAMESPACE = "eagle3-system"
 
 
@@ -39,6 +51,7 @@ class Tier:
     prometheus: PrometheusServer
     operator: OperatorStack
     servers: dict[str, Served]
+    stages: StageStack
     evaluated: Acceptance | None = None
     raw: dict[str, SpecDecodeCounters] = field(default_factory=dict)
     started: float = 0.0  # unix time Prometheus started
@@ -117,6 +130,29 @@ def settle(tier: Tier) -> None:
     tier.end = time.time()
 
 
+def live_stages(tier: Tier) -> None:
+    """`hung` stalled (rate 0), then the train stage started and through its first rising epochs."""
+
+    def stalled() -> bool:
+        return bool(tier.prometheus.query('eagle3_stage_units_per_second{run="hung"} == 0'))
+
+    wait_for(stalled, STALL_WAIT_S, "hung's rate at 0 (the reporter's rate window after its failed row)")
+    training = tier.stages.train()
+    tier.prometheus.add_targets([training.target])
+
+    def rising() -> bool:
+        assert training.process is not None and training.process.poll() is None, training.tail()
+        return bool(tier.prometheus.query(f'eagle3_train_epochs_done{{run="training"}} >= {RISING_AT}'))
+
+    wait_for(rising, TRAIN_WAIT_S, f"the train stage's first {RISING_AT} epochs")
+
+    def evaluated() -> bool:  # the rules saw it: ALERTS at `end` (set next) holds both stage alerts
+        found = tier.prometheus.query(f'ALERTS{{alertname=~"{"|".join(STAGE_ALERTS)}"}}')
+        return {s["metric"]["alertname"] for s in found} >= set(STAGE_ALERTS)
+
+    wait_for(evaluated, SCRAPE_WAIT_S, f"{' and '.join(STAGE_ALERTS)} pending or firing")
+
+
 @contextlib.contextmanager
 def tier_stack(
     prometheus_bin: Path, models: Path, work: Path, rules: Path, drafts_base: Path
@@ -125,6 +161,9 @@ def tier_stack(
     made under `drafts_base` (the session's temp root: tests/pipeline's fitted draft is made once there)."""
     marks = {"start": time.monotonic()}
     with ExitStack() as stack:
+        stages = StageStack(models, work / "stages")
+        stack.callback(stages.close)
+        stages.start()
         drafts = vllm_stack.make_drafts(models, drafts_base)
         marks["drafts"] = time.monotonic()
         fast_rules = every_second(rules, work / "rules.yaml")
@@ -143,17 +182,22 @@ def tier_stack(
         servers = stack.enter_context(vllm_stack.serving(drafts, work / "vllm"))
         scenario.result(timeout=60)
         marks["vllm"] = time.monotonic()
-        tier = Tier(prometheus, operator, servers, started=started)
-        prometheus.add_targets(vllm_targets(servers))
+        tier = Tier(prometheus, operator, servers, stages, started=started)
+        wait_for(stages.hung.serving, SCRAPE_WAIT_S, "hung's generate serving its metrics")
+        prometheus.add_targets([*vllm_targets(servers), stages.hung.target])
         tier.serving_since = time.time()
         evaluation = evaluate(tier, models)
         operator.call(operator.to_serving({"good": evaluation, "bad": evaluation}, exports(servers)))
         live_traffic(tier, models)
-        settle(tier)
         marks["traffic"] = time.monotonic()
+        live_stages(tier)
+        settle(tier)
+        marks["stages"] = time.monotonic()
         tier.timings = {
             "drafts_s": marks["drafts"] - marks["start"],
             "vllm_start_s": marks["vllm"] - marks["drafts"],
             "traffic_s": marks["traffic"] - marks["vllm"],
+            "stages_s": marks["stages"] - marks["traffic"],
         }
+        log.info("tier timings: %s", {k: round(v, 1) for k, v in tier.timings.items()})
         yield tier

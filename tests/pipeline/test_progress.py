@@ -398,3 +398,27 @@ def test_a_total_estimated_short_grows_to_what_was_done() -> None:
     r.train_steps(11)
     progress = scrape(r)
     assert progress is not None and (progress.done, progress.total) == (11, 11)
+
+
+def test_the_validation_loss_rises_count_the_epochs_in_a_row_it_went_up() -> None:
+    r = reporter()
+    r.train_plan(6, 10)
+    rises = []
+    for epoch, loss in enumerate([1.0, 1.1, 1.2, 0.9, 0.95, 0.95], start=1):
+        r.train_epoch(epoch, loss, [0.5], 1.5)
+        rises.append(r.figures().val_loss_rises)
+    assert rises == [0, 1, 2, 0, 1, 0]  # an equal loss ends the run of rises
+    assert "eagle3_train_val_loss_rises 0.0" in r.exposition()
+
+
+def test_a_stall_after_steps_within_one_second_is_a_rate_of_exactly_zero() -> None:
+    clock = Clock()
+    r = reporter("extract", clock)
+    r.begin("samples", total=100)
+    assert scrape(r).rate is None  # type: ignore[union-attr]  # starting up: no rate, not a stall
+    for _ in range(10):
+        clock.now += 0.3
+        r.advance(1)
+    clock.now += 200  # longer than the rate's window without a unit
+    progress = scrape(r)
+    assert progress is not None and progress.rate == 0.0 and progress.eta_seconds is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
 
 RUN = "{{ $labels.namespace }}/{{ $labels.run }}"
@@ -161,9 +162,52 @@ POD_NOT_RUNNING = Alert(
     ),
 )
 
+STAGE_STALLED = Alert(
+    name="Eagle3StageStalled",
+    expr=pq.alert_stage_stalled(),
+    for_=pq.STALL_FOR,
+    severity="warning",
+    summary=f"{STAGE_TITLE} makes no progress",
+    description=(
+        f"For {pq.STALL_FOR} the pod {{{{ $labels.pod }}}} of {STAGE} has been running and answering "
+        "Prometheus, but its rate of {{ $labels.unit }} (eagle3_stage_units_per_second) has been 0 while "
+        "it has not done all of them (eagle3_stage_units_done < eagle3_stage_units, or no total yet)."
+    ),
+    runbook=(
+        "Read the pod's log (kubectl -n {{ $labels.namespace }} logs {{ $labels.pod }}): its progress line "
+        "says where it stopped. generate, extract and evaluate wait on a vLLM server: a hung engine or a "
+        "server still loading a large verifier (its log in the stage's work directory); train waits on its "
+        "torchrun workers, or online on the producers (status.producers). Delete the pod's Job to retry "
+        "the stage (finished work is kept), or set "
+        "spec.stages.{{ $labels.stage }}.activeDeadlineSeconds so a hung attempt fails on its own."
+    ),
+)
+
+VALIDATION_LOSS_RISING = Alert(
+    name="Eagle3ValidationLossRising",
+    expr=pq.alert_validation_loss_rising(),
+    for_="0m",
+    severity="warning",
+    summary=f"The validation loss of Eagle3Run {RUN}'s training has risen for {{{{ $value }}}} epochs",
+    description=(
+        f"The train stage of Eagle3Run {RUN} has finished {{{{ $value }}}} epochs in a row with a higher "
+        "validation loss than the epoch before (eagle3_train_val_loss_rises), while it keeps training: the "
+        "draft overfits the training data, or the learning rate is too high."
+    ),
+    runbook=(
+        "Compare the dashboard's 'Train and validation loss' panel: a falling train loss beside a rising "
+        "validation loss is overfitting. The stage keeps the epoch with the lowest validation loss "
+        "(checkpoint_best), so the run goes on safely but spends its remaining epochs for nothing: lower "
+        "training.epochs or training.learningRate, or add data (dataset, regeneration) and edit the spec, "
+        "which retrains. A validation loss that rises from the first epochs on with a falling train loss "
+        "can also mean that the validation rows differ from the training rows (dataset.validationFraction)."
+    ),
+)
+
 GROUPS: dict[str, tuple[Alert, ...]] = {
     "eagle3-serving": (ACCEPTANCE_BELOW_EVALUATED, NO_ACCEPTED_TOKENS),
     "eagle3-pipeline": (STAGE_FAILED, STAGE_OOM_RETRY, RUN_STUCK, POD_NOT_RUNNING),
+    "eagle3-stages": (STAGE_STALLED, VALIDATION_LOSS_RISING),
 }
 ALL_ALERTS: tuple[Alert, ...] = tuple(a for group in GROUPS.values() for a in group)
 

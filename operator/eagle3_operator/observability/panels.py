@@ -299,8 +299,11 @@ def stage_panels() -> list[Panel]:
         ),
         graph(
             "Running stages: elapsed / expected time",
-            "How long the running stage's current attempt has taken, as a share of its expected time "
-            "(activeDeadlineSeconds, else the operator's default). Above 100% fires Eagle3RunStuck.",
+            "How long the running stage's current attempt has taken, as a share of its expected time: the "
+            "elapsed time plus the ETA its pod reports (eagle3_stage_eta_seconds) where it reports one, else "
+            "the operator's expected time (activeDeadlineSeconds, else the operator's default). With an "
+            "ETA it is the share done by time; without one, above 100% is overdue and fires Eagle3RunStuck "
+            "(which compares with the operator's expected time only).",
             "percentunit",
             [Target(q.stage_elapsed_fraction(), stage)],
             width=8,

@@ -11,6 +11,7 @@ The arithmetic of speculative decoding, from vLLM's counters (one draft = one pr
   acceptance at position i = accepted tokens at position i / drafts   (in [0, 1], non-increasing in i)
 draft tokens / drafts is just k, the number of speculative tokens: no query divides those two.
 Live series are summed per (namespace, run): one line per serving run (its vLLM replicas and engines summed).
+The stage programs' live progress (training, stage throughput) is in `progress_queries`, on the same Scope.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ STAGE_FAILURES = "eagle3_operator_stage_failures_total"
 LAST_FAILURE = "eagle3_run_stage_last_failure_timestamp_seconds"
 STAGE_STARTED = "eagle3_run_stage_started_timestamp_seconds"
 STAGE_EXPECTED = "eagle3_run_stage_expected_seconds"
+ETA = "eagle3_stage_eta_seconds"  # a stage pod's (see progress_queries): the live ETA of the expected time
 POD_BLOCKED = "eagle3_run_pod_blocked"
 EVALUATED_LENGTH = "eagle3_run_acceptance_length"
 EVALUATED_RATE = "eagle3_run_acceptance_rate"
@@ -47,8 +49,10 @@ TOKENS_PROCESSED = "eagle3_run_tokens_processed"
 SERVING_DRAFT_INFO = "eagle3_serving_draft_info"
 ROLLOUT_TIMESTAMP = "eagle3_serving_draft_rollout_timestamp_seconds"
 
+
 OOM_REASON = "OutOfMemory"
 LIVE_BY = "namespace, run"  # the grouping of every live (vLLM) series, and the join key with the operator's
+STAGE_BY = "namespace, run, stage"  # a run's stage: the operator's per-stage series and the stage pods'
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class Scope:
     """The matchers (without braces) for each family of series, and the range of the rates."""
 
     vllm: str = ""  # vLLM series: namespace, model_name, run
-    run: str = ""  # the operator's per-run series: namespace, run
+    run: str = ""  # the operator's per-run series and the stage pods': namespace, run
     evaluated: str = ""  # the operator's per-run series that carry `model`: namespace, run, model
     namespace: str = ""  # the operator's series without a run label: namespace
     window: str = "5m"
@@ -192,10 +196,23 @@ def stage_failures(s: Scope = DASHBOARD) -> str:
     return f"sum by (namespace, run, stage, reason) ({selector(STAGE_FAILURES, s.run)})"
 
 
+def stage_expected_seconds(s: Scope = DASHBOARD) -> str:
+    """How long the running stage's current attempt should take in all: its elapsed time plus the ETA its
+    pod reports, where it reports one; else the operator's expected seconds (activeDeadlineSeconds or the
+    default). Labels: the operator's (namespace, run, stage)."""
+    elapsed = f"(time() - {selector(STAGE_STARTED, s.run)})"
+    eta = f"max by ({STAGE_BY}) ({selector(ETA, s.run)})"
+    # `+ on (...)` keeps only those labels: the fallback is reduced to them too, so that `or` drops it where
+    # an ETA exists (the operator's series also carry its scrape's job and instance)
+    expected = f"max by ({STAGE_BY}) ({selector(STAGE_EXPECTED, s.run)})"
+    return f"{elapsed} + on ({STAGE_BY}) {eta} or {expected}"
+
+
 def stage_elapsed_fraction(s: Scope = DASHBOARD) -> str:
-    """Time the running stage's current attempt has taken / its expected time (> 1: overdue)."""
+    """Time the running stage's current attempt has taken / its expected time (`stage_expected_seconds`):
+    with a live ETA the share of the attempt done by time, else > 1 when overdue."""
     started = selector(STAGE_STARTED, s.run)
-    return f"(time() - {started}) / on (namespace, run, stage) {selector(STAGE_EXPECTED, s.run)}"
+    return f"(time() - {started}) / on ({STAGE_BY}) ({stage_expected_seconds(s)})"
 
 
 def pods_blocked(s: Scope = DASHBOARD) -> str:

@@ -81,6 +81,13 @@ def run(ctx: Context) -> dict[str, Any]:
     epochs = ctx.params.training.epochs
     complete = keep_complete_epochs(save_path, metrics)
     ctx.progress.train_plan(epochs, None, epochs_done=complete)  # the steps once the trainer is built
+    for epoch in read_epochs(metrics)[:complete]:  # a resumed run's figures (and validation-loss trend)
+        ctx.progress.train_epoch(
+            epoch["epoch"] + 1,
+            epoch["valLoss"],
+            epoch["valAccuracyByPosition"],
+            epoch["estimatedAcceptanceLength"],
+        )
     on_cpu = not has_accelerator()
     cfg = train_config(ctx.params, src, save_path, cpu=on_cpu)
     save_path.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,34 @@ OPERATOR_LABELS: dict[str, frozenset[str]] = {
     "eagle3_serving_draft_rollout_timestamp_seconds": frozenset({"namespace", "run", "sha256"}),
 }
 VLLM_LABELS = frozenset({"namespace", "run", "model_name", "engine"})
-CONTRACT_METRICS = VLLM_METRICS | frozenset(OPERATOR_LABELS)
+# The stage pods' series (eagle3_contract.progress): the labels their PodMonitor gives every one, plus each
+# metric's own. `up` is Prometheus's, per target.
+STAGE_TARGET_LABELS = frozenset({"namespace", "run", "stage", "pod"})
+STAGE_LABELS: dict[str, frozenset[str]] = {
+    name: STAGE_TARGET_LABELS | extra
+    for name, extra in {
+        "eagle3_stage_units_done": frozenset({"unit"}),
+        "eagle3_stage_units": frozenset({"unit"}),
+        "eagle3_stage_units_per_second": frozenset({"unit"}),
+        "eagle3_stage_eta_seconds": frozenset(),
+        "eagle3_stage_start_time_seconds": frozenset(),
+        "eagle3_stage_tokens_total": frozenset(),
+        "eagle3_stage_failures_total": frozenset({"reason"}),
+        "eagle3_stage_token_budget": frozenset(),
+        "eagle3_train_epochs_done": frozenset(),
+        "eagle3_train_epochs": frozenset(),
+        "eagle3_train_step": frozenset(),
+        "eagle3_train_loss": frozenset(),
+        "eagle3_train_val_loss": frozenset(),
+        "eagle3_train_val_loss_rises": frozenset(),
+        "eagle3_train_val_accuracy": frozenset({"position"}),
+        "eagle3_train_estimated_acceptance_length": frozenset(),
+        "eagle3_train_tokens_per_second": frozenset(),
+        "up": frozenset(),
+    }.items()
+}
+SERIES_LABELS = OPERATOR_LABELS | STAGE_LABELS  # every non-vLLM series, and its labels
+CONTRACT_METRICS = VLLM_METRICS | frozenset(SERIES_LABELS)
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"

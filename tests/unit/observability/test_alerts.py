@@ -1,9 +1,10 @@
-"""The alerting rules: the five alerts, each with a severity, a wait and words that say what to do."""
+"""The alerting rules: the eight alerts, each with a severity, a wait and words that say what to do."""
 
 from __future__ import annotations
 
 import pytest
 
+from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
 from eagle3_operator.observability.alerts import build_prometheus_rule, build_rule_groups
 
@@ -14,6 +15,8 @@ ALERTS = {
     "Eagle3StageOOMRetry",
     "Eagle3RunStuck",
     "Eagle3PodNotRunning",
+    "Eagle3StageStalled",
+    "Eagle3ValidationLossRising",
 }
 
 
@@ -21,9 +24,10 @@ def rules() -> dict[str, dict[str, object]]:
     return {r["alert"]: r for g in build_rule_groups()["groups"] for r in g["rules"]}
 
 
-def test_the_six_alerts() -> None:
+def test_the_eight_alerts() -> None:
     assert set(rules()) == ALERTS
-    assert [g["name"] for g in build_rule_groups()["groups"]] == ["eagle3-serving", "eagle3-pipeline"]
+    groups = [g["name"] for g in build_rule_groups()["groups"]]
+    assert groups == ["eagle3-serving", "eagle3-pipeline", "eagle3-stages"]
 
 
 def test_each_alert_is_explained() -> None:
@@ -87,3 +91,16 @@ def test_prometheus_rule_object() -> None:
         "labels": {"release": "kube-prometheus-stack"},
     }
     assert rule["spec"] == build_rule_groups()
+
+
+def test_the_stalled_alert_waits_fifteen_minutes() -> None:
+    rule = rules()["Eagle3StageStalled"]
+    assert rule["for"] == "15m" and rule["expr"] == pq.alert_stage_stalled()
+    annotations = rule["annotations"]
+    assert isinstance(annotations, dict)
+    assert "{{ $labels.pod }}" in annotations["description"] and "{{ $labels.pod }}" in annotations["runbook"]
+
+
+def test_the_validation_loss_alert_fires_at_the_epoch_of_the_second_rise() -> None:
+    rule = rules()["Eagle3ValidationLossRising"]
+    assert rule["for"] == "0m" and rule["expr"] == "eagle3_train_val_loss_rises >= 2"

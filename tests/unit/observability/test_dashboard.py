@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
 from eagle3_operator.observability.dashboard import build_dashboard
 from tests.unit.observability.obs_support import dashboard, panels
@@ -32,6 +33,25 @@ REQUIRED: dict[str, tuple[str, str, list[str]]] = {
         [q.stage_duration_quantile(0.5), q.stage_duration_quantile(0.95)],
     ),
     "Live / evaluated acceptance length": ("timeseries", "percentunit", [q.live_over_evaluated()]),
+    "Running stages: elapsed / expected time": ("timeseries", "percentunit", [q.stage_elapsed_fraction()]),
+    # the training row and the stage throughput row: the stage pods' live progress
+    "Epochs done": ("stat", "none", [pq.train_epochs_done()]),
+    "Validation loss (last epoch)": ("stat", "none", [pq.train_validation_loss()]),
+    "Estimated acceptance length (last epoch)": ("stat", "none", [pq.train_estimated_acceptance_length()]),
+    "Training ETA": ("stat", "s", [pq.train_eta_seconds()]),
+    "Train and validation loss": ("timeseries", "none", [pq.train_loss(), pq.train_validation_loss()]),
+    "Validation accuracy by draft position": ("timeseries", "percentunit", [pq.train_validation_accuracy()]),
+    "Estimated acceptance length (training)": (
+        "timeseries",
+        "none",
+        [pq.train_estimated_acceptance_length()],
+    ),
+    "Training tokens/s": ("timeseries", "tps", [pq.train_tokens_per_second()]),
+    "Stage progress (done / total)": ("timeseries", "percentunit", [pq.stage_progress()]),
+    "Stage rate (units/s)": ("timeseries", "short", [pq.stage_units_per_second()]),
+    "Stage tokens/s": ("timeseries", "tps", [pq.stage_tokens_per_second()]),
+    "Stage failed rows and requests": ("timeseries", "short", [pq.stage_row_failures()]),
+    "Stage ETA": ("timeseries", "s", [pq.stage_eta_seconds()]),
 }
 
 
@@ -80,6 +100,8 @@ def test_rows_and_layout() -> None:
         "Speculative decoding (live, vLLM)",
         "Serving latency and load (vLLM)",
         "Training pipeline (operator)",
+        "Training (train stage, live)",
+        "Stage throughput (stage pods, live)",
     ]
     ids = [p["id"] for p in dashboard()["panels"]]
     assert len(set(ids)) == len(ids)
@@ -116,3 +138,19 @@ def test_rollout_annotations() -> None:
 
 def test_build_is_deterministic() -> None:
     assert build_dashboard() == build_dashboard()
+
+
+def test_the_elapsed_panel_uses_the_live_eta_before_the_operators_expected_time() -> None:
+    (target,) = by_title("timeseries")["Running stages: elapsed / expected time"]["targets"]
+    assert "max by (namespace, run, stage) (eagle3_stage_eta_seconds{" in target["expr"]
+    assert target["expr"].index(q.ETA) < target["expr"].index(
+        " or max by (namespace, run, stage) (eagle3_run_stage_"
+    )
+
+
+def test_the_stage_panels_name_each_stage_in_their_legends() -> None:
+    for title in ("Stage progress (done / total)", "Stage rate (units/s)", "Stage tokens/s", "Stage ETA"):
+        (target,) = by_title("timeseries")[title]["targets"]
+        assert "{{stage}}" in target["legendFormat"], title
+    (accuracy,) = by_title("timeseries")["Validation accuracy by draft position"]["targets"]
+    assert accuracy["legendFormat"].endswith("position {{position}}")

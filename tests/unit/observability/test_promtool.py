@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from eagle3_operator.observability import generate
+from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
 from eagle3_operator.observability.alerts import build_prometheus_rule
 from tests.unit.observability.obs_support import all_queries
@@ -41,7 +42,7 @@ def run(promtool: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_check_rules(promtool: Path) -> None:
     result = run(promtool, "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 8 rules found" in result.stdout
 
 
 def test_rule_unit_tests(promtool: Path) -> None:
@@ -82,6 +83,8 @@ def test_expression_cases_are_the_dashboards_queries() -> None:
         q.ttft_quantile(0.5, s),
         q.ttft_quantile(0.95, s),
         q.stage_elapsed_fraction(s),
+        pq.stage_progress(s),
+        pq.stage_tokens_per_second(s),
     }
     cases = [case["expr"] for test in unit_tests() for case in test.get("promql_expr_test", [])]
     assert cases and set(cases) <= known, set(cases) - known

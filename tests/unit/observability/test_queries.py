@@ -7,12 +7,14 @@ import re
 
 import pytest
 
+from eagle3_contract import progress
+from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
 from tests.unit.observability.obs_support import (
     CONTRACT_METRICS,
     DRAFT_TOKENS,
     DRAFTS,
-    OPERATOR_LABELS,
+    SERIES_LABELS,
     VLLM_LABELS,
     VLLM_METRICS,
     Query,
@@ -52,7 +54,7 @@ def test_matches_only_labels_the_series_have(query: Query) -> None:
     for selector in selectors(parse(query)):
         if not selector.name:
             continue
-        labels = VLLM_LABELS if selector.name in VLLM_METRICS else OPERATOR_LABELS[selector.name]
+        labels = VLLM_LABELS if selector.name in VLLM_METRICS else SERIES_LABELS[selector.name]
         extra = set(matchers(selector)) - labels - {"le"}
         assert not extra, f"{query.where}: {selector.name} has no label {extra}"
 
@@ -70,7 +72,7 @@ def test_dashboard_queries_use_the_template_variables(query: Query) -> None:
     """Every selector of a panel is scoped to the selected namespace, model and run, where it has them."""
     for selector in selectors(parse(query)):
         got = matchers(selector)
-        labels = VLLM_LABELS if selector.name in VLLM_METRICS else OPERATOR_LABELS[str(selector.name)]
+        labels = VLLM_LABELS if selector.name in VLLM_METRICS else SERIES_LABELS[str(selector.name)]
         wanted = {"namespace": "=~$namespace", "run": "=~$run", "model": "=~$model", "model_name": "=~$model"}
         for label, matcher in wanted.items():
             if label in labels:
@@ -113,3 +115,60 @@ def test_scopes_render_the_same_shape() -> None:
     dashboard, alert = q.mean_acceptance_length(), q.mean_acceptance_length(q.scoped("15m"))
     stripped = re.sub(r"\{[^}]*\}", "", dashboard).replace("$__rate_interval", "15m")
     assert stripped == alert
+
+
+def test_the_stage_metrics_are_the_contracts() -> None:
+    """The names the stage panels and alerts read are those the stage programs serve (counters: `_total`)."""
+    pairs = [
+        (pq.UNITS_DONE, progress.UNITS_DONE),
+        (pq.UNITS_TOTAL, progress.UNITS),
+        (pq.UNITS_RATE, progress.UNITS_RATE),
+        (q.ETA, progress.ETA_SECONDS),
+        (pq.STAGE_TOKENS, f"{progress.TOKENS}_total"),
+        (pq.ROW_FAILURES, f"{progress.FAILURES}_total"),
+        (pq.TRAIN_EPOCHS_DONE, progress.TRAIN_EPOCHS_DONE),
+        (pq.TRAIN_LOSS, progress.TRAIN_LOSS),
+        (pq.TRAIN_VAL_LOSS, progress.TRAIN_VAL_LOSS),
+        (pq.TRAIN_VAL_ACCURACY, progress.TRAIN_VAL_ACCURACY),
+        (pq.TRAIN_ACCEPTANCE, progress.TRAIN_ACCEPTANCE),
+        (pq.TRAIN_TOKENS_RATE, progress.TRAIN_TOKENS_RATE),
+    ]
+    assert [ours for ours, _ in pairs] == [theirs for _, theirs in pairs]
+
+
+def test_the_consecutive_rises_gauge_is_the_contracts() -> None:
+    """Eagle3ValidationLossRising reads the reporter's count of epochs in a row of rising validation loss."""
+    assert getattr(progress, "TRAIN_VAL_LOSS_RISES", None) == pq.TRAIN_VAL_LOSS_RISES
+
+
+def test_stage_queries_group_by_run_and_stage() -> None:
+    """Per-stage panels keep (namespace, run, stage), the key of the operator's per-stage series."""
+    for expr in (pq.stage_progress(), pq.stage_units_per_second(), pq.stage_tokens_per_second()):
+        assert expr.startswith("sum by (namespace, run, stage"), expr
+    assert pq.stage_eta_seconds().startswith("max by (namespace, run, stage) (")
+    assert pq.train_eta_seconds() == (
+        'max by (namespace, run) (eagle3_stage_eta_seconds{namespace=~"$namespace", run=~"$run", '
+        'stage="train"})'
+    )
+
+
+def test_the_expected_time_is_elapsed_plus_the_live_eta_or_the_operators() -> None:
+    s = q.scoped("5m")
+    assert q.stage_expected_seconds(s) == (
+        "(time() - eagle3_run_stage_started_timestamp_seconds) + on (namespace, run, stage) "
+        "max by (namespace, run, stage) (eagle3_stage_eta_seconds) "
+        "or max by (namespace, run, stage) (eagle3_run_stage_expected_seconds)"
+    )
+    assert q.stage_elapsed_fraction(s) == (
+        "(time() - eagle3_run_stage_started_timestamp_seconds) / on (namespace, run, stage) "
+        f"({q.stage_expected_seconds(s)})"
+    )
+
+
+def test_the_stalled_alert_reads_a_running_target_that_is_not_done() -> None:
+    assert pq.alert_stage_stalled() == (
+        "eagle3_stage_units_per_second == 0\n"
+        "and on (job, instance) up == 1\n"
+        "unless on (job, instance) eagle3_stage_units_done >= eagle3_stage_units"
+    )
+    assert pq.alert_validation_loss_rising() == "eagle3_train_val_loss_rises >= 2"
