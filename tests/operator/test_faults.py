@@ -194,12 +194,18 @@ async def test_a_completed_job_whose_pod_vanished_while_the_operator_was_down_is
         await cluster.delete("v1", "pods", pod["metadata"]["name"])  # node scale-down, pod GC
     async with real.operator(tmp_path) as op:
         rerun = await eventually(lambda: _retry(cluster, "lost"), timeout=30, what="the re-run")
-        status = (await cluster.run("lost"))["status"]
+        # the status patch follows the Job's create in the same reconcile: read it once it has landed
+        status = await eventually(lambda: _stage_message(cluster, "lost", "prepare"), 10, "the re-run's note")
         assert status["phase"] != "Failed"
         assert "its pod is gone" in status["stages"]["prepare"]["message"]
         await real.kubelet.succeed(rerun, fake_result("prepare"))
         await wait_job(cluster, "lost", "extract")
         _no_forbidden_calls(op.log())
+
+
+async def _stage_message(cluster, run, stage):
+    status = (await cluster.run(run)).get("status") or {}
+    return status if (status.get("stages", {}).get(stage) or {}).get("message") else None
 
 
 async def test_a_reconcile_whose_connection_goes_silent_is_retried_and_the_run_advances(real, tmp_path):
