@@ -6,7 +6,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import kopf
@@ -79,10 +79,8 @@ def _reconciler(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> Callable[[Mapping
     """Reconcile one run from outside kopf's handlers (the live progress task), as the resync does."""
 
     async def reconcile_run(run: Mapping[str, Any]) -> None:
-        context: contextvars.Context | None = memo.contexts.get("handler")
-        call = reconcile_current(run, memo, logger, _indices(kwargs))
         try:
-            await (asyncio.create_task(call, context=context.copy()) if context else call)
+            await _in_handler_context(memo, reconcile_current(run, memo, logger, _indices(kwargs)))
         except (kopf.TemporaryError, kopf.PermanentError) as err:
             logger.warning("reconcile after a stage's progress failed (the resync retries): %s", err)
 
@@ -121,15 +119,20 @@ async def _next_round(memo: kopf.Memo) -> None:
     memo.relisted.clear()
 
 
+async def _in_handler_context(memo: kopf.Memo, call: Coroutine[Any, Any, None]) -> None:
+    """Await a reconcile started outside kopf's handlers (the resync, the live progress task) in a copy of a
+    handler's context, so the Events it causes are posted (_remember_context)."""
+    context: contextvars.Context | None = memo.contexts.get("handler")
+    await (asyncio.create_task(call, context=context.copy()) if context else call)
+
+
 async def _resync_round(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
     runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
     await sweep_ghosts(memo, {"eagle3_runs": runs} | _indices(kwargs), logger)
-    context: contextvars.Context | None = memo.contexts.get("handler")
     for key in list(runs):
         for body in list(runs.get(key, [])):
             try:
-                call = reconcile_current(body, memo, logger, _indices(kwargs))
-                await (asyncio.create_task(call, context=context.copy()) if context else call)
+                await _in_handler_context(memo, reconcile_current(body, memo, logger, _indices(kwargs)))
             except (kopf.TemporaryError, kopf.PermanentError) as err:
                 logger.warning("resync of %s/%s failed: %s", key[0], key[1], err)
             except Exception:

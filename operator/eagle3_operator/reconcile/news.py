@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eagle3_contract.api.status import StagePhase
+from eagle3_contract.progress import eta_text
 
 STAGE_SUCCEEDED = "StageSucceeded"
 EPOCH_COMPLETED = "EpochCompleted"
@@ -31,18 +32,11 @@ def _figures(progress: Mapping[str, Any]) -> str:
 
 
 def _succeeded(stage: str, status: Mapping[str, Any], seconds: float | None) -> str:
-    took = f" in {_duration(seconds)}" if seconds is not None else ""
+    took = f" in {eta_text(seconds)}" if seconds is not None else ""
     attempts = status.get("attempts") or 0
     retry = f" (attempt {attempts})" if attempts > 1 else ""
     figures = _figures(status.get("progress") or {}) if stage == "train" else ""
     return f"stage {stage} succeeded{took}{retry}" + (f": {figures}" if figures else "")
-
-
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    hours, rest = divmod(s, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _epochs(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
