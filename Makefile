@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm mooncake prometheus helm chart observability observability-tier dashboard-png crds gpu bench clean
+.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm mooncake prometheus helm chart observability examples observability-tier dashboard-png crds gpu bench clean
 
 # speculators is installed without its declared torchvision/torchaudio (CUDA builds that break the CPU torch);
 # torch==2.13.0 first, so pip takes the local CPU wheel instead of a CUDA build.
@@ -59,10 +59,12 @@ chart: $(STAMP)
 kube:
 	bash scripts/build-kube.sh
 
+## lint: ruff, the import contracts, hadolint on the images' Dockerfiles (ignored rules: .hadolint.yaml)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check contract operator pipeline cli tests benchmarks
 	$(VENV)/bin/ruff format --check contract operator pipeline cli tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/hadolint --config .hadolint.yaml images/*/Dockerfile*
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -76,15 +78,20 @@ operator: $(STAMP)
 apiserver: $(STAMP) kube
 	$(PY) -m pytest -q -p no:cacheprovider -m apiserver
 
-## crds: regenerate the committed CRD from the pydantic models
+## crds: regenerate the committed CRD from the pydantic models, and docs/api.md from the CRD
 crds: $(STAMP)
 	$(VENV)/bin/eagle3 crd > crds/eagle3runs.eagle3.dev.yaml
+	$(PY) -m eagle3_contract.api.reference crds/eagle3runs.eagle3.dev.yaml > docs/api.md
 	$(PY) -m eagle3_operator.chart
 
 ## observability: regenerate the committed Grafana dashboard and Prometheus rules from eagle3_operator.observability
 observability: $(STAMP)
 	$(PY) -m eagle3_operator.observability.generate
 	$(PY) -m eagle3_operator.chart
+
+## examples: regenerate examples/gitops/kustomize/llama31-8b.yaml with `eagle3 promote`'s code (eagle3_operator.gitops_examples)
+examples: $(STAMP)
+	$(PY) -m eagle3_operator.gitops_examples
 
 ## observability-tier: a real Prometheus scraping vLLM CPU servers and the operator: every dashboard query and alert
 observability-tier: $(STAMP) vllm prometheus

@@ -28,7 +28,7 @@ from eagle3_contract.api.status import (
     StageStatus,
 )
 from eagle3_contract.results import ExtractResult, GenerateResult, PrepareResult
-from eagle3_contract.stages import Stage, StagePlan, plan_stages
+from eagle3_contract.stages import Stage, StagePlan, on_cpu, plan_stages
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1}
 TOKEN_ID_BYTES = 8  # int64 token_ids
@@ -170,14 +170,15 @@ def _stage_tokens(spec: Eagle3RunSpec, plan: StagePlan, tokens: int | None) -> t
 
 
 def stage_estimate(spec: Eagle3RunSpec, plan: StagePlan, tokens: int | None) -> StageEstimate:
-    """GPUs per pod x pods (skipped: 0), the online producers' GPUs for train, and the stage's tokens."""
+    """GPUs per pod x pods (skipped, or nodePool.device cpu: 0), the online producers' GPUs for train, and the
+    stage's tokens."""
     count, basis = _stage_tokens(spec, plan, tokens)
     if plan.skipped:
         return StageEstimate(stage=plan.stage.value, gpus=0, pods=0, skipped=plan.skipped)
     pods = spec.training.nodes if plan.stage is Stage.TRAIN else 1
     producers = None
     if plan.stage is Stage.TRAIN and spec.extraction.mode == "online":
-        producers = spec.extraction.servers * spec.verifier.tensor_parallel_size
+        producers = 0 if on_cpu(spec) else spec.extraction.servers * spec.verifier.tensor_parallel_size
     return StageEstimate(
         stage=plan.stage.value,
         gpus=plan.gpus * pods,

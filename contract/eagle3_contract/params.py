@@ -24,6 +24,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 from eagle3_contract.api.base import ApiModel
 from eagle3_contract.api.spec import (
     DatasetRows,
+    Device,
     Draft,
     Eagle3RunSpec,
     ExtractionBackend,
@@ -31,6 +32,7 @@ from eagle3_contract.api.spec import (
     HiddenStatesTransfer,
     PinnedCheckpoint,
     ReasoningMode,
+    Sampling,
     StorageDtype,
     Training,
 )
@@ -298,12 +300,15 @@ class TrainParams(StageParams):
 
 class TrainTuning(StageTuning):
     """Online only: how hidden states travel from the producers (`transfer`, over `servers` replicas) and
-    whether the trainer keeps a copy of each (`keep`); none changes the weights. Offline: nothing."""
+    whether the trainer keeps a copy of each (`keep`). `device` (nodePool.device): with cpu, training.gpus
+    is the CPU training processes of a node (torchrun, gloo: the same world size as on GPUs); a GPU spec on a
+    machine without GPUs trains in one process per node. None is hashed: training.gpus and nodes are."""
 
     mode: ExtractionMode = ExtractionMode.OFFLINE
     transfer: HiddenStatesTransfer = HiddenStatesTransfer.VOLUME
     servers: int = Field(1, ge=1)
     keep: bool = False
+    device: Device = Device.GPU
 
 
 def train_params(spec: Eagle3RunSpec) -> TrainParams:
@@ -322,23 +327,37 @@ def train_params(spec: Eagle3RunSpec) -> TrainParams:
 
 def train_tuning(spec: Eagle3RunSpec) -> TrainTuning:
     x = spec.extraction
-    return TrainTuning(mode=x.mode, transfer=x.transfer, servers=x.servers, keep=x.keep)
+    return TrainTuning(
+        mode=x.mode, transfer=x.transfer, servers=x.servers, keep=x.keep, device=spec.node_pool.device
+    )
 
 
 # --- evaluate, export, verify -------------------------------------------------------------------------------
 
 
 class EvaluateParams(StageParams):
-    """What is measured: the verifier as vLLM serves it, the held-out prompts, the draft tokens per step."""
+    """What is measured: the verifier as vLLM serves it, the held-out prompts, the draft tokens per step, and
+    the serving traffic's sampling settings (None: greedy only), which a second measurement uses."""
 
     verifier: VllmVerifier
     prompts: int
     num_speculative_tokens: int
     max_tokens: int
+    sampling: Sampling | None = None
+
+    @model_serializer(mode="wrap")
+    def _unset_sampling_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An unset evaluation.sampling is left out of the hash payload: the hashes of specs written before
+        it existed stay the same."""
+        data: dict[str, Any] = handler(self)
+        if self.sampling is None:
+            data.pop("sampling", None)
+        return data
 
 
 class EvaluateTuning(StageTuning):
-    """GPUs and vLLM's seed (every answer is greedy). The gate, `evaluation.minAcceptanceLength`, is neither:
+    """GPUs and vLLM's server seed (the greedy answers do not depend on it; the sampled ones are seeded per
+    request by evaluation.sampling.seed, a param). The gate, `evaluation.minAcceptanceLength`, is neither:
     the stage does not read it (the operator and `eagle3 run` judge its result against the spec's current
     gate), so editing it re-runs nothing."""
 
@@ -353,6 +372,7 @@ def evaluate_params(spec: Eagle3RunSpec) -> EvaluateParams:
         prompts=e.prompts,
         num_speculative_tokens=e.num_speculative_tokens,
         max_tokens=e.max_tokens,
+        sampling=e.sampling,
     )
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-from eagle3_contract.api.spec import Eagle3RunSpec, StageOverride
+from eagle3_contract.api.pods import StageOverride
+from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.exit_codes import OOM_EXIT_CODE
 from eagle3_contract.stages import Stage
 

@@ -265,6 +265,22 @@ class ServerStartSeconds(ResultModel):
     baseline: float | None = None
 
 
+class SampledAcceptance(ResultModel):
+    """evaluate's second measurement, at evaluation.sampling (the serving traffic's settings)."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    prompts: int | None = None
+    drafts: int | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    acceptance_rate: float | None = None
+    acceptance_length: float | None = None
+    acceptance_by_position: list[float] | None = None
+
+
 class EvaluateResult(StageResult):
     """evaluate: the gate's input (eagle3_contract.gate); the verdict is not part of it.
 
@@ -299,6 +315,7 @@ class EvaluateResult(StageResult):
     embeddings_match_verifier: bool | None = None
     draft_checkpoint: str | None = None
     server_start_seconds: ServerStartSeconds | None = None
+    sampled: SampledAcceptance | None = None
 
     @property
     def tokens_processed(self) -> int | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Device, Eagle3RunSpec, Promotion
 from eagle3_contract.params import (
     ExportTuning,
     StageParams,
@@ -71,8 +71,10 @@ def _data_stage(spec: Eagle3RunSpec) -> Stage:
 
 
 def _trains(spec: Eagle3RunSpec) -> str | None:
-    """Why a training stage is skipped: a pinned draft trains nothing."""
-    return PINNED_SKIP if spec.serving.pinned_checkpoint is not None else None
+    """Why a training stage is skipped: a pinned draft trains nothing, unless promotion is reviewed (the pin
+    names what serves while the run trains its next candidate)."""
+    automatic = spec.serving.promotion is Promotion.AUTOMATIC
+    return PINNED_SKIP if spec.serving.pinned_checkpoint is not None and automatic else None
 
 
 def _regenerates(spec: Eagle3RunSpec) -> str | None:
@@ -106,7 +108,8 @@ def _verifies(spec: Eagle3RunSpec) -> str | None:
 
 @dataclass(frozen=True)
 class StageDef:
-    """A stage: GPUs it needs, whether it runs vLLM, its upstream stages, its parameters and its tuning.
+    """A stage: GPUs it needs (nodePool.device gpu: `stage_gpus`), whether it runs vLLM, its upstream stages,
+    its parameters and its tuning.
 
     `params` is the stage's hashed payload and what its program reads as `ctx.params`; `tuning` is what the
     program reads that is NOT hashed (`ctx.tuning`, see eagle3_contract.params). `skip` says why the stage
@@ -127,6 +130,16 @@ class StageDef:
 
 def _none(spec: Eagle3RunSpec) -> int:
     return 0
+
+
+def on_cpu(spec: Eagle3RunSpec) -> bool:
+    """nodePool.device cpu: a small verifier on nodes without GPUs; no stage (nor vLLM pod) asks for one."""
+    return spec.node_pool.device is Device.CPU
+
+
+def stage_gpus(spec: Eagle3RunSpec, stage: Stage) -> int:
+    """GPUs of one pod of `stage`: its definition's count, 0 for every stage in CPU mode."""
+    return 0 if on_cpu(spec) else DEFINITIONS[stage].gpus(spec)
 
 
 def _tp(spec: Eagle3RunSpec) -> int:
@@ -250,7 +263,7 @@ def plan_stages(spec: Eagle3RunSpec) -> list[StagePlan]:
             hash=digest,
             output_dir=f"{stage.value}/{digest}",
             inputs={up.value: p.output_dir for up, p in upstream.items()},
-            gpus=d.gpus(spec),
+            gpus=stage_gpus(spec, stage),
             uses_vllm=d.uses_vllm(spec),
             token_budget=d.token_budget(spec) if d.token_budget else None,
             skipped=d.skip(spec),

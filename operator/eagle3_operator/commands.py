@@ -12,17 +12,31 @@ from typing import Any
 
 
 def _operator(args: argparse.Namespace) -> int:
+    from eagle3_contract.api.defaults import OperatorDefaults
     from eagle3_operator.operator_main import run_operator
 
     run_operator(
         namespaces=args.namespace,
         liveness=f"http://0.0.0.0:{args.health_port}/healthz",
         metrics_port=args.metrics_port,
-        pipeline_image=args.pipeline_image,
+        defaults=OperatorDefaults(
+            pipeline_image=args.pipeline_image,
+            pipeline_cpu_image=args.pipeline_cpu_image,
+            image_pull_secrets=tuple(args.image_pull_secret),
+            pod_monitor_labels=dict(args.pod_monitor_label),
+        ),
+        priority=args.priority,
         resync_seconds=args.resync_seconds,
         api_timeout_seconds=args.api_timeout_seconds,
     )
     return 0
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. release=kube-prometheus-stack)")
+    return key, value
 
 
 def _positive_seconds(text: str) -> float:
@@ -100,22 +114,14 @@ def cluster_status_reader(name: str, namespace: str | None) -> Callable[[], tupl
 
 
 def _promote(args: argparse.Namespace) -> int:
-    from eagle3_operator.promote import (
-        PromotionError,
-        build_promotion,
-        commit_message,
-        promotion_candidate,
-        render,
-    )
+    from eagle3_operator.promote import PromotionError, commit_message, promotion_text
 
     try:
         run = _read_run(args)
-        document = build_promotion(run, args.format, args.values_key)
-        candidate = promotion_candidate(run)
+        text, candidate = promotion_text(run, args.format, args.values_key)
     except PromotionError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1
-    text = render(document, candidate)
     if args.output:
         Path(args.output).write_text(text)
         sys.stderr.write(f"wrote {args.output}\n")
@@ -144,6 +150,36 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "$EAGLE3_PIPELINE_IMAGE, else eagle3-operator/pipeline:0.1.0)",
     )
     op.add_argument(
+        "--pipeline-cpu-image",
+        default=os.environ.get("EAGLE3_PIPELINE_CPU_IMAGE") or None,
+        help="image of the stage Jobs of runs with nodePool.device cpu whose spec.images.pipeline is unset "
+        "(the pipeline's CPU variant; default $EAGLE3_PIPELINE_CPU_IMAGE, else --pipeline-image)",
+    )
+    op.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="pull secret of the pods of runs whose spec.pod.imagePullSecrets is empty (repeatable); it must "
+        "exist in each run's namespace",
+    )
+    op.add_argument(
+        "--pod-monitor-label",
+        action="append",
+        default=[],
+        type=_label,
+        metavar="KEY=VALUE",
+        help="label of every run's PodMonitors (repeatable), e.g. release=kube-prometheus-stack: the label "
+        "your Prometheus selects PodMonitors by",
+    )
+    op.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="kopf peering priority: of several operators the one with the highest is active, the others "
+        "stand by (default: earlier-started operators rank higher, so a running one keeps the work)",
+    )
+    op.add_argument(
         "--resync-seconds",
         type=_positive_seconds,
         default=60.0,
@@ -167,8 +203,9 @@ def _add_promote_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     promote = sub.add_parser(
         "promote",
         help="write the git change that serves a run's evaluated draft (a pinned-draft manifest or values)",
-        description="Read an Eagle3Run's status.checkpoint (refused unless its gate passed and it exported "
-        "its current spec) and write the run's manifest with spec.serving.pinnedCheckpoint {path, sha256}, "
+        description="Read an Eagle3Run's status.checkpoint, or status.candidate with serving.promotion "
+        "reviewed (refused unless its gate passed and it exported its current spec) and write the run's "
+        "manifest with spec.serving.pinnedCheckpoint {path, sha256}, "
         "or a values snippet with the pin, for a reviewed commit; a suggested commit message goes to stderr.",
     )
     promote.add_argument("run", help="the Eagle3Run's name")

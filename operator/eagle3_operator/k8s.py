@@ -25,8 +25,11 @@ TYPED: dict[tuple[str, str], tuple[type[Any], str]] = {
     ("v1", "PersistentVolumeClaim"): (client.CoreV1Api, "namespaced_persistent_volume_claim"),
     ("v1", "Service"): (client.CoreV1Api, "namespaced_service"),
     ("apps/v1", "Deployment"): (client.AppsV1Api, "namespaced_deployment"),
+    ("policy/v1", "PodDisruptionBudget"): (client.PolicyV1Api, "namespaced_pod_disruption_budget"),
 }
 CUSTOM_PLURALS = {"PodMonitor": "podmonitors", "Eagle3Run": PLURAL}
+# kopf's peering objects (eagle3_operator.peering): ClusterKopfPeering and KopfPeering
+PEERING_API = ("kopf.dev", "v1")
 # Without limits, kubernetes_asyncio's aiohttp timeout never fires: a call on a connection that went silent
 # (a partition, a dead load balancer: no reset) would be awaited forever while its run's lock is held.
 CONNECT_SECONDS = 10.0
@@ -189,22 +192,27 @@ class Kube:
         body: dict[str, Any] = json.loads(text)
         return body
 
-    async def lease(
-        self, verb: str, namespace: str, name: str, body: dict[str, Any] | None = None
+    async def peering(
+        self, verb: str, namespace: str | None, name: str, body: dict[str, Any] | None = None
     ) -> dict[str, Any] | None:
-        """`get` (None when there is none), `create` or merge-`patch` a coordination.k8s.io Lease; a patch
-        that names the read metadata.resourceVersion fails with HTTP 409 when a peer wrote it meanwhile."""
-        api = self._typed.setdefault(client.CoordinationV1Api, client.CoordinationV1Api(self.api))
-        options = {"_preload_content": False, "_request_timeout": self.timeout}
+        """`get`, `create` or merge-`patch` kopf's peering object `name` (group kopf.dev): a
+        ClusterKopfPeering when `namespace` is None, else a KopfPeering there. None when a `get` finds none or
+        a `create` finds one already."""
+        group, version = PEERING_API
+        plural = "kopfpeerings" if namespace else "clusterkopfpeerings"
+        where = (group, version, namespace, plural) if namespace else (group, version, plural)
+        scope = "namespaced" if namespace else "cluster"
+        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout}
         if verb == "get":
-            call = api.read_namespaced_lease(name, namespace, **options)
+            call = getattr(self.custom, f"get_{scope}_custom_object")(*where, name, **options)
         elif verb == "create":
-            call = api.create_namespaced_lease(namespace, body, **options)
+            call = getattr(self.custom, f"create_{scope}_custom_object")(*where, body, **options)
         else:
-            call = api.patch_namespaced_lease(name, namespace, body, _content_type=MERGE_PATCH, **options)
-        what = f"Lease {namespace}/{name}"
+            method = getattr(self.custom, f"patch_{scope}_custom_object")
+            call = method(*where, name, body, _content_type=MERGE_PATCH, **options)
+        what = f"{plural}.{group} {namespace + '/' if namespace else ''}{name}"
         status, text = await self._send(verb, what, call)
-        if verb == "get" and status == 404:
+        if (verb, status) in (("get", 404), ("create", 409)):
             return None
         if status >= 300:
             raise ApiError(status, verb, what, text)

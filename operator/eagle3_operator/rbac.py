@@ -33,9 +33,16 @@ RULES: tuple[dict[str, Any], ...] = (
         "resources": ["podmonitors"],
         "verbs": [*READ, "create", "patch", "delete"],
     },
+    {
+        "apiGroups": ["policy"],
+        "resources": ["poddisruptionbudgets"],  # the serving PodDisruptionBudget
+        "verbs": [*READ, "create", "patch", "delete"],
+    },
+    # kopf's peering: the operators' keep-alives, so that one is active and the others stand by; the operator
+    # creates its peering object (eagle3_operator.peering) where it is missing
+    {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"], "verbs": [*READ, "create", "patch"]},
+    {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "verbs": [*READ, "create", "patch"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-    # the Lease that keeps a second operator from running beside this one (eagle3_operator.lease)
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]},
     # kopf follows CRDs and namespaces to know what it can watch.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": READ},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": READ},

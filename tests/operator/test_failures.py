@@ -182,7 +182,8 @@ async def test_an_invalid_spec_creates_nothing_and_names_the_field(backend):
     cluster = backend.cluster
     async with backend.operator():
         try:
-            await cluster.apply_run("bad", tiny(training={"gpus": 16}))
+            # a GPU run: in CPU mode (the tiny example's) training.gpus is not bounded by gpusPerNode
+            await cluster.apply_run("bad", tiny(training={"gpus": 16}, nodePool={"device": "gpu"}))
         except AssertionError as refused:  # a server with CEL rules (Kubernetes >= 1.25) refuses it outright
             assert "HTTP 422" in str(refused) and "training.gpus" in str(refused)
             return

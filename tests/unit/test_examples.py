@@ -109,9 +109,14 @@ def check_first_step(doc: dict[str, Any]) -> None:
     assert plan.problems == ()
     kinds = [a.body["kind"] for a in plan.actions if a.verb == "create"]
     jobs = [a.body["metadata"]["labels"]["eagle3.dev/stage"] for a in plan.actions if a.body["kind"] == "Job"]
-    if doc["spec"].get("serving", {}).get("pinnedCheckpoint"):
-        # a pinned draft trains nothing: it is served, or first checked against its sha256 (stage verify)
-        assert set(jobs) <= {"verify"} and ("Deployment" in kinds or jobs == ["verify"])
+    serving = doc["spec"].get("serving", {})
+    if serving.get("pinnedCheckpoint"):
+        # a pinned draft is served, or first checked against its sha256 (stage verify); it trains nothing,
+        # unless promotion is reviewed (the run trains its next candidate while the pin serves)
+        training = ["prepare"] if serving.get("promotion") == "reviewed" else []
+        assert jobs in (training, [*training, "verify"]) and (
+            "Deployment" in kinds or jobs[-1:] == ["verify"]
+        )
     else:
         assert jobs == ["prepare"]
         assert "ConfigMap" in kinds
@@ -156,6 +161,13 @@ OTHER_KINDS: dict[tuple[str, str], Callable[[dict[str, Any], Path], None]] = {
     ("helm.toolkit.fluxcd.io", "HelmRelease"): required("spec.chart|spec.chartRef", "spec.interval"),
     ("kustomize.config.k8s.io", "Kustomization"): kustomize_resources_exist,
     ("", "ConfigMap"): required("data"),  # argocd-cm's health check (run by reconcile/test_argocd_health.py)
+    # examples/tiny/models-job.yaml (dry-run on a real API server by operator/test_cpu_mode_server.py)
+    ("", "PersistentVolumeClaim"): required("spec.accessModes", "spec.resources.requests.storage"),
+    ("batch", "Job"): required(
+        "spec.template.spec.containers",
+        "spec.template.spec.securityContext.runAsNonRoot",
+        "spec.template.spec.securityContext.seccompProfile",
+    ),
 }
 
 

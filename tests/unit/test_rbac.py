@@ -6,7 +6,8 @@ from eagle3_operator import rbac
 from eagle3_operator.k8s import CUSTOM_PLURALS, TYPED
 
 PLURALS = {"Job": "jobs", "ConfigMap": "configmaps", "PersistentVolumeClaim": "persistentvolumeclaims",
-           "Service": "services", "Deployment": "deployments"} | CUSTOM_PLURALS  # fmt: skip
+           "Service": "services", "Deployment": "deployments",
+           "PodDisruptionBudget": "poddisruptionbudgets"} | CUSTOM_PLURALS  # fmt: skip
 
 
 def allowed(group: str, resource: str, verb: str) -> bool:

@@ -73,6 +73,8 @@ ENUMS = {
     "transfer": ["volume", "mooncake"],
     "accessModes": [["ReadWriteOnce"], ["ReadWriteMany"]],
     "sha256": ["ab" * 32, "cd" * 32],
+    "device": ["gpu", "cpu"],
+    "promotion": ["automatic", "reviewed"],
 }
 # What an unset (None) field is set to; a section that is unset gets a small valid one.
 UNSET = {
@@ -88,9 +90,26 @@ UNSET = {
     "pipeline": "registry.example/pipeline:1",
     "hfTokenSecret": {"name": "hf-token"},
     "queueName": "other-queue",
+    "sampling": {"temperature": 0.7, "topP": 0.95},
+    "resources": {"requests": {"cpu": "8"}},
+    "serviceAccountName": "runner",
+    "priorityClassName": "high",
+    "securityContext": {"runAsUser": 1000},
+    "containerSecurityContext": {"readOnlyRootFilesystem": True},
 }
-MAPS = {"nodeSelector": {"pool": "a"}, "affinity": {"podAntiAffinity": {}}, "requests": {"cpu": "1"}}
-LISTS = {"tolerations": [{"key": "gpu", "operator": "Exists"}]}
+MAPS = {
+    "nodeSelector": {"pool": "a"},
+    "affinity": {"podAntiAffinity": {}},
+    "requests": {"cpu": "1"},
+    "labels": {"team": "ml"},
+    "annotations": {"note": "x"},
+    "podMonitorLabels": {"release": "kps"},
+}
+LISTS = {
+    "tolerations": [{"key": "gpu", "operator": "Exists"}],
+    "imagePullSecrets": [{"name": "regcred"}],
+    "env": [{"name": "EXTRA", "value": "1"}],
+}
 
 
 def leaves(doc: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
@@ -188,9 +207,28 @@ NO_STAGE = {
     "verifier": set(),
     "regeneration": set(),
     "evaluation": {"minAcceptanceLength"},
-    "serving": {"enabled", "replicas", "numSpeculativeTokens", "image", "extraArgs"},
+    "serving": {
+        "enabled",
+        "replicas",
+        "numSpeculativeTokens",
+        "image",
+        "extraArgs",
+        "promotion",
+        "resources",
+        "disruptionBudget",
+    },
 }
-EXECUTION_SECTIONS = ("nodePool", "storage", "images", "hfTokenSecret", "suspend", "queueName", "stages")
+EXECUTION_SECTIONS = (
+    "nodePool",
+    "storage",
+    "images",
+    "hfTokenSecret",
+    "suspend",
+    "queueName",
+    "stages",
+    "pod",
+    "monitoring",
+)
 # Fields stages read as tuning only: they change how a stage runs, never what a successful run writes.
 TUNING_ONLY = {
     "verifier.tensorParallelSize": {Stage.GENERATE, Stage.EXTRACT, Stage.EVALUATE},
@@ -205,6 +243,9 @@ TUNING_ONLY = {
     "extraction.transfer": {Stage.TRAIN},
     "extraction.servers": {Stage.TRAIN},
     "extraction.keep": {Stage.TRAIN},
+    # cpu: training.gpus CPU processes instead of GPUs (the world size, hashed, is the same); the other stages
+    # do not read it (vLLM's CPU build finds its platform itself; the Jobs request no GPUs)
+    "nodePool.device": {Stage.TRAIN},
 }
 
 
@@ -219,7 +260,7 @@ FIXED = {("pinned", "serving.enabled")} | {
 def reads_nothing(path: Path_) -> bool:
     return (
         path[0] in EXECUTION_SECTIONS
-        or path[-1] in NO_STAGE.get(path[0], set())
+        or (len(path) > 1 and path[1] in NO_STAGE.get(path[0], set()))
         or path[:2]
         == (
             "serving",

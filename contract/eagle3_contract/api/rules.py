@@ -37,6 +37,8 @@ def _unique(values: list[int] | None) -> bool:
     return values is None or len(set(values)) == len(values)
 
 
+# The GPU rules hold for nodePool.device gpu only: in CPU mode training.gpus is the training processes of a
+# node and tensorParallelSize vLLM's CPU workers, neither bounded by gpusPerNode.
 RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         ".dataset.format",
@@ -46,15 +48,15 @@ RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         ".training.gpus",
-        "self.training.gpus <= self.nodePool.gpusPerNode",
+        "self.nodePool.device == 'cpu' || self.training.gpus <= self.nodePool.gpusPerNode",
         "training.gpus must be at most nodePool.gpusPerNode: it is the GPUs of one training node",
-        lambda s: s.training.gpus <= s.node_pool.gpus_per_node,
+        lambda s: s.node_pool.device == "cpu" or s.training.gpus <= s.node_pool.gpus_per_node,
     ),
     CrossFieldRule(
         ".verifier.tensorParallelSize",
-        "self.verifier.tensorParallelSize <= self.nodePool.gpusPerNode",
+        "self.nodePool.device == 'cpu' || self.verifier.tensorParallelSize <= self.nodePool.gpusPerNode",
         "verifier.tensorParallelSize must be at most nodePool.gpusPerNode: the verifier runs on one node",
-        lambda s: s.verifier.tensor_parallel_size <= s.node_pool.gpus_per_node,
+        lambda s: s.node_pool.device == "cpu" or s.verifier.tensor_parallel_size <= s.node_pool.gpus_per_node,
     ),
     CrossFieldRule(
         ".extraction.layers",

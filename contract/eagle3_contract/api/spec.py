@@ -2,53 +2,22 @@
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator, model_validator
-from pydantic.config import JsonDict
-from pydantic_core import PydanticCustomError
+from pydantic import Field, model_validator
 
 from eagle3_contract.api.base import ApiModel
-from eagle3_contract.api.rules import check_cross_field_rules
-
-PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
-
-
-# The API server's quantity grammar (k8s.io/apimachinery resource.Quantity, as controller-gen writes it into
-# CRDs): a number with an optional binary (Ki..Ei), decimal (n..E) or exponent suffix. Also the CRD's pattern.
-QUANTITY = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+from eagle3_contract.api.fields import DNS_LABEL, PRESERVE, Quantity
+from eagle3_contract.api.pods import (
+    DisruptionBudget,
+    Monitoring,
+    PodSettings,
+    Resources,
+    StageOverrides,
+    Toleration,
 )
-_QUANTITY = re.compile(QUANTITY)
-
-
-def _one_quantity_error(value: Any, handler: ValidatorFunctionWrapHandler) -> int | str:
-    """Report a bad quantity once, at its field (a union reports per member: `<field>.int`, `.str`)."""
-    try:
-        result: int | str = handler(value)
-    except ValidationError:
-        raise PydanticCustomError(
-            "quantity_type", "Input should be an integer or a quantity string such as '500Gi'"
-        ) from None
-    if isinstance(result, str) and not _QUANTITY.fullmatch(result):
-        raise PydanticCustomError(
-            "quantity_format",
-            "{value} is not a Kubernetes quantity: write a number with an optional suffix, such as "
-            "'500Gi', '1.5T', '250M' or '500m'",
-            {"value": repr(result)},
-        )
-    return result
-
-
-Quantity = Annotated[
-    int | str,
-    WrapValidator(_one_quantity_error),
-    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY}),
-]
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+from eagle3_contract.api.rules import check_cross_field_rules
 
 
 class DatasetFormat(StrEnum):
@@ -82,6 +51,16 @@ class StorageDtype(StrEnum):
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
     FP8 = "fp8"
+
+
+class Device(StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class Promotion(StrEnum):
+    AUTOMATIC = "automatic"
+    REVIEWED = "reviewed"
 
 
 class Scheduler(StrEnum):
@@ -278,6 +257,15 @@ class Training(ApiModel):
     )
 
 
+class Sampling(ApiModel):
+    """Sampling settings of requests (vLLM's SamplingParams)."""
+
+    temperature: float = Field(ge=0.0, le=2.0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling: keep this share of the mass.")
+    top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 keeps all.")
+    seed: int = Field(0, ge=0, description="Seed of the sampled requests, for repeatable figures.")
+
+
 class Evaluation(ApiModel):
     """Acceptance measured by vLLM with the verifier and the new draft on held-out prompts."""
 
@@ -297,7 +285,16 @@ class Evaluation(ApiModel):
     min_acceptance_length: float | None = Field(
         None,
         ge=1.0,
-        description="Gate: the draft serves only if mean acceptance length reaches this; default no gate.",
+        description="Gate: the draft serves only if mean acceptance length reaches this (greedy, at "
+        "temperature 0); default no gate.",
+    )
+    sampling: Sampling | None = Field(
+        None,
+        description=(
+            "The sampling settings of the serving traffic (e.g. temperature 0.7, topP 0.95): evaluate also "
+            "measures acceptance at these, after the greedy measurement the gate reads, and the live "
+            "acceptance alert compares the traffic with that figure. Default: greedy only."
+        ),
     )
 
 
@@ -326,20 +323,28 @@ class Serving(ApiModel):
         default_factory=list, max_length=64, description="Extra `vllm serve` arguments, appended verbatim."
     )
     pinned_checkpoint: PinnedCheckpoint | None = Field(
-        None, description="Serve this exported draft and skip every training stage."
+        None,
+        description="Serve this exported draft. With promotion 'automatic' every training stage is "
+        "skipped; with 'reviewed' the run still trains, and the new draft waits in status.candidate.",
     )
-
-
-class Toleration(ApiModel):
-    """A Kubernetes toleration (core/v1 Toleration)."""
-
-    key: str | None = Field(None, description="Taint key to tolerate; empty with Exists tolerates all.")
-    operator: str | None = Field(None, pattern=r"^(Exists|Equal)$", description="Exists or Equal.")
-    value: str | None = Field(None, description="Taint value for operator Equal.")
-    effect: str | None = Field(
-        None, pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$", description="Taint effect to tolerate."
+    promotion: Promotion = Field(
+        Promotion.AUTOMATIC,
+        description=(
+            "automatic: a draft that passes the evaluation gate serves at once. reviewed: it waits in "
+            "status.candidate while vLLM keeps serving pinnedCheckpoint (nothing, before the first "
+            "promotion), until `eagle3 promote RUN` is merged into the manifest in git."
+        ),
     )
-    toleration_seconds: int | None = Field(None, description="How long a NoExecute taint is tolerated.")
+    resources: Resources | None = Field(
+        None,
+        description="CPU and memory of each vLLM container (GPUs are set by the operator); default: "
+        "requests of 4 CPUs and 16Gi per GPU (4 CPUs and 8Gi with nodePool.device cpu), a memory limit "
+        "of twice the request.",
+    )
+    disruption_budget: DisruptionBudget = Field(
+        default_factory=lambda: DisruptionBudget(),
+        description="PodDisruptionBudget of the vLLM pods.",
+    )
 
 
 class NodePool(ApiModel):
@@ -352,6 +357,15 @@ class NodePool(ApiModel):
     )
     gpu_resource_name: str = Field("nvidia.com/gpu", min_length=1, description="Extended resource of a GPU.")
     gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs on one node of the pool.")
+    device: Device = Field(
+        Device.GPU,
+        description=(
+            "gpu, or cpu for a small verifier on nodes without GPUs (a kind or minikube cluster, CI): no "
+            "pod requests GPUs, vLLM runs its CPU backend (images.pipeline and images.vllm must then be "
+            "CPU builds: the pipeline's CPU image holds both), training.gpus is the training processes of "
+            "a node."
+        ),
+    )
 
 
 class ArtifactsVolume(ApiModel):
@@ -409,36 +423,6 @@ class SecretKeyRef(ApiModel):
     key: str = Field("token", min_length=1, description="Key in the Secret.")
 
 
-class Resources(ApiModel):
-    """Container resource requests and limits (GPU limits are set by the operator)."""
-
-    requests: dict[str, Quantity] = Field(default_factory=dict, description="Resource requests.")
-    limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits.")
-
-
-class StageOverride(ApiModel):
-    """Per-stage Job settings."""
-
-    resources: Resources | None = Field(None, description="Container resources of the stage.")
-    backoff_limit: int | None = Field(None, ge=0, le=20, description="Pod retries before the stage fails.")
-    active_deadline_seconds: int | None = Field(
-        None, ge=1, description="Wall-clock limit of the stage's Job."
-    )
-
-
-class StageOverrides(ApiModel):
-    """Overrides keyed by stage."""
-
-    prepare: StageOverride | None = Field(None, description="Overrides of the prepare stage.")
-    generate: StageOverride | None = Field(None, description="Overrides of the generate stage.")
-    extract: StageOverride | None = Field(None, description="Overrides of the extract stage.")
-    vocab: StageOverride | None = Field(None, description="Overrides of the vocab stage.")
-    train: StageOverride | None = Field(None, description="Overrides of the train stage.")
-    evaluate: StageOverride | None = Field(None, description="Overrides of the evaluate stage.")
-    export: StageOverride | None = Field(None, description="Overrides of the export stage.")
-    verify: StageOverride | None = Field(None, description="Overrides of the verify stage.")
-
-
 class Eagle3RunSpec(ApiModel):
     """Desired state of an Eagle3Run: a verifier and dataset in, a serving speculative-decoding draft out."""
 
@@ -461,6 +445,10 @@ class Eagle3RunSpec(ApiModel):
         None, pattern=DNS_LABEL, max_length=63, description="Kueue LocalQueue for the stage Jobs."
     )
     stages: StageOverrides = Field(default_factory=StageOverrides, description="Per-stage Job overrides.")
+    pod: PodSettings = Field(
+        default_factory=PodSettings, description="Settings of every pod of the run (stages and serving)."
+    )
+    monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus discovery.")
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Eagle3RunSpec:

@@ -270,6 +270,12 @@ class Eagle3RunStatus(StatusModel):
         default_factory=dict, description="Per-stage status, keyed by stage."
     )
     checkpoint: Checkpoint | None = Field(None, description="The exported (or pinned) draft checkpoint.")
+    candidate: Checkpoint | None = Field(
+        None,
+        description="serving.promotion reviewed: the current spec's evaluated and exported draft that waits "
+        "for `eagle3 promote RUN` to be merged; vLLM serves spec.serving.pinnedCheckpoint meanwhile. Unset "
+        "while the run trains, and once the pin is this draft (promoted).",
+    )
     serving: ServingStatus | None = Field(None, description="The vLLM rollout, once created.")
     producers: ProducersStatus | None = Field(
         None, description="extraction.mode online: the hidden-state producers of the train stage."

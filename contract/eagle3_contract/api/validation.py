@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from eagle3_contract.api.defaults import OperatorDefaults, with_operator_defaults
 from eagle3_contract.api.spec import Eagle3RunSpec
 
 
@@ -64,10 +65,7 @@ def with_pipeline_image(spec: Any, image: str | None) -> Any:
     """The spec with the operator's default pipeline image where it names none (a copy; else as given)."""
     if not image or not isinstance(spec, dict):
         return spec
-    images = spec.get("images")
-    if isinstance(images, dict) and images.get("pipeline"):
-        return spec
-    return {**spec, "images": {**(images if isinstance(images, dict) else {}), "pipeline": image}}
+    return with_operator_defaults(spec, OperatorDefaults(pipeline_image=image))
 
 
 def spec_document(spec: Eagle3RunSpec) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from eagle3_operator.builders.pod import (
     PodShape,
     env,
     pod_spec,
+    pod_template,
     resources,
     volume_mounts,
 )
@@ -97,8 +98,7 @@ def job_spec(
     if fail_fast:
         out["podFailurePolicy"] = pod_failure_policy(container["name"], fail_fast)
     pod = {"restartPolicy": "Never", **pod_spec(run, spec, shape, container)}
-    pod["securityContext"] = dict(STAGE_POD_SECURITY)
-    out["template"] = {"metadata": {"labels": dict(labels)}, "spec": pod}
+    out["template"] = pod_template(spec, labels, pod)
     nodes = train_nodes(spec, plan)
     return indexed(out, nodes, name) if nodes > 1 else out
 

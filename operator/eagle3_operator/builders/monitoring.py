@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.progress import METRICS_PATH, METRICS_PORT_NAME
-from eagle3_contract.stages import Stage, content_hash
+from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.builders.serving import pod_label, pod_monitor_relabelings
+from eagle3_operator.builders.serving import pod_label, pod_monitor_relabelings, with_labels
 
 POD_MONITOR_API = "monitoring.coreos.com/v1"
 # A stage's figures move per step or per row: a slower scrape than vLLM's is plenty for a panel of hours.
@@ -21,9 +22,10 @@ def stage_relabelings() -> list[dict[str, Any]]:
     return [*pod_monitor_relabelings(), stage]
 
 
-def build_stage_pod_monitor(run: RunRef) -> dict[str, Any]:
+def build_stage_pod_monitor(run: RunRef, spec: Eagle3RunSpec) -> dict[str, Any]:
     """A Prometheus Operator PodMonitor scraping every stage pod of the run on its `metrics` port (the
-    producers and vLLM have their own ports and monitors: the selector names the stages)."""
+    producers and vLLM have their own ports and monitors: the selector names the stages). It carries
+    spec.monitoring.podMonitorLabels under the operator's own labels."""
     endpoint = {
         "port": METRICS_PORT_NAME,
         "path": METRICS_PATH,
@@ -36,13 +38,6 @@ def build_stage_pod_monitor(run: RunRef) -> dict[str, Any]:
             {"key": names.LABEL_STAGE, "operator": "In", "values": [stage.value for stage in Stage]}
         ],
     }
-    spec = {"selector": selector, "podMetricsEndpoints": [endpoint]}
-    annotations = {names.ANNOTATION_SPEC_HASH: content_hash(spec)}
-    return {
-        "apiVersion": POD_MONITOR_API,
-        "kind": "PodMonitor",
-        "metadata": names.metadata(
-            run, names.stage_monitor_name(run.name), names.STAGES_MONITOR, annotations=annotations
-        ),
-        "spec": spec,
-    }
+    body = {"selector": selector, "podMetricsEndpoints": [endpoint]}
+    meta = names.metadata(run, names.stage_monitor_name(run.name), names.STAGES_MONITOR)
+    return with_labels(POD_MONITOR_API, "PodMonitor", meta, body, spec.monitoring.pod_monitor_labels)

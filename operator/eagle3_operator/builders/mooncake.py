@@ -14,11 +14,13 @@ from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec
 from eagle3_contract.online import MOONCAKE_MASTER_PORT, MOONCAKE_METRICS_PORT, mooncake_master_argv
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.pod import PodShape, customise, pod_template
 
 CONTAINER = "mooncake-master"
 RPC_PORT_NAME = "rpc"
 METRICS_PORT_NAME = "metrics"
 REQUESTS = {"cpu": "1", "memory": "2Gi"}
+SHAPE = PodShape(names.MOONCAKE_STAGE, gpus=0, uses_vllm=False)  # off the GPU pool, no volumes
 
 
 def mooncake_selector(run: RunRef) -> dict[str, str]:
@@ -62,7 +64,9 @@ def build_mooncake_master(run: RunRef, spec: Eagle3RunSpec, train_hash: str) -> 
         "replicas": 1,
         "selector": {"matchLabels": mooncake_selector(run)},
         "strategy": {"type": "Recreate"},
-        "template": {"metadata": {"labels": labels}, "spec": {"containers": [master_container(spec)]}},
+        "template": pod_template(
+            spec, labels, customise(spec, SHAPE, {"containers": [master_container(spec)]})
+        ),
     }
     name = names.mooncake_name(run.name)
     return {

@@ -12,16 +12,17 @@ from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec
 from eagle3_contract.mounts import ARTIFACTS_MOUNT, SPEC_MOUNT
 from eagle3_contract.online import ENV_MOONCAKE_MASTER, PRODUCER_PORT, endpoint_url, produce_argv
 from eagle3_contract.policy import stage_override
-from eagle3_contract.stages import Stage, content_hash
+from eagle3_contract.stages import Stage, content_hash, on_cpu
 from eagle3_operator.builders import names
 from eagle3_operator.builders.mooncake import mooncake_address
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import (
-    STAGE_POD_SECURITY,
     PodShape,
+    container_resources,
+    default_vllm_resources,
     env,
     pod_spec,
-    resources,
+    pod_template,
     volume_mounts,
 )
 
@@ -57,8 +58,10 @@ def _probe(period: int, failures: int | None = None) -> dict[str, Any]:
 def producer_container(run: RunRef, spec: Eagle3RunSpec, shape: PodShape) -> dict[str, Any]:
     """`eagle3 produce` (it execs `vllm serve`) in the pipeline image, ready once vLLM answers /health.
 
-    Resources: the extract stage's override (spec.stages.extract: online, the producers do its work), plus
-    the verifier's tensor-parallel GPUs."""
+    Resources: the extract stage's override (spec.stages.extract: online, the producers do its work), else
+    the serving vLLM's default (pod.default_vllm_resources), plus the verifier's tensor-parallel GPUs."""
+    override = stage_override(spec, Stage.EXTRACT)
+    given = override.resources if override is not None else None
     variables = env(run, spec, names.PRODUCERS_STAGE)
     if spec.extraction.transfer == "mooncake":
         variables.append({"name": ENV_MOONCAKE_MASTER, "value": mooncake_address(run)})
@@ -71,7 +74,7 @@ def producer_container(run: RunRef, spec: Eagle3RunSpec, shape: PodShape) -> dic
         "readinessProbe": _probe(10),
         "livenessProbe": _probe(30, 5),
         "env": variables,
-        "resources": resources(spec, stage_override(spec, Stage.EXTRACT), shape.gpus),
+        "resources": container_resources(spec, given or default_vllm_resources(spec), shape.gpus),
         "volumeMounts": volume_mounts(shape),
         # a crash-looping producer's last log lines reach the pod status, and the run's (producers.blockedBy)
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -81,13 +84,12 @@ def producer_container(run: RunRef, spec: Eagle3RunSpec, shape: PodShape) -> dic
 def producers_spec(run: RunRef, spec: Eagle3RunSpec, train_hash: str, spec_configmap: str) -> dict[str, Any]:
     shape = PodShape(
         names.PRODUCERS_STAGE,
-        spec.verifier.tensor_parallel_size,
+        0 if on_cpu(spec) else spec.verifier.tensor_parallel_size,
         uses_vllm=True,
         spec_configmap=spec_configmap,
     )
+    # the volume transfer writes samples onto the artifacts volume as the stages do: the same user and group
     pod = pod_spec(run, spec, shape, producer_container(run, spec, shape))
-    # the volume transfer writes samples onto the artifacts volume as the stages do: the same group
-    pod["securityContext"] = dict(STAGE_POD_SECURITY)
     labels = names.labels(run.name, names.PRODUCERS_STAGE) | {names.LABEL_HASH: train_hash}
     return {
         "replicas": spec.extraction.servers,
@@ -95,7 +97,7 @@ def producers_spec(run: RunRef, spec: Eagle3RunSpec, train_hash: str, spec_confi
         # a new producer before an old one goes would need a node's GPUs more: replace them in place
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
         "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
-        "template": {"metadata": {"labels": labels}, "spec": pod},
+        "template": pod_template(spec, labels, pod),
     }
 
 

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec, Images
 from eagle3_contract.mounts import DRAFT_WEIGHTS, draft_path
-from eagle3_contract.stages import content_hash
+from eagle3_contract.stages import content_hash, on_cpu
 from eagle3_contract.vllm_command import Endpoint, VllmEngine, eagle3_speculative_config, vllm_serve_args
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.builders.pod import PodShape, env, pod_spec, resources, volume_mounts
+from eagle3_operator.builders.pod import (
+    PodShape,
+    container_resources,
+    default_vllm_resources,
+    env,
+    home_env,
+    pod_spec,
+    pod_template,
+    volume_mounts,
+)
 
 PORT = 8000
 PORT_NAME = "http"
@@ -23,6 +33,13 @@ STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURE_THRESHOLD = 360
 # A rollout waits out the startup probe before the Deployment reports ProgressDeadlineExceeded.
 PROGRESS_DEADLINE_SECONDS = STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD + 600
+# images.vllm's default: the official GPU build, which a run on the CPU backend replaces by the pipeline
+# image.
+GPU_VLLM_IMAGE = Images.model_fields["vllm"].default
+# vLLM's CPU backend reserves this many GiB of KV cache (else far more than a small node has): the value the
+# pipeline's evaluate server runs with (eagle3_pipeline.vllm_server.SERVER_ENV_DEFAULTS), so serving measures
+# as evaluated.
+CPU_KVCACHE_SPACE_GIB = "1"
 
 
 def serving_selector(run: RunRef) -> dict[str, str]:
@@ -33,17 +50,40 @@ def serving_selector(run: RunRef) -> dict[str, str]:
     }
 
 
+def serving_gpus(spec: Eagle3RunSpec) -> int:
+    """GPUs of one vLLM pod: the verifier's tensor parallelism; none on the CPU backend (nodePool.device)."""
+    return 0 if on_cpu(spec) else spec.verifier.tensor_parallel_size
+
+
+def vllm_image(spec: Eagle3RunSpec) -> str:
+    """serving.image, else images.vllm; on the CPU backend the pipeline image (its CPU build holds vLLM's CPU
+    build) while images.vllm is still the official GPU image."""
+    if spec.serving.image:
+        return spec.serving.image
+    if on_cpu(spec) and spec.images.vllm == GPU_VLLM_IMAGE:
+        return spec.images.pipeline or DEFAULT_PIPELINE_IMAGE
+    return spec.images.vllm
+
+
 def vllm_args(spec: Eagle3RunSpec, draft_dir: str) -> list[str]:
     """`vllm serve` arguments: the verifier, its engine options and the EAGLE-3 draft (the contract's one
-    command builder, as evaluate measured it), then `serving.extraArgs`."""
+    command builder, as evaluate measured it), then `serving.extraArgs`. On the CPU backend eagerly, as the
+    pipeline's servers run without an accelerator."""
     return vllm_serve_args(
         VllmEngine.of(spec.verifier),
         Endpoint(host="0.0.0.0", port=PORT),
         speculative_config=eagle3_speculative_config(
             draft_path(draft_dir), spec.serving.num_speculative_tokens
         ),
+        enforce_eager=on_cpu(spec),
         extra_args=spec.serving.extra_args,
     )
+
+
+def vllm_env(run: RunRef, spec: Eagle3RunSpec) -> list[dict[str, Any]]:
+    """The run's variables, a non-root home for vLLM's caches and, on the CPU backend, its KV cache size."""
+    cpu = [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": CPU_KVCACHE_SPACE_GIB}] if on_cpu(spec) else []
+    return env(run, spec, names.SERVE_STAGE) + home_env() + cpu
 
 
 def _probe(period: int, failures: int | None = None) -> dict[str, Any]:
@@ -56,15 +96,17 @@ def _probe(period: int, failures: int | None = None) -> dict[str, Any]:
 def vllm_container(run: RunRef, spec: Eagle3RunSpec, draft_dir: str, shape: PodShape) -> dict[str, Any]:
     return {
         "name": CONTAINER,
-        "image": spec.serving.image or spec.images.vllm,
+        "image": vllm_image(spec),
         "command": ["vllm", "serve"],
         "args": vllm_args(spec, draft_dir),
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
         "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
         "readinessProbe": _probe(10),
         "livenessProbe": _probe(30, 5),
-        "env": env(run, spec, names.SERVE_STAGE),
-        "resources": resources(spec, None, shape.gpus),
+        "env": vllm_env(run, spec),
+        "resources": container_resources(
+            spec, spec.serving.resources or default_vllm_resources(spec), shape.gpus
+        ),
         "volumeMounts": volume_mounts(shape),
         # a crash-looping vLLM's last log lines reach the pod status, and the run's (serving.blockedBy)
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -82,7 +124,7 @@ def draft_check_container(
     """
     return {
         "name": DRAFT_CHECK_CONTAINER,
-        "image": spec.serving.image or spec.images.vllm,
+        "image": vllm_image(spec),
         "command": ["sh", "-c", 'echo "$EAGLE3_DRAFT_SHA256  $EAGLE3_DRAFT_WEIGHTS" | sha256sum -c -'],
         "env": [
             {"name": "EAGLE3_DRAFT_SHA256", "value": sha256},
@@ -96,20 +138,16 @@ def draft_check_container(
 def deployment_spec(
     run: RunRef, spec: Eagle3RunSpec, draft_dir: str, sha256: str | None = None
 ) -> dict[str, Any]:
-    shape = PodShape(names.SERVE_STAGE, spec.verifier.tensor_parallel_size, uses_vllm=True, serving=True)
+    shape = PodShape(names.SERVE_STAGE, serving_gpus(spec), uses_vllm=True, serving=True)
     annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(PORT),
         "prometheus.io/path": METRICS_PATH,
         names.ANNOTATION_DRAFT: draft_dir,
     }
-    pod = pod_spec(run, spec, shape, vllm_container(run, spec, draft_dir, shape))
-    if sha256 is not None:
-        pod["initContainers"] = [draft_check_container(spec, draft_dir, sha256, shape)]
-    template = {
-        "metadata": {"labels": names.labels(run.name, names.SERVE_STAGE), "annotations": annotations},
-        "spec": pod,
-    }
+    init = [draft_check_container(spec, draft_dir, sha256, shape)] if sha256 is not None else []
+    pod = pod_spec(run, spec, shape, vllm_container(run, spec, draft_dir, shape), init)
+    template = pod_template(spec, names.labels(run.name, names.SERVE_STAGE), pod, annotations)
     return {
         "replicas": spec.serving.replicas,
         "selector": {"matchLabels": serving_selector(run)},
@@ -141,7 +179,7 @@ def build_service(run: RunRef) -> dict[str, Any]:
     """A ClusterIP Service in front of the run's vLLM pods (`eagle3.dev/spec-hash` hashes its spec)."""
     port = {"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
     spec = {"type": "ClusterIP", "selector": serving_selector(run), "ports": [port]}
-    return _hashed(run, "v1", "Service", spec)
+    return hashed_child(run, "v1", "Service", spec)
 
 
 def pod_label(label: str) -> str:
@@ -157,30 +195,42 @@ def pod_monitor_relabelings() -> list[dict[str, Any]]:
     ]
 
 
-def build_pod_monitor(run: RunRef) -> dict[str, Any]:
-    """A Prometheus Operator PodMonitor scraping vLLM's /metrics, labelling its series with the run."""
+def build_pod_monitor(run: RunRef, spec: Eagle3RunSpec) -> dict[str, Any]:
+    """A Prometheus Operator PodMonitor scraping vLLM's /metrics, labelling its series with the run; it
+    carries spec.monitoring.podMonitorLabels (the label a Prometheus selects PodMonitors by)."""
     endpoint = {
         "port": PORT_NAME,
         "path": METRICS_PATH,
         "interval": "15s",
         "relabelings": pod_monitor_relabelings(),
     }
-    spec = {"selector": {"matchLabels": serving_selector(run)}, "podMetricsEndpoints": [endpoint]}
-    return _hashed(run, "monitoring.coreos.com/v1", "PodMonitor", spec)
+    body = {"selector": {"matchLabels": serving_selector(run)}, "podMetricsEndpoints": [endpoint]}
+    return hashed_child(
+        run, "monitoring.coreos.com/v1", "PodMonitor", body, spec.monitoring.pod_monitor_labels
+    )
 
 
-def _hashed(run: RunRef, api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+def hashed_child(
+    run: RunRef, api_version: str, kind: str, spec: dict[str, Any], labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """A serving child whose `eagle3.dev/spec-hash` lets the planner patch it when this builder changes
-    (an operator upgrade), as it does the Deployment."""
-    annotations = {names.ANNOTATION_SPEC_HASH: content_hash(spec)}
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "metadata": names.metadata(
-            run, names.serving_name(run.name), names.SERVE_STAGE, annotations=annotations
-        ),
-        "spec": spec,
-    }
+    (an operator upgrade), as it does the Deployment. Extra `labels` go under the operator's own (which
+    win) and into the hash, so a change of them is patched too."""
+    meta = names.metadata(run, names.serving_name(run.name), names.SERVE_STAGE)
+    return with_labels(api_version, kind, meta, spec, labels or {})
+
+
+def with_labels(
+    api_version: str, kind: str, meta: dict[str, Any], spec: dict[str, Any], labels: Mapping[str, str]
+) -> dict[str, Any]:
+    """An object of `meta` and `spec` with extra `labels` under meta's own (which win); its
+    `eagle3.dev/spec-hash` hashes the spec and the extra labels (the spec alone when there are none)."""
+    hashed: dict[str, Any] = {"labels": dict(labels), "spec": spec} if labels else spec
+    annotations = dict(meta.get("annotations") or {}) | {names.ANNOTATION_SPEC_HASH: content_hash(hashed)}
+    own = {"labels": dict(labels) | meta["labels"], "annotations": annotations}
+    rest = {k: v for k, v in meta.items() if k not in ("name", "namespace", *own)}
+    out = {"name": meta["name"], "namespace": meta["namespace"], **own, **rest}
+    return {"apiVersion": api_version, "kind": kind, "metadata": out, "spec": spec}
 
 
 def serving_url(run: RunRef) -> str:

@@ -16,11 +16,11 @@ from typing import Any, cast
 
 import kopf
 
+from eagle3_contract.api.defaults import OperatorDefaults, with_operator_defaults
 from eagle3_contract.api.status import RunPhase
-from eagle3_contract.api.validation import with_pipeline_image
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.k8s import ApiError
+from eagle3_operator.k8s import ApiError, Kube
 from eagle3_operator.reconcile.news import progress_news
 from eagle3_operator.reconcile.observe import (
     Observed,
@@ -41,7 +41,15 @@ Key = tuple[str, str]
 Owned = tuple[str, str, str | None, str | None]  # kind, name, eagle3.dev/spec-hash, uid
 # kopf's indexes of a run's children, by the handler that fills them (handlers.py)
 CHILD_INDEXES = ("stage_jobs", "stage_pods", "serving_deployments")
-OWNED_INDEXES = ("owned_services", "owned_configmaps", "owned_claims", "owned_pod_monitors")
+OWNED_INDEXES = (
+    "owned_services",
+    "owned_configmaps",
+    "owned_claims",
+    "owned_pod_monitors",
+    "owned_disruption_budgets",
+)
+# indexes of kinds a cluster may not serve -> the memo flag that says it does (set at startup)
+OPTIONAL_INDEXES = {"owned_pod_monitors": "pod_monitors", "owned_disruption_budgets": "disruption_budgets"}
 
 
 def run_key(namespace: str | None, run_label: str | None) -> Key:
@@ -90,10 +98,20 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
         spec_hashes=hashes,
         serving_blocked_by=blocked_by(serving_pods(pods)),
         pod_monitors_served=bool(memo.pod_monitors),
+        disruption_budgets_served=bool(memo.get("disruption_budgets")),
         workloads=workloads,
         workload_blocked_by=workloads_blocked_by(pods),
         progress=dict(memo.setdefault("progress", {}).get(key) or {}),
     )
+
+
+async def serves_disruption_budgets(kube: Kube) -> bool:
+    """Whether the cluster serves policy/v1 PodDisruptionBudgets (Kubernetes 1.21+); where not, the runs'
+    vLLM pods get none, said once here."""
+    served = await kube.serves("policy", "v1", "poddisruptionbudgets")
+    if not served:
+        logger.info("the cluster does not serve policy/v1 PodDisruptionBudgets: vLLM pods get none")
+    return served
 
 
 class RunGone(Exception):
@@ -217,7 +235,7 @@ async def reconcile(
         known = _known_status(memo, key, ref, body)
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         observed = observe(key, memo, indices)
-        spec = with_pipeline_image(body.get("spec"), memo.get("pipeline_image"))
+        spec = with_operator_defaults(body.get("spec"), memo.get("defaults") or OperatorDefaults())
         plan = plan_run(ref, meta.get("generation"), spec, known, observed, now)
         try:
             await carry_out(memo, ref, key, known, plan, logger)
@@ -274,7 +292,7 @@ async def sweep_ghosts(memo: kopf.Memo, indices: Mapping[str, Any], logger: Any)
     """Re-list what kopf's indexes (`indices`: eagle3_runs and the children's) hold and remember the entries
     of objects deleted unseen as gone (relist.py); a run among them is forgotten. A failed list skips this
     sweep (the next resync round tries again): a partial listing would take live objects for deleted."""
-    served = {k: v for k, v in indices.items() if k != "owned_pod_monitors" or memo.get("pod_monitors")}
+    served = {k: v for k, v in indices.items() if k not in OPTIONAL_INDEXES or memo.get(OPTIONAL_INDEXES[k])}
     try:
         ghosts, held = await list_ghosts(memo.kube, served, memo.get("namespaces") or ())
     except ApiError as err:

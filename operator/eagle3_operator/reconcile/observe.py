@@ -88,6 +88,7 @@ class Observed:
     spec_hashes: Mapping[tuple[str, str], str] = field(default_factory=dict)
     serving_blocked_by: BlockedBy | None = None  # why a vLLM pod does not run
     pod_monitors_served: bool = False
+    disruption_budgets_served: bool = False  # policy/v1 PodDisruptionBudgets (Kubernetes 1.21+)
     # the other Deployments (online: producers, Mooncake master) by their stage label, and why a pod of
     # one does not run
     workloads: Mapping[str, DeploymentView] = field(default_factory=dict)

@@ -31,6 +31,7 @@ COLLECTIONS: dict[str, tuple[str, str, str | None]] = {
     "owned_configmaps": ("/api/v1", "configmaps", MANAGED),
     "owned_claims": ("/api/v1", "persistentvolumeclaims", MANAGED),
     "owned_pod_monitors": ("/apis/monitoring.coreos.com/v1", "podmonitors", MANAGED),
+    "owned_disruption_budgets": ("/apis/policy/v1", "poddisruptionbudgets", MANAGED),
 }
 
 

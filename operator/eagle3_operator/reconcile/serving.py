@@ -8,6 +8,7 @@ from typing import Any
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.status import ServingStatus
 from eagle3_operator.builders import names
+from eagle3_operator.builders.disruption import PDB_API, PDB_KIND, build_pod_disruption_budget
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_deployment, build_pod_monitor, build_service, serving_url
 from eagle3_operator.reconcile.actions import Action, object_ref
@@ -15,7 +16,15 @@ from eagle3_operator.reconcile.observe import Observed
 
 POD_MONITOR_API = "monitoring.coreos.com/v1"
 # Pod-spec keys the builder leaves out when unset; a merge patch keeps what it omits, so it clears them.
-OPTIONAL_POD_KEYS = ("nodeSelector", "tolerations", "affinity", "initContainers")
+OPTIONAL_POD_KEYS = (
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "initContainers",
+    "serviceAccountName",
+    "imagePullSecrets",
+    "priorityClassName",
+)
 
 
 def _merge_patch(desired: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +45,22 @@ def _teardown(ref: RunRef, observed: Observed) -> list[Action]:
         actions.append(Action("delete", object_ref("v1", "Service", name, ref)))
     if ("PodMonitor", name) in observed.objects:
         actions.append(Action("delete", object_ref(POD_MONITOR_API, "PodMonitor", name, ref)))
+    if (PDB_KIND, name) in observed.objects:
+        actions.append(Action("delete", object_ref(PDB_API, PDB_KIND, name, ref)))
     return actions
+
+
+def plan_disruption_budget(ref: RunRef, spec: Eagle3RunSpec, observed: Observed) -> list[Action]:
+    """The vLLM pods' PodDisruptionBudget: converged while enabled, deleted once disabled; nothing where
+    the cluster does not serve policy/v1 (before Kubernetes 1.21)."""
+    if not observed.disruption_budgets_served:
+        return []
+    if spec.serving.disruption_budget.enabled:
+        return converge(observed, build_pod_disruption_budget(ref, spec))
+    name = names.serving_name(ref.name)
+    if (PDB_KIND, name) in observed.objects:
+        return [Action("delete", object_ref(PDB_API, PDB_KIND, name, ref))]
+    return []
 
 
 def converge(observed: Observed, desired: dict[str, Any]) -> list[Action]:
@@ -52,7 +76,7 @@ def converge(observed: Observed, desired: dict[str, Any]) -> list[Action]:
 def plan_serving(
     ref: RunRef, spec: Eagle3RunSpec, observed: Observed, draft: str | None, sha256: str | None = None
 ) -> tuple[list[Action], ServingStatus | None]:
-    """Actions for the Deployment, Service and PodMonitor, and the serving status.
+    """Actions for the Deployment, Service, PodMonitor and PodDisruptionBudget, and the serving status.
 
     `draft` is the directory of a draft that may serve now (exported and past the gate, or pinned and
     verified); None keeps whatever Deployment exists untouched, so a draft that fails its gate or its checksum
@@ -72,7 +96,8 @@ def plan_serving(
             actions.append(Action("patch", _merge_patch(desired)))
         actions += converge(observed, build_service(ref))
         if observed.pod_monitors_served:
-            actions += converge(observed, build_pod_monitor(ref))
+            actions += converge(observed, build_pod_monitor(ref, spec))
+        actions += plan_disruption_budget(ref, spec, observed)
     if current is None and draft is None:
         return actions, None
     return actions, ServingStatus(

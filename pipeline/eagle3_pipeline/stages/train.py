@@ -3,8 +3,9 @@
 Inputs: the data stage (`prepare` or `generate`: the dataset, loss masks and train/validation split),
 `extract` (hidden states and the layers they hold) and `vocab` (d2t/t2d). Without an accelerator it trains
 on the CPU (`eagle3_pipeline.speculators_cpu`); with `training.gpus` > 1 it runs torchrun with one process
-per GPU (`eagle3_pipeline.train_draft`); with `training.nodes` > 1 this program is node 0 of a multi-node
-torchrun, and the other nodes run it in worker mode (`run_worker`, `eagle3_pipeline.train_nodes`).
+per GPU (`eagle3_pipeline.train_draft`), or with nodePool.device cpu training.gpus CPU processes (gloo); with
+`training.nodes` > 1 this program is node 0 of a multi-node torchrun, and the other nodes run it in worker
+mode (`run_worker`, `eagle3_pipeline.train_nodes`).
 
 Output (`train/<hash>/`), what the export and evaluate stages read:
   checkpoints/checkpoint_best -> <e>   speculators' symlink to the epoch with the lowest validation loss:
@@ -40,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.api.spec import Device
 from eagle3_contract.params import TrainParams, TrainTuning
 from eagle3_contract.stages import Stage
 from eagle3_pipeline.context import StageContext, is_complete, read_result
@@ -133,29 +135,51 @@ def launch(ctx: Context, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool
     if nodes is not None:
         run_torchrun(ctx, nodes, on_cpu)
         return
-    if gpus <= 1 or on_cpu:
+    nproc = processes(ctx, on_cpu)
+    if nproc == 1:
         if gpus > 1:
             logger.warning(
-                "training.gpus is %d, but there is no accelerator: training in one CPU process", gpus
+                "training.gpus is %d, but there is no accelerator: training in one CPU process "
+                "(with nodePool.device cpu, training.gpus CPU processes)",
+                gpus,
             )
         if on_cpu:
             logger.info("train: %d torch threads", pin_threads(hidden_size))
         train(cfg, metrics, info, ctx.progress)
         return
-    visible = int(torch.accelerator.device_count())
-    if visible < gpus:
-        raise StageError(  # the epochs an earlier attempt finished stay for the next one
-            f"training.gpus is {gpus}, but this machine shows {visible} devices: lower training.gpus or give "
-            "the train stage's pod that many GPUs",
-            keep_work=True,
-        )
+    if not on_cpu:
+        visible = int(torch.accelerator.device_count())
+        if visible < gpus:
+            raise StageError(  # the epochs an earlier attempt finished stay for the next one
+                f"training.gpus is {gpus}, but this machine shows {visible} devices: lower training.gpus or "
+                "give the train stage's pod that many GPUs",
+                keep_work=True,
+            )
     events = ctx.work / EVENTS_FILE
-    argv = torchrun_argv(gpus, ctx.work / CHECKPOINTS / RUN_CONFIG_FILE, metrics, info, progress=events)
+    argv = torchrun_argv(nproc, ctx.work / CHECKPOINTS / RUN_CONFIG_FILE, metrics, info, progress=events)
     logger.info("train: %s", " ".join(argv))
     with relayed(events, ctx.progress):
-        code = subprocess.run(argv, check=False).returncode
+        code = subprocess.run(argv, env=worker_env(nproc, on_cpu), check=False).returncode
     if code != 0:
         raise RuntimeError(f"torchrun exited with code {code} (its workers' errors are above)")
+
+
+def processes(ctx: Context, on_cpu: bool) -> int:
+    """Training processes of this node: one per GPU; on the CPU training.gpus in CPU mode (nodePool.device
+    cpu: what the spec asks for, gloo), else one (a GPU spec run on a machine without GPUs)."""
+    gpus = ctx.params.training.gpus
+    if not on_cpu or ctx.tuning.device is Device.CPU:
+        return gpus
+    return 1
+
+
+def worker_env(nproc: int, on_cpu: bool) -> dict[str, str]:
+    """torchrun's environment: on the CPU each of `nproc` workers gets its share of this pod's CPUs as its
+    threads (torchrun would give each one), unless $OMP_NUM_THREADS is set."""
+    env = dict(os.environ)
+    if on_cpu and nproc > 1 and not env.get("OMP_NUM_THREADS"):
+        env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // nproc))
+    return env
 
 
 def run_torchrun(ctx: Context, nodes: Nodes, on_cpu: bool) -> None:
@@ -170,8 +194,9 @@ def run_torchrun(ctx: Context, nodes: Nodes, on_cpu: bool) -> None:
             keep_work=True,
         )
     work = ctx.work
+    nproc = processes(ctx, on_cpu)
     argv = torchrun_argv(
-        1 if on_cpu else gpus,
+        nproc,
         work / CHECKPOINTS / RUN_CONFIG_FILE,
         work / METRICS_FILE,
         work / INFO_FILE,
@@ -181,7 +206,7 @@ def run_torchrun(ctx: Context, nodes: Nodes, on_cpu: bool) -> None:
     logger.info("train: node %d of %d: %s", nodes.rank, nodes.count, " ".join(argv))
     # node 0 relays what global rank 0 (on whichever node) writes; the other nodes report nothing
     with relayed(work / EVENTS_FILE, ctx.progress) if nodes.rank == 0 else contextlib.nullcontext():
-        code = subprocess.run(argv, env=os.environ | TORCHRUN_ENV, check=False).returncode
+        code = subprocess.run(argv, env=worker_env(nproc, on_cpu) | TORCHRUN_ENV, check=False).returncode
     if code != 0:
         raise RuntimeError(
             f"node {nodes.rank}: torchrun exited with code {code} (the workers' errors are above)"

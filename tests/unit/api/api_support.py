@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from eagle3_contract.api import spec as spec_module
 from eagle3_contract.api.crd import build_crd
+from eagle3_contract.api.fields import QUANTITY
 from eagle3_contract.api.rules import RULES, CrossFieldRule
 from eagle3_contract.api.spec import Eagle3RunSpec
 
@@ -189,6 +190,9 @@ def from_schema(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
     if schema.get(INT_OR_STRING):
+        if schema.get("pattern", QUANTITY) != QUANTITY:
+            # an int-or-string of its own grammar (a percentage): a count or a string of the pattern
+            return st.integers(0, 1000) | st.from_regex(schema["pattern"], fullmatch=True)
         return QUANTITIES
     if schema.get(PRESERVE):
         return st.dictionaries(

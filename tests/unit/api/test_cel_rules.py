@@ -39,9 +39,17 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     (".training.gpus", {"training.gpus": 9}, False),
     (".training.gpus", {"training.gpus": 16, "nodePool.gpusPerNode": 16}, True),
     (".training.gpus", {"training.gpus": 2, "nodePool.gpusPerNode": 1}, False),
+    # CPU mode: training.gpus is the training processes of a node, not bounded by gpusPerNode
+    (".training.gpus", {"training.gpus": 9, "nodePool.device": "cpu"}, True),
+    (".training.gpus", {"training.gpus": 9, "nodePool.device": "gpu"}, False),
     (".verifier.tensorParallelSize", {"verifier.tensorParallelSize": 8}, True),
     (".verifier.tensorParallelSize", {"verifier.tensorParallelSize": 9}, False),
     (".verifier.tensorParallelSize", {"verifier.tensorParallelSize": 4, "nodePool.gpusPerNode": 2}, False),
+    (
+        ".verifier.tensorParallelSize",
+        {"verifier.tensorParallelSize": 4, "nodePool.gpusPerNode": 2, "nodePool.device": "cpu"},
+        True,
+    ),
     (".extraction.layers", {}, True),
     (".extraction.layers", {"extraction.layers": [0]}, True),
     (".extraction.layers", {"extraction.layers": [2, 16, 29, 32]}, True),
@@ -173,6 +181,7 @@ def rule_boundary_specs(draw: st.DrawFn) -> dict[str, Any]:
     _, tp = draw(_near(st.just(per_node), 1, 64))
     patch: dict[str, Any] = {"nodePool.gpusPerNode": per_node, "training.gpus": gpus}
     patch["verifier.tensorParallelSize"] = tp
+    patch["nodePool.device"] = draw(st.sampled_from(["gpu", "cpu"]))
     length, seq = draw(_near(SIZES, 16, 1_048_576))
     patch |= {"dataset.maxSequenceLength": length, "training.sequenceLength": seq}
     patch["extraction.tokenBudget"] = draw(

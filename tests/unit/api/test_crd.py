@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 
 from eagle3_contract.api.base import GROUP, KIND, PLURAL, SHORT_NAMES, VERSION
 from eagle3_contract.api.crd import CRD_NAME, HEADER, build_crd, render_crd_yaml
+from eagle3_contract.api.fields import QUANTITY
 from eagle3_contract.api.rules import RULES
-from eagle3_contract.api.spec import QUANTITY
 from eagle3_contract.api.validation import parse_spec, spec_document
 from tests.tiny_spec import minimal
 from tests.unit.api.api_support import (

@@ -117,6 +117,7 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
     per_node, max_len = eff["nodePool"]["gpusPerNode"], eff["dataset"]["maxSequenceLength"]
     if rule.field_path in (".training.gpus", ".verifier.tensorParallelSize"):
         assume(per_node < 64)
+        doc.setdefault("nodePool", {})["device"] = "gpu"  # the GPUs of a node bound GPU runs only
         value: Any = draw(st.integers(per_node + 1, 64))
     elif rule.field_path == ".extraction.layers":
         layers = eff["extraction"].get("layers", [draw(st.integers(0, 80))])

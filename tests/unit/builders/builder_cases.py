@@ -88,6 +88,22 @@ def kimi_spec() -> Eagle3RunSpec:
     return parse_spec(KIMI_SPEC)
 
 
+def customised_spec() -> Eagle3RunSpec:
+    """The Kimi run from a private registry: its images, pull secret, service account and pod labels."""
+    pod = {
+        "serviceAccountName": "eagle3-runner",
+        "imagePullSecrets": [{"name": "registry-creds"}],
+        "labels": {"team": "ml"},
+        "annotations": {"owner": "ml-platform"},
+        "priorityClassName": "gpu-batch",
+    }
+    images = {
+        "pipeline": "registry.example.com/eagle3/pipeline:0.1.0",
+        "vllm": "registry.example.com/vllm:0.32",
+    }
+    return parse_spec(KIMI_SPEC | {"pod": pod, "images": images})
+
+
 def kimi_online_spec() -> Eagle3RunSpec:
     return parse_spec(KIMI_ONLINE_SPEC)
 
@@ -140,7 +156,7 @@ def all_objects(run: RunRef, spec: Eagle3RunSpec) -> list[dict[str, Any]]:
         *(job for _, job in stage_jobs(run, spec)),
         build_deployment(run, spec, draft_dir(spec)),
         build_service(run),
-        build_pod_monitor(run),
+        build_pod_monitor(run, spec),
     ]
 
 

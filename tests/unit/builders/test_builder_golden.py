@@ -28,6 +28,7 @@ from tests.unit.builders.builder_cases import (
     PINNED_SHA256,
     TINY_RUN,
     configmap_name,
+    customised_spec,
     draft_dir,
     kimi_online_spec,
     kimi_spec,
@@ -63,7 +64,7 @@ CASES: dict[str, Callable[[], dict[str, Any]]] = {
     "deployment_tiny": lambda: build_deployment(TINY_RUN, tiny_spec(), draft_dir(tiny_spec())),
     "deployment_kimi": lambda: build_deployment(KIMI_RUN, kimi_spec(), draft_dir(kimi_spec())),
     "service": lambda: build_service(KIMI_RUN),
-    "pod_monitor": lambda: build_pod_monitor(KIMI_RUN),
+    "pod_monitor": lambda: build_pod_monitor(KIMI_RUN, kimi_spec()),
     "spec_configmap": lambda: build_spec_configmap(TINY_RUN, tiny_spec(), spec_hash(tiny_spec())),
     "claim": lambda: build_artifacts_claim(KIMI_RUN, kimi_spec()),
     "claim_owned_tiny": lambda: build_artifacts_claim(TINY_RUN, tiny_spec()),
@@ -71,6 +72,9 @@ CASES: dict[str, Callable[[], dict[str, Any]]] = {
     "deployment_pinned_checked": lambda: build_deployment(
         TINY_RUN, pinned_spec(), "export/3f0c2a9d41be", PINNED_SHA256
     ),
+    # a private registry: pull secret, service account, pod labels and annotations, priority class
+    "job_train_customised": lambda: _job(customised_spec, KIMI_RUN, Stage.TRAIN),
+    "deployment_customised": lambda: build_deployment(KIMI_RUN, customised_spec(), draft_dir(kimi_spec())),
     # online + mooncake + 2 training nodes
     "producers_kimi": _online(0),
     "producers_service_kimi": _online(1),

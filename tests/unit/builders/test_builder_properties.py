@@ -80,9 +80,11 @@ def test_serving_is_gpu_placed_with_tp_gpus_and_shm(spec: Eagle3RunSpec) -> None
     [deployment] = [o for o in all_objects(TINY_RUN, spec) if o["kind"] == "Deployment"]
     resources = container_of(deployment)["resources"]
     tp = spec.verifier.tensor_parallel_size
+    gpu = spec.node_pool.gpu_resource_name
+    # the GPUs, and the default CPU and memory per GPU (the memory limit twice the request)
     assert resources == {
-        "requests": {spec.node_pool.gpu_resource_name: tp},
-        "limits": {spec.node_pool.gpu_resource_name: tp},
+        "requests": {gpu: tp, "cpu": str(4 * tp), "memory": f"{16 * tp}Gi"},
+        "limits": {gpu: tp, "memory": f"{32 * tp}Gi"},
     }
     assert has_shm(deployment)
     pod = pod_of(deployment)

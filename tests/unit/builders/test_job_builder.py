@@ -18,6 +18,7 @@ from eagle3_contract.stages import Stage, plan_stages, stage_argv
 from eagle3_operator.builders import build_artifacts_claim, build_job, build_spec_configmap, names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import artifacts_claim
+from tests.tiny_spec import derive
 from tests.unit.builders.builder_cases import (
     KIMI_RUN,
     TINY_RUN,
@@ -131,7 +132,7 @@ def test_spec_volume_puts_the_run_document_at_spec_mount() -> None:
 
 def test_artifacts_volume_and_model_cache() -> None:
     cases: list[tuple[RunRef, Any, dict[str, Any]]] = [
-        (TINY_RUN, tiny_spec(), {"emptyDir": {}}),
+        (TINY_RUN, parse_spec(derive(TINY_SPEC, storage={"modelCache": None})), {"emptyDir": {}}),
         (KIMI_RUN, kimi_spec(), {"persistentVolumeClaim": {"claimName": "hf-model-cache"}}),
     ]
     for run, spec, expected in cases:

@@ -21,7 +21,6 @@ from tests.unit.builders.builder_cases import (
     TINY_SPEC,
     draft_dir,
     kimi_spec,
-    tiny_spec,
 )
 
 
@@ -106,7 +105,8 @@ def test_vllm_command_and_args() -> None:
 
 
 def test_image_defaults_to_images_vllm() -> None:
-    assert vllm(build_deployment(TINY_RUN, tiny_spec(), "d"))["image"] == tiny_spec().images.vllm
+    gpu = parse_spec(derive(TINY_SPEC, nodePool={"device": "gpu"}))
+    assert vllm(build_deployment(TINY_RUN, gpu, "d"))["image"] == gpu.images.vllm
     doc = copy.deepcopy(KIMI_SPEC)
     doc["serving"]["image"] = "registry.local/vllm:nightly"
     assert vllm(build_deployment(KIMI_RUN, parse_spec(doc), "d"))["image"] == "registry.local/vllm:nightly"
@@ -156,7 +156,7 @@ def test_a_known_digest_is_checked_by_an_init_container_before_vllm_starts() -> 
 def test_selectors_agree() -> None:
     deployment = build_deployment(KIMI_RUN, kimi_spec(), draft_dir(kimi_spec()))
     service = build_service(KIMI_RUN)
-    monitor = build_pod_monitor(KIMI_RUN)
+    monitor = build_pod_monitor(KIMI_RUN, kimi_spec())
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector == {names.LABEL_RUN: "kimi-k2-5", names.LABEL_STAGE: names.SERVE_STAGE}
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
@@ -180,7 +180,7 @@ def test_serving_url() -> None:
 
 def test_the_pod_monitor_labels_vllm_series_with_the_run_and_namespace() -> None:
     """Prometheus sees pod label `eagle3.dev/run` as `__meta_kubernetes_pod_label_eagle3_dev_run`."""
-    [endpoint] = build_pod_monitor(KIMI_RUN)["spec"]["podMetricsEndpoints"]
+    [endpoint] = build_pod_monitor(KIMI_RUN, kimi_spec())["spec"]["podMetricsEndpoints"]
     targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
     assert targets == {
         "run": ["__meta_kubernetes_pod_label_eagle3_dev_run"],

@@ -129,6 +129,7 @@ class World:
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # other Deployments, by name
     objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pod_monitors_served: bool = False
+    disruption_budgets_served: bool = False
     clock: float = 0.0
     progress: dict[str, StageProgress] = field(default_factory=dict)  # live, by JobView.progress_key
 
@@ -146,6 +147,7 @@ class World:
                 if (spec_hash := body["metadata"].get("annotations", {}).get(names.ANNOTATION_SPEC_HASH))
             },
             pod_monitors_served=self.pod_monitors_served,
+            disruption_budgets_served=self.disruption_budgets_served,
             serving_blocked_by=blocked_by(serving_pods(pods)),
             workloads={view.stage: view for view in (observe_deployment(d) for d in self.workloads.values())},
             workload_blocked_by=workloads_blocked_by(pods),

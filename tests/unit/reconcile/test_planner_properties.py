@@ -155,16 +155,15 @@ def test_a_fresh_run_plans_its_first_stage(doc: dict[str, Any], run: str) -> Non
     kinds = [a.body["kind"] for a in plan.actions]
     pinned = spec.serving.pinned_checkpoint
     checked = pinned is not None and pinned.sha256 is not None  # verify runs before the Deployment
+    trains = pinned is None or spec.serving.promotion == "reviewed"  # reviewed: a pin does not skip training
+    stages = [
+        a.body["metadata"]["labels"][names.LABEL_STAGE] for a in plan.actions if a.body["kind"] == "Job"
+    ]
     if spec.suspend and (pinned is None or checked):
         assert plan.actions == () and plan.phase == RunPhase.SUSPENDED
-    elif checked:
-        assert "Deployment" not in kinds and kinds.count("Job") == 1
-        assert plan.actions[-1].body["metadata"]["labels"][names.LABEL_STAGE] == "verify"
-    elif pinned is not None:
-        assert "Job" not in kinds and "Deployment" in kinds
     else:
-        assert kinds[-1] == "Job" and kinds.count("Job") == 1
-        assert plan.actions[-1].body["metadata"]["labels"][names.LABEL_STAGE] == "prepare"
+        assert stages == ["prepare"] * (trains and not spec.suspend) + ["verify"] * checked
+        assert ("Deployment" in kinds) == (pinned is not None and not checked)  # unchecked: served at once
     assert all(a.verb == "create" for a in plan.actions)
 
 

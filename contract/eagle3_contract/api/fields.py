@@ -1,0 +1,77 @@
+"""Field types of the API shared by its models: Kubernetes quantities, counts or percentages, names and label
+values, and the schema marker for pass-through objects (each with the pattern the CRD carries)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic.config import JsonDict
+from pydantic_core import PydanticCustomError
+
+PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+
+# The API server's quantity grammar (k8s.io/apimachinery resource.Quantity, as controller-gen writes it into
+# CRDs): a number with an optional binary (Ki..Ei), decimal (n..E) or exponent suffix. Also the CRD's pattern.
+QUANTITY = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_QUANTITY = re.compile(QUANTITY)
+
+
+def _one_quantity_error(value: Any, handler: ValidatorFunctionWrapHandler) -> int | str:
+    """Report a bad quantity once, at its field (a union reports per member: `<field>.int`, `.str`)."""
+    try:
+        result: int | str = handler(value)
+    except ValidationError:
+        raise PydanticCustomError(
+            "quantity_type", "Input should be an integer or a quantity string such as '500Gi'"
+        ) from None
+    if isinstance(result, str) and not _QUANTITY.fullmatch(result):
+        raise PydanticCustomError(
+            "quantity_format",
+            "{value} is not a Kubernetes quantity: write a number with an optional suffix, such as "
+            "'500Gi', '1.5T', '250M' or '500m'",
+            {"value": repr(result)},
+        )
+    return result
+
+
+Quantity = Annotated[
+    int | str,
+    WrapValidator(_one_quantity_error),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY}),
+]
+PERCENT = r"^[0-9]{1,3}%$"
+_PERCENT = re.compile(PERCENT)
+
+
+def _one_count_error(value: Any, handler: ValidatorFunctionWrapHandler) -> int | str:
+    """A count (>= 0) or a percentage ('25%'), reported once at its field as Quantity is."""
+    try:
+        result: int | str = handler(value)
+    except ValidationError:
+        raise PydanticCustomError(
+            "count_or_percent_type", "Input should be a count or a percentage string such as '25%'"
+        ) from None
+    if isinstance(result, int) and result < 0:
+        raise PydanticCustomError("count_negative", "Input should be a count of at least 0")
+    if isinstance(result, str) and not _PERCENT.fullmatch(result):
+        raise PydanticCustomError(
+            "count_or_percent_format",
+            "{value} is neither a count nor a percentage: write e.g. 1 or '25%'",
+            {"value": repr(result)},
+        )
+    return result
+
+
+CountOrPercent = Annotated[
+    int | str,
+    WrapValidator(_one_count_error),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": PERCENT}),
+]
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A label value (empty, or up to 63 alphanumerics, '-', '_' and '.', alphanumeric at both ends)
+LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]

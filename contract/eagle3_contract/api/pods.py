@@ -1,0 +1,120 @@
+"""Pod-level models of the spec: the settings of every pod a run creates, container resources, placement
+tolerations, per-stage Job overrides, the serving PodDisruptionBudget and Prometheus discovery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from eagle3_contract.api.base import ApiModel
+from eagle3_contract.api.fields import DNS_LABEL, PRESERVE, CountOrPercent, LabelValue, Quantity
+
+
+class Resources(ApiModel):
+    """Container resource requests and limits (GPU limits are set by the operator)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="Resource requests.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits.")
+
+
+class DisruptionBudget(ApiModel):
+    """The PodDisruptionBudget of the vLLM pods: how many a drain or an upgrade may evict at once."""
+
+    enabled: bool = Field(True, description="Create a PodDisruptionBudget for the vLLM pods.")
+    max_unavailable: CountOrPercent = Field(
+        1,
+        description="vLLM pods that may be unavailable during voluntary disruptions: a count or a "
+        "percentage ('25%').",
+    )
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(None, description="Taint key to tolerate; empty with Exists tolerates all.")
+    operator: str | None = Field(None, pattern=r"^(Exists|Equal)$", description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value for operator Equal.")
+    effect: str | None = Field(
+        None, pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$", description="Taint effect to tolerate."
+    )
+    toleration_seconds: int | None = Field(None, description="How long a NoExecute taint is tolerated.")
+
+
+class LocalObjectReference(ApiModel):
+    """The name of an object in the run's namespace."""
+
+    name: str = Field(pattern=DNS_LABEL, max_length=253, description="Name of the object.")
+
+
+class PodSettings(ApiModel):
+    """Settings of every pod the run creates: stage Jobs, vLLM serving, online producers, Mooncake master."""
+
+    service_account_name: str | None = Field(
+        None, pattern=DNS_LABEL, description="ServiceAccount of the pods; default the namespace's default."
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, description="Secrets for pulling the images from a private registry."
+    )
+    labels: dict[str, LabelValue] = Field(default_factory=dict, description="Extra labels of every pod.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations of every pod.")
+    env: list[dict[str, Any]] = Field(
+        default_factory=list,
+        json_schema_extra={"items": {"type": "object", **PRESERVE}},
+        description="Extra environment variables (core/v1 EnvVar) of every container, after the operator's.",
+    )
+    priority_class_name: str | None = Field(None, description="PriorityClass of every pod.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations of every pod (GPU pods add nodePool.tolerations)."
+    )
+    affinity: dict[str, Any] = Field(
+        default_factory=dict,
+        json_schema_extra=PRESERVE,
+        description="A core/v1 Affinity for pods off the GPU pool; GPU pods use nodePool.affinity when set.",
+    )
+    security_context: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra=PRESERVE,
+        description="The pods' core/v1 PodSecurityContext; default the Pod Security 'restricted' level: "
+        "runAsNonRoot, user and group 65532, fsGroup 65532, seccomp RuntimeDefault.",
+    )
+    container_security_context: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra=PRESERVE,
+        description="Every container's core/v1 SecurityContext; default the 'restricted' level: no "
+        "privilege escalation, every capability dropped.",
+    )
+
+
+class Monitoring(ApiModel):
+    """How Prometheus finds the run's metrics."""
+
+    pod_monitor_labels: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        description="Labels of the run's PodMonitors (vLLM and the stages), added to the operator's "
+        "(the chart's podMonitor.labels), e.g. {release: kube-prometheus-stack}: the label a Prometheus "
+        "selects PodMonitors by.",
+    )
+
+
+class StageOverride(ApiModel):
+    """Per-stage Job settings."""
+
+    resources: Resources | None = Field(None, description="Container resources of the stage.")
+    backoff_limit: int | None = Field(None, ge=0, le=20, description="Pod retries before the stage fails.")
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Wall-clock limit of the stage's Job."
+    )
+
+
+class StageOverrides(ApiModel):
+    """Overrides keyed by stage."""
+
+    prepare: StageOverride | None = Field(None, description="Overrides of the prepare stage.")
+    generate: StageOverride | None = Field(None, description="Overrides of the generate stage.")
+    extract: StageOverride | None = Field(None, description="Overrides of the extract stage.")
+    vocab: StageOverride | None = Field(None, description="Overrides of the vocab stage.")
+    train: StageOverride | None = Field(None, description="Overrides of the train stage.")
+    evaluate: StageOverride | None = Field(None, description="Overrides of the evaluate stage.")
+    export: StageOverride | None = Field(None, description="Overrides of the export stage.")
+    verify: StageOverride | None = Field(None, description="Overrides of the verify stage.")

@@ -1,0 +1,61 @@
+"""spec.pod and the serving PodDisruptionBudget through the real kopf operator on each backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness.cluster import eventually
+from tests.harness.scenario import drive_to_serving, tiny, wait_job
+
+pytestmark = pytest.mark.operator
+
+POD = {
+    "serviceAccountName": "default",
+    "imagePullSecrets": [{"name": "registry-creds"}],
+    "labels": {"team": "ml"},
+    "env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+}
+
+
+async def test_a_stage_job_carries_the_pod_settings_and_the_restricted_defaults(backend):
+    cluster = backend.cluster
+    async with backend.operator():
+        await cluster.apply_run("tiny", tiny(pod=POD))
+        job = await wait_job(cluster, "tiny", "prepare")
+    template = job["spec"]["template"]
+    pod = template["spec"]
+    assert pod["serviceAccountName"] == "default"
+    assert pod["imagePullSecrets"] == [{"name": "registry-creds"}]
+    assert template["metadata"]["labels"]["team"] == "ml"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = pod["containers"]
+    assert container["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+async def serves_policy_v1(cluster) -> bool:
+    """Whether the cluster serves policy/v1 (Kubernetes 1.21+; the mock does, the 1.20 test server not)."""
+    url = f"{cluster.url}/apis/policy/v1"
+    async with cluster.session.get(url, headers=cluster.headers, ssl=False) as resp:
+        return resp.status == 200
+
+
+async def test_serving_gets_a_disruption_budget_where_the_cluster_serves_policy_v1(backend):
+    cluster, player = backend.cluster, backend.player
+    served = await serves_policy_v1(cluster)
+    assert served or backend.real, "the mock serves policy/v1: the budget must be checked there"
+    async with backend.operator():
+        await cluster.apply_run("tiny", tiny(serving={"disruptionBudget": {"maxUnavailable": "50%"}}))
+        await drive_to_serving(cluster, player, "tiny")
+        if not served:
+            # serving goes on without a budget, and the operator asks for none
+            assert await cluster.list_objects("policy/v1beta1", "poddisruptionbudgets") == []
+            return
+        pdb = await eventually(
+            lambda: cluster.get("policy/v1", "poddisruptionbudgets", "tiny-vllm"), what="the vLLM PDB"
+        )
+    assert pdb["spec"]["maxUnavailable"] == "50%"
+    assert pdb["spec"]["selector"]["matchLabels"] == {"eagle3.dev/run": "tiny", "eagle3.dev/stage": "serve"}
+    assert pdb["metadata"]["ownerReferences"][0]["kind"] == "Eagle3Run"
