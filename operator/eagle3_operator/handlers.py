@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
-from eagle3_operator import live_progress
+from eagle3_operator import live_progress, peering
 from eagle3_operator.builders import names
 from eagle3_operator.k8s import CONNECT_SECONDS, TOTAL_SECONDS, Kube
 from eagle3_operator.metrics import OperatorMetrics
@@ -25,6 +25,7 @@ from eagle3_operator.reconcile.executor import (
     reconcile,
     reconcile_current,
     run_key,
+    serves_disruption_budgets,
     sweep_ghosts,
 )
 from eagle3_operator.reconcile.observe import blocked_by, slim_deployment, slim_job, slim_pod, slim_run
@@ -61,6 +62,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     memo.pending = {}
     memo.gone = set()  # uids of runs and children found deleted (their stale index entries are skipped)
     memo.pod_monitors = await memo.kube.serves("monitoring.coreos.com", "v1", "podmonitors")
+    memo.disruption_budgets = await serves_disruption_budgets(memo.kube)
     memo.contexts = {}  # a handler's context (_remember_context)
     memo.relisted = asyncio.Event()  # a watch listed its objects: sweep the indexes for ghosts soon
     memo.resync_beat = time.monotonic()
@@ -70,7 +72,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         memo.progress_reader = live_progress.Reader.open()
     memo.progress_task = asyncio.create_task(
         live_progress.poll(
-            memo, kwargs.get("eagle3_runs", {}), kwargs.get("stage_pods", {}), _reconciler(memo, kwargs)
+            memo,
+            kwargs.get("eagle3_runs", {}),
+            kwargs.get("stage_pods", {}),
+            _reconciler(memo, kwargs),
+            acting=lambda: peering.acting(memo),
         )
     )
 
@@ -96,12 +102,14 @@ async def resync(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
 
     A task of its own rather than a kopf timer: timers put a finalizer on every run, and a finalizer blocks
     `kubectl delete` for as long as the operator is down. It survives every exception (an outage, a bug in
-    one run's reconcile): one failing run or round must not end the resync of all of them for good.
+    one run's reconcile): one failing run or round must not end the resync of all of them for good. A standby
+    operator (eagle3_operator.peering) skips its rounds: kopf pauses only its own handlers.
     """
     while True:
         await _next_round(memo)
         try:
-            await _resync_round(memo, kwargs)
+            if await peering.acting(memo):
+                await _resync_round(memo, kwargs)
         except Exception:
             logger.exception("a resync round failed; the next one starts in %ss", _resync_seconds(memo))
         memo.resync_beat = time.monotonic()
@@ -157,6 +165,17 @@ def resync_alive(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
             f"{_resync_seconds(memo):.0f}s); it is stuck: restart the operator"
         )
     return {"running": True, "secondsSinceProgress": round(silent, 1)}
+
+
+@kopf.on.probe(id="peering")
+def peering_role(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """Part of kopf's health endpoint: this operator's identity, priority and role (active or standby).
+
+    The endpoint is the readiness probe as well: an operator serves no traffic, so Ready means started and
+    able to take over (a standby is ready too; readiness on "active" would keep a rolling update's new pod,
+    which waits as standby, unready for ever)."""
+    gate: peering.Peering | None = memo.get("peering")
+    return {"role": "standalone"} if gate is None else gate.probe()
 
 
 @kopf.on.login()
@@ -231,6 +250,12 @@ def owned_claims(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, 
 @kopf.index("monitoring.coreos.com", "v1", "podmonitors", labels=MANAGED)
 def owned_pod_monitors(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     return _owned("PodMonitor", namespace, body)
+
+
+# Watched only where the cluster serves policy/v1 (Kubernetes 1.21+).
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
+def owned_disruption_budgets(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+    return _owned("PodDisruptionBudget", namespace, body)
 
 
 def _indices(kwargs: Mapping[str, Any]) -> dict[str, Any]:

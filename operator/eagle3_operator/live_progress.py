@@ -154,11 +154,16 @@ async def poll(
     runs: Mapping[Key, Any],
     pods: Mapping[Key, Any],
     reconcile_run: Callable[[Mapping[str, Any]], Awaitable[None]],
+    acting: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
     """Read the progress of every running stage pod for ever, a round at a time, and reconcile the runs
-    whose figures moved. Survives every exception: a failing round must not end the readings for good."""
+    whose figures moved; a round is skipped while `acting()` says no (a standby operator). Survives every
+    exception: a failing round must not end the readings for good."""
     reader: Reader = memo.progress_reader
     while True:
+        if acting is not None and not await acting():
+            await asyncio.sleep(round_seconds(memo, 0))
+            continue
         found = targets(runs, pods, memo.setdefault("gone", set()))
         started = time.monotonic()
         try:

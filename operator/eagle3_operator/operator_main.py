@@ -1,9 +1,9 @@
-"""Starting the kopf operator: one process, standalone (one replica, Deployment strategy Recreate)."""
+"""Starting the kopf operator: one process; of several (the chart's replicas) one is active, the others stand
+by (kopf's peering: eagle3_operator.peering)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -16,9 +16,17 @@ from kubernetes_asyncio.config import ConfigException
 
 import eagle3_operator.handlers  # noqa: F401  (registers the handlers)
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
-from eagle3_operator.k8s import TOTAL_SECONDS, ApiError, ApiUnreachable, Kube, current_namespace
-from eagle3_operator.lease import LEASE_SECONDS, PeerActive, PeerLease, identity
+from eagle3_contract.api.defaults import OperatorDefaults
+from eagle3_operator.k8s import PEERING_API, TOTAL_SECONDS, ApiError, ApiUnreachable, Kube
 from eagle3_operator.metrics import OperatorMetrics
+from eagle3_operator.peering import (
+    LIFETIME_SECONDS,
+    PEERING_NAME,
+    Peering,
+    default_priority,
+    identity,
+    lifetime_seconds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -27,77 +35,105 @@ def run_operator(
     namespaces: Sequence[str],
     liveness: str | None,
     metrics_port: int | None,
-    pipeline_image: str | None = None,
+    defaults: OperatorDefaults | None = None,
+    priority: int | None = None,
     resync_seconds: float | None = None,
     api_timeout_seconds: float | None = None,
 ) -> None:
-    """Block running the operator; metrics on `metrics_port`, kopf's liveness probe on `liveness`; stage Jobs
-    of runs that name no spec.images.pipeline run `pipeline_image`; every run reconciled (and the indexes
-    re-listed) each `resync_seconds`; every API call answered within `api_timeout_seconds` or retried."""
+    """Block running the operator; metrics on `metrics_port`, kopf's liveness probe on `liveness`; runs get
+    the `defaults` they leave unset (eagle3_contract.api.defaults: images, pull secrets, PodMonitor labels);
+    `priority` ranks this operator among its kopf peers (None: the default); every run reconciled (and the
+    indexes re-listed) each `resync_seconds`; every API call answered within `api_timeout_seconds` or
+    retried."""
     metrics = OperatorMetrics()
     if metrics_port:
         metrics.serve(metrics_port)
     memo = kopf.Memo(
         metrics=metrics,
-        pipeline_image=pipeline_image,
+        defaults=defaults or OperatorDefaults(),
+        priority=priority,
         namespaces=list(namespaces),
         resync_seconds=resync_seconds,
         api_timeout_seconds=api_timeout_seconds,
     )
     options: dict[str, Any] = dict(
-        standalone=True,
         clusterwide=not namespaces,
         namespaces=list(namespaces),
         liveness_endpoint=liveness,
         memo=memo,
     )
-    # The Lease lives where the runs are: the first watched namespace, else the operator's own (cluster-wide).
-    where = namespaces[0] if namespaces else None
     try:
-        asyncio.run(run_alone(options, where))
+        asyncio.run(run_with_peers(options, _lifetime()))
     except StartupError as err:  # one line, a log record (JSON with --log-format json), not a traceback
         logger.error("eagle3 operator: %s", err)
         raise SystemExit(1) from None
-    except PeerActive as err:
-        raise SystemExit(f"eagle3 operator: refusing to start: {err}") from None
-    except ApiError as err:
-        raise SystemExit(
-            f"eagle3 operator: cannot take the peer Lease ({err}); its service account needs get, create and "
-            "patch on coordination.k8s.io leases (eagle3_operator/rbac.py, the chart's RBAC)"
-        ) from None
 
 
-async def run_alone(
-    options: dict[str, Any], namespace: str | None = None, seconds: int = LEASE_SECONDS
-) -> None:
-    """kopf.operator(**options) while this process holds the peer Lease (eagle3_operator.lease) in
-    `namespace` (default: the operator's own); PeerActive when a live peer holds it or takes it."""
+def _lifetime() -> int:
+    try:
+        return lifetime_seconds()
+    except ValueError as err:
+        raise StartupError(str(err)) from None
+
+
+async def run_with_peers(options: dict[str, Any], lifetime: int = LIFETIME_SECONDS) -> None:
+    """kopf.operator(**options), with kopf's peering where the cluster serves its CRDs (one operator active,
+    the others standing by), else standalone."""
     memo = options["memo"]
+    namespaces: list[str] = list(options.get("namespaces") or [])
     owned = memo.get("kube") is None
     if owned:  # the handlers' client too; checked before kopf starts, which would retry a dead end forever
         memo.kube = await connect(memo.get("api_timeout_seconds") or TOTAL_SECONDS)
-        try:
-            await check_runs_served(memo.kube, namespace)
-        except BaseException:
-            await memo.kube.close()
-            raise
-    lease = PeerLease(memo.kube, namespace or current_namespace(), identity(), seconds)
     try:
-        await lease.acquire()
-        stop = options.get("stop_flag") or asyncio.Event()
-        keeper = asyncio.create_task(lease.keep(stop))
-        try:
-            await kopf.operator(**(options | {"stop_flag": stop}))
-        finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            await lease.release()
-        if lease.lost:
-            raise PeerActive(f"{lease.lost} took the {lease.where}; this operator stopped")
+        if owned:
+            await check_runs_served(memo.kube, namespaces[0] if namespaces else None)
+        peered = await peering_options(memo, namespaces, options.get("settings"), lifetime)
+        await kopf.operator(**(options | peered))
     finally:
         if owned:
             await memo.kube.close()
+
+
+async def peering_options(
+    memo: kopf.Memo, namespaces: Sequence[str], settings: kopf.OperatorSettings | None, lifetime: int
+) -> dict[str, Any]:
+    """kopf.operator's options for peering in the peering object `eagle3-operator` (created if missing), with
+    memo.priority or the default (earlier-started operators rank higher); standalone, with a warning, where
+    the cluster serves no peering CRD. Sets memo.peering (eagle3_operator.peering.Peering, or None)."""
+    plural = "kopfpeerings" if namespaces else "clusterkopfpeerings"
+    if not await memo.kube.serves(*PEERING_API, plural):
+        logger.warning(
+            "the cluster serves no %s.%s: this operator runs alone, with no standby, and a second one "
+            "beside it would do everything twice; install crds/kopf-peering.yaml (the chart does) for high "
+            "availability",
+            plural,
+            PEERING_API[0],
+        )
+        memo.peering = None
+        return {"standalone": True}
+    settings = settings or kopf.OperatorSettings()
+    settings.peering.name, settings.peering.mandatory = PEERING_NAME, True
+    settings.peering.standalone, settings.peering.lifetime = False, lifetime
+    priority = memo.get("priority")
+    settings.peering.priority = default_priority() if priority is None else int(priority)
+    gate = Peering(memo.kube, settings, identity(), namespaces)
+    try:
+        await gate.ensure()
+    except ApiError as err:
+        raise StartupError(
+            f"cannot create the peering object {PEERING_NAME} ({err}); the operator's service account needs "
+            f"get, list, watch, create and patch on {plural}.{PEERING_API[0]} (eagle3_operator/rbac.py, the "
+            "chart's RBAC)"
+        ) from None
+    memo.peering = gate
+    logger.info(
+        "peering in %s %s as %s, priority %s: active unless a live peer ranks higher",
+        plural,
+        PEERING_NAME,
+        gate.me,
+        gate.priority,
+    )
+    return {"settings": settings, "identity": gate.me}
 
 
 class StartupError(Exception):

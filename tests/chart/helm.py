@@ -20,11 +20,14 @@ VALUES = Path(__file__).parent / "values"
 RELEASE = "eagle3-operator"
 NAMESPACE = "eagle3-system"
 
-# name -> the values files of a rendering scenario
+# name -> the values files of a rendering scenario: the defaults, and each file of tests/chart/values/
 SCENARIOS: dict[str, tuple[Path, ...]] = {
     "default": (),
     "watch-namespaces": (VALUES / "watch-namespaces.yaml",),
     "monitoring": (VALUES / "monitoring.yaml",),
+    "private-registry": (VALUES / "private-registry.yaml",),
+    "single-replica": (VALUES / "single-replica.yaml",),
+    "extras": (VALUES / "extras.yaml",),
 }
 
 
@@ -55,9 +58,10 @@ def template(
     sets: Sequence[str] = (),
     kube_version: str | None = None,
     include_crds: bool = True,
+    release: str = RELEASE,
 ) -> list[dict[str, Any]]:
-    """`helm template` of the chart as release eagle3 in eagle3-system: the rendered objects."""
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, *values_args(files, sets)]
+    """`helm template` of the chart as release `release` in eagle3-system: the rendered objects."""
+    args = ["template", release, str(CHART), "--namespace", NAMESPACE, *values_args(files, sets)]
     args += ["--include-crds"] if include_crds else []
     args += ["--kube-version", kube_version] if kube_version else []
     result = run(helm, *args)
@@ -70,6 +74,13 @@ def template_error(helm: Path, sets: Sequence[str]) -> str:
     result = run(helm, "template", RELEASE, str(CHART), *values_args(sets=sets))
     assert result.returncode != 0, f"helm template accepted {sets}:\n{result.stdout[:2000]}"
     return result.stderr
+
+
+def operator_container(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The operator container of the one Deployment."""
+    pod = only(docs, "Deployment")["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["operator"]
+    return dict(pod["containers"][0])
 
 
 def only(docs: Sequence[dict[str, Any]], kind: str, namespace: str | None = None) -> dict[str, Any]:

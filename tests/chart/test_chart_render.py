@@ -4,6 +4,7 @@ dashboard and rules unchanged."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from tests.chart.helm import (
     SCENARIOS,
     of_kind,
     only,
+    operator_container,
     run,
     template,
     values_args,
@@ -30,12 +32,11 @@ from tests.chart.helm import (
 from tests.chart.test_chart_files import canonical
 
 Rendered = dict[str, list[dict[str, Any]]]
+CRD_NAME = "eagle3runs.eagle3.dev"
 
 
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    pod = only(docs, "Deployment")["spec"]["template"]["spec"]
-    assert [c["name"] for c in pod["containers"]] == ["operator"]
-    return dict(pod["containers"][0])
+    return operator_container(docs)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -49,15 +50,16 @@ def test_the_operator_deployment(rendered: Rendered) -> None:
     deployment = only(rendered["default"], "Deployment")
     assert deployment["metadata"]["namespace"] == NAMESPACE
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate"  # test_chart_ha
     pod = spec["template"]["spec"]
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
     c = container(rendered["default"])
     assert c["image"] == "eagle3-operator:0.1.0" and c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["eagle3"]
     pipeline = "--pipeline-image=eagle3-operator/pipeline:0.1.0"  # the chart's appVersion, as the operator's
+    cpu = "--pipeline-cpu-image=eagle3-operator/pipeline:0.1.0-cpu"
     loops = ["--resync-seconds=60", "--api-timeout-seconds=30"]
-    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090", *loops, pipeline]
+    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090", *loops, pipeline, cpu]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
     probe = c["livenessProbe"]
@@ -131,7 +133,8 @@ def test_namespaced_rbac_is_exactly_rbac_py_split_by_scope(rendered: Rendered) -
         binding = only(docs, "RoleBinding", namespace)
         assert binding["roleRef"]["kind"] == "Role" and binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": NAMESPACE}]
-    assert {r["resources"][0] for r in cluster_rules} == {"customresourcedefinitions", "namespaces"}
+    cluster_scoped = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}
+    assert {r["resources"][0] for r in cluster_rules} == cluster_scoped
     assert len(of_kind(docs, "Role")) == 2
 
 
@@ -190,14 +193,39 @@ def test_prometheus_rule_holds_the_committed_rules(rendered: Rendered) -> None:
     assert rule["metadata"]["namespace"] == NAMESPACE
 
 
+def eagle3_crd(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [crd] = [d for d in of_kind(docs, "CustomResourceDefinition") if d["metadata"]["name"] == CRD_NAME]
+    return crd
+
+
 def test_the_crd_is_the_committed_one(rendered: Rendered) -> None:
+    """A template (so `helm upgrade` upgrades it) holding exactly crds/, plus the release's labels and, with
+    crds.keep (the default), the annotation that keeps it (and every run) through `helm uninstall`."""
     committed = yaml.safe_load((ROOT / "crds" / "eagle3runs.eagle3.dev.yaml").read_text())
-    for docs in rendered.values():
-        assert only(docs, "CustomResourceDefinition") == committed
+    for name, docs in rendered.items():
+        if name == "single-replica":  # crds.install false: test_the_crd_is_a_template_not_in_crds
+            continue
+        crd = copy.deepcopy(eagle3_crd(docs))
+        labels = crd["metadata"].pop("labels")
+        assert labels["app.kubernetes.io/managed-by"] == "Helm", name
+        annotations = crd["metadata"].pop("annotations", {})
+        keep = name != "extras"  # extras.yaml sets crds.keep false
+        assert annotations == ({"helm.sh/resource-policy": "keep"} if keep else {}), name
+        assert crd == committed, name
 
 
-def test_the_crd_can_be_skipped(helm: Path) -> None:
-    assert of_kind(template(helm, include_crds=False), "CustomResourceDefinition") == []
+def test_the_crd_is_a_template_not_in_crds(helm: Path, rendered: Rendered) -> None:
+    """Helm never upgrades crds/: the Eagle3Run CRD renders without --include-crds, and crds.install=false
+    leaves it out (for a CRD managed elsewhere)."""
+    assert eagle3_crd(template(helm, include_crds=False))["spec"]["group"] == "eagle3.dev"
+    assert [p.name for p in (CHART / "crds").iterdir()] == ["kopf-peering.yaml"]
+    for docs in (rendered["single-replica"], template(helm, sets=["crds.install=false"])):
+        names = {d["metadata"]["name"] for d in of_kind(docs, "CustomResourceDefinition")}
+        assert names == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert (
+        of_kind(template(helm, include_crds=False, sets=["crds.install=false"]), "CustomResourceDefinition")
+        == []
+    )
 
 
 def test_kubernetes_older_than_1_29_is_refused(helm: Path) -> None:

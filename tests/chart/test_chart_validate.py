@@ -1,5 +1,6 @@
 """Every manifest the chart renders validates with kubernetes-validate in strict mode (unknown fields are
-errors) for Kubernetes 1.29 and the newest version kubernetes-validate knows.
+errors) for Kubernetes 1.29 and the newest version kubernetes-validate knows, for every values file of
+tests/chart/values/ (the private registry, one replica without the CRD, the usual extras...) and the defaults.
 
 kubernetes-validate has schemas for Kubernetes' own kinds only (the CRD object included). The
 prometheus-operator kinds (ServiceMonitor, PrometheusRule) have no schema here: their metadata is validated as
@@ -73,6 +74,8 @@ def test_every_rendered_manifest_validates_strictly(helm: Path, scenario: str, v
             validated.add(doc["kind"])
     assert validated >= {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ClusterRole", "Service"}
     assert {"ConfigMap"} <= validated
+    if scenario in ("default", "extras", "private-registry"):
+        assert "PodDisruptionBudget" in validated
     if scenario == "watch-namespaces":
         assert {"Role", "RoleBinding"} <= validated
     if scenario == "monitoring":

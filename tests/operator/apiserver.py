@@ -270,9 +270,13 @@ def _start(bins: dict[str, str], work: Path) -> ServerControl:
 
 
 def _install(url: str) -> None:
-    """The CRD (without CEL rules: 1.20 has none) and the operator's RBAC, bound to the operator's user."""
+    """The CRD (without CEL rules: 1.20 has none), kopf's peering CRDs (as the chart installs them: operator
+    processes run peered) and the operator's RBAC, bound to the operator's user."""
     crd = build_crd(cel=False)
-    _request(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", ADMIN_TOKEN, "POST", crd)
+    crds = f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    _request(crds, ADMIN_TOKEN, "POST", crd)
+    for peering in yaml.safe_load_all((ROOT / "crds" / "kopf-peering.yaml").read_text()):
+        _request(crds, ADMIN_TOKEN, "POST", peering)
     rbac = "/apis/rbac.authorization.k8s.io/v1"
     _request(f"{url}{rbac}/clusterroles", ADMIN_TOKEN, "POST", build_cluster_role())
     binding = build_cluster_role_binding(

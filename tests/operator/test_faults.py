@@ -22,7 +22,6 @@ import pytest
 import pytest_asyncio
 
 from eagle3_contract.api.base import API_VERSION, PLURAL
-from eagle3_operator.lease import LEASE_NAME
 from tests.harness.cluster import Cluster, eventually
 from tests.harness.kubelet import Kubelet
 from tests.harness.operator_process import operator_process
@@ -232,20 +231,6 @@ async def test_a_reconcile_whose_connection_goes_silent_is_retried_and_the_run_a
             assert "no answer within its timeout" in op.log()
             _no_forbidden_calls(op.log())
     assert waited < 30
-
-
-async def test_a_second_operator_refuses_to_run_beside_a_live_one(real, tmp_path):
-    """Item 17: the second process exits non-zero naming the holder of the Lease; the first runs on."""
-    async with real.operator(tmp_path) as first:
-        async with real.operator(tmp_path, wait_ready=False) as second:
-            code = await second.wait(60)  # it waits out one lease duration for a holder that may be gone
-            log = second.log()
-        assert code not in (0, None), log[-2000:]
-        assert "refusing to start: another eagle3 operator is running" in log, log[-2000:]
-        assert f"holds the Lease {real.namespace}/{LEASE_NAME}" in log
-        assert await first.health() == 200
-        await real.cluster.apply_run("one", tiny())
-        await wait_job(real.cluster, "one", "prepare")
 
 
 async def wait_job_within(cluster: Cluster, run: str, stage: str, seconds: float) -> dict[str, Any]:

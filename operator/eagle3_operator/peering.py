@@ -1,0 +1,237 @@
+"""High availability: of several operators one is active, the others stand by (kopf's own peering).
+
+Every operator writes a keep-alive into kopf's peering object `eagle3-operator` (a ClusterKopfPeering when it
+watches the whole cluster, a KopfPeering in each namespace it watches; their CRDs are crds/kopf-peering.yaml)
+under its identity: its priority, when it was last seen and for how long that holds (`lifetime`). kopf pauses
+the handlers of an operator that sees a live peer of a higher priority, and of all operators of the same
+priority, so priorities must differ: by default an earlier-started operator ranks higher (a running one keeps
+the work while a rolling update's new pod waits), and a tie is resolved by a re-draw (`Peering.active`).
+A standby takes over when the active one leaves: at once after a graceful stop (kopf deletes its record),
+`lifetime` seconds after its last keep-alive when it was killed.
+
+kopf pauses only its own handlers. The operator's background tasks (the periodic resync, the live progress
+reads) ask `acting(memo)` before each round: kopf's rule, applied to the peering object as it is now.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import kopf
+
+from eagle3_operator.k8s import ApiError, Kube
+
+logger = logging.getLogger(__name__)
+
+PEERING_NAME = "eagle3-operator"  # not kopf's "default": other kopf operators of the cluster are no peers
+# A killed active operator is replaced this long after its last keep-alive at most (kopf renews 5-10 s early).
+LIFETIME_SECONDS = 30
+LIFETIME_ENV = "EAGLE3_PEERING_LIFETIME_SECONDS"
+KOPF_LIFETIME_SECONDS = 60  # what kopf assumes of a record that names no lifetime
+TAIL = 1000  # the random tail of a default priority, and the most a re-draw lowers one
+
+
+def identity() -> str:
+    """This operator's name among its peers: the pod (kopf's POD_ID, else the hostname) and the process."""
+    return f"{os.environ.get('POD_ID') or socket.gethostname()}/{os.getpid()}"
+
+
+def lifetime_seconds(environ: Mapping[str, str] = os.environ) -> int:
+    """How long a keep-alive holds: LIFETIME_SECONDS, or $EAGLE3_PEERING_LIFETIME_SECONDS (tests: quick
+    hand-overs)."""
+    text = environ.get(LIFETIME_ENV)
+    if not text:
+        return LIFETIME_SECONDS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"${LIFETIME_ENV} is {text!r}: give a whole number of seconds (1 or more), or unset it"
+        )
+    return value
+
+
+def default_priority(started: float | None = None, tail: int | None = None) -> int:
+    """The priority of an operator started at `started` (seconds since the epoch): earlier ranks higher.
+
+    Millisecond resolution and a random tail make a tie practically impossible; the value is negative, so
+    any explicit `--priority` of 0 or more outranks every defaulted operator (e.g. a debugging one)."""
+    started = time.time() if started is None else started
+    tail = random.randrange(TAIL) if tail is None else tail
+    return -(int(started * 1000) * TAIL + tail)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One operator's record in the peering object's status, read as kopf reads it."""
+
+    identity: str
+    priority: int
+    lastseen: datetime
+    lifetime: timedelta
+
+    def alive(self, now: datetime) -> bool:
+        return self.lastseen + self.lifetime > now
+
+
+def peers(status: Mapping[str, Any] | None, now: datetime) -> list[Peer]:
+    """The records of a peering object's status (kopf's defaults for missing fields)."""
+    found = []
+    for name, record in (status or {}).items():
+        if not isinstance(record, Mapping):
+            continue
+        found.append(
+            Peer(
+                identity=str(name),
+                priority=int(record.get("priority") or 0),
+                lastseen=_when(record.get("lastseen"), now),
+                lifetime=timedelta(seconds=int(record.get("lifetime", KOPF_LIFETIME_SECONDS))),
+            )
+        )
+    return found
+
+
+def _when(stamp: Any, now: datetime) -> datetime:
+    try:
+        when = datetime.fromisoformat(str(stamp)) if stamp else now
+    except ValueError:
+        return now
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Whether this operator is the active one, and if not, which live peers keep it waiting."""
+
+    active: bool
+    above: tuple[str, ...] = ()  # live peers of a higher priority
+    tied: tuple[str, ...] = ()  # live peers of the same priority (kopf pauses all of them)
+    missing: bool = False  # no peering object: kopf's mandatory peering keeps the operator paused
+
+    def __str__(self) -> str:
+        if self.missing:
+            return f"standby: the peering object {PEERING_NAME} is missing"
+        if self.active:
+            return "active"
+        if self.above:
+            return f"standby behind {', '.join(self.above)}"
+        return f"standby: same priority as {', '.join(self.tied)}"
+
+
+def standing(found: Iterable[Peer], me: str, priority: int, now: datetime) -> Standing:
+    """kopf's rule (kopf._core.engines.peering.process_peering_event): a live peer of a higher priority, or
+    of the same one, pauses this operator."""
+    live = [p for p in found if p.identity != me and p.alive(now)]
+    above = tuple(p.identity for p in live if p.priority > priority)
+    tied = tuple(p.identity for p in live if p.priority == priority)
+    return Standing(active=not above and not tied, above=above, tied=tied)
+
+
+def yields_tie(me: str, tied: Sequence[str]) -> bool:
+    """Of peers tied on one priority, all but the one whose identity sorts first re-draw: each decides alone,
+    from the same record, so exactly one keeps the priority."""
+    return bool(tied) and me > min(tied)
+
+
+def redrawn(priority: int, rng: random.Random | None = None) -> int:
+    """A lower priority than `priority`, by a random 1..TAIL (a defaulted one stays in its start order)."""
+    return priority - (rng or random).randint(1, TAIL)
+
+
+class Peering:
+    """This operator's standing among its peers, read from the peering objects it writes its keep-alives to
+    (each watched namespace's KopfPeering, or the ClusterKopfPeering): active only where it is in all."""
+
+    def __init__(
+        self, kube: Kube, settings: kopf.OperatorSettings, me: str, namespaces: Sequence[str] = ()
+    ) -> None:
+        self.kube, self.settings, self.me = kube, settings, me
+        self.where: list[str | None] = list(namespaces) or [None]
+        self.last: Standing | None = None
+
+    @property
+    def priority(self) -> int:
+        return int(self.settings.peering.priority)
+
+    async def ensure(self) -> None:
+        """Create the peering objects that do not exist yet (kopf writes into them, but creates none)."""
+        for namespace in self.where:
+            meta: dict[str, Any] = {"name": PEERING_NAME}
+            kind = "KopfPeering" if namespace else "ClusterKopfPeering"
+            if namespace:
+                meta["namespace"] = namespace
+            body = {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": meta}
+            if await self.kube.peering("create", namespace, PEERING_NAME, body) is not None:
+                logger.info("created the %s %s%s", kind, f"{namespace}/" if namespace else "", PEERING_NAME)
+
+    async def active(self) -> bool:
+        """Whether this operator is the active one now; a tie it must yield is re-drawn first. When the API
+        server does not answer, the last known standing holds (a standby at first)."""
+        try:
+            now = await self._standing()
+        # the server unreachable or refusing, or a record kopf did not write
+        except (ApiError, ValueError, TypeError) as err:
+            logger.warning("could not read the peering object (the last standing holds): %s", err)
+            return bool(self.last and self.last.active)
+        if self.last is None or str(now) != str(self.last):
+            logger.info("this operator (%s, priority %s) is %s", self.me, self.priority, now)
+        self.last = now
+        return now.active
+
+    async def _standing(self) -> Standing:
+        standings = [await self._standing_in(namespace) for namespace in self.where]
+        waiting = [s for s in standings if not s.active]
+        return waiting[0] if waiting else standings[0]
+
+    async def _standing_in(self, namespace: str | None) -> Standing:
+        body = await self.kube.peering("get", namespace, PEERING_NAME)
+        if body is None:
+            return Standing(active=False, missing=True)
+        now = datetime.now(UTC)
+        found = peers(body.get("status"), now)
+        result = standing(found, self.me, self.priority, now)
+        if not result.above and yields_tie(self.me, result.tied):
+            await self._redraw(result.tied)
+            result = standing(found, self.me, self.priority, now)
+        return result
+
+    async def _redraw(self, tied: Sequence[str]) -> None:
+        """Lower this operator's priority (kopf's keep-alives carry it from now on) and publish it at once,
+        so that the peers re-evaluate (kopf un-pauses the one that keeps its priority)."""
+        before, after = self.priority, redrawn(self.priority)
+        self.settings.peering.priority = after
+        logger.warning(
+            "peers %s have this operator's priority %s: it re-draws %s and stands by",
+            ", ".join(tied),
+            before,
+            after,
+        )
+        record = {
+            "priority": after,
+            "lifetime": int(self.settings.peering.lifetime),
+            "lastseen": datetime.now(UTC).isoformat(),
+        }
+        for namespace in self.where:
+            await self.kube.peering("patch", namespace, PEERING_NAME, {"status": {self.me: record}})
+
+    def probe(self) -> dict[str, Any]:
+        """What kopf's health endpoint shows of the peering (the last standing read)."""
+        role = "unknown" if self.last is None else ("active" if self.last.active else "standby")
+        return {"identity": self.me, "priority": self.priority, "role": role}
+
+
+async def acting(memo: Mapping[str, Any]) -> bool:
+    """Whether the operator's own background tasks may act: always without peering (standalone), else only
+    while this operator is the active one."""
+    gate: Peering | None = memo.get("peering")
+    return True if gate is None else await gate.active()

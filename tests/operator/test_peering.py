@@ -1,0 +1,225 @@
+"""Operator high availability on the real API server: two `eagle3 operator` processes peer through kopf's
+KopfPeering (eagle3_operator.peering); only the active one acts, and the standby carries a run on when the
+active one is killed (SIGKILL: its keep-alive expires) or stops (SIGTERM: its record goes at once), creating
+each stage's Job exactly once. A tie of priorities is re-drawn rather than pausing both for ever.
+
+The processes run with a short peering lifetime ($EAGLE3_PEERING_LIFETIME_SECONDS), so that a killed one is
+replaced within seconds; the module takes about a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import yaml
+
+from eagle3_operator.peering import LIFETIME_ENV, PEERING_NAME
+from tests.harness.cluster import Cluster, eventually
+from tests.harness.kubelet import Kubelet
+from tests.harness.operator_process import OperatorProcess, operator_process
+from tests.harness.scenario import complete, status, tiny, wait_job
+from tests.operator.apiserver import ROOT, ServerAccess
+
+pytestmark = [pytest.mark.operator, pytest.mark.apiserver]
+_namespaces = iter(range(1, 1000))
+RECONCILED = 'eagle3_operator_reconciles_total{result="ok"}'
+
+
+@dataclass
+class Place:
+    access: ServerAccess
+    cluster: Cluster
+    kubelet: Kubelet
+    namespace: str
+    jobs: dict[str, set[str]] = field(default_factory=dict)  # every Job name seen -> its uids
+
+    def operator(self, tmp_path: Path, priority: int, lifetime: int) -> Any:
+        """`eagle3 operator` for this namespace with the operator's own RBAC token, peering at `priority`."""
+        return operator_process(
+            self.access.url, self.access.operator_token or "", self.namespace, tmp_path, resync_seconds=1.0,
+            extra_args=["--priority", str(priority)], env={LIFETIME_ENV: str(lifetime), "POD_ID": ""},
+        )  # fmt: skip
+
+    async def watch_jobs(self) -> None:
+        """Record every Job of the namespace, often (the test kubelet never deletes one)."""
+        while True:
+            for job in await self.cluster.list_objects("batch/v1", "jobs"):
+                self.jobs.setdefault(job["metadata"]["name"], set()).add(job["metadata"]["uid"])
+            await asyncio.sleep(0.1)
+
+    async def peering(self) -> dict[str, Any]:
+        found: dict[str, Any] = await self.cluster.get("kopf.dev/v1", "kopfpeerings", PEERING_NAME)
+        return found
+
+
+async def _install_peering_crds(cluster: Cluster, url: str) -> None:
+    """kopf's peering CRDs, as the chart installs them (a server started here has them already)."""
+    for crd in yaml.safe_load_all((ROOT / "crds" / "kopf-peering.yaml").read_text()):
+        with contextlib.suppress(AssertionError, aiohttp.ClientResponseError):
+            await cluster._call("POST", f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+
+
+@pytest_asyncio.fixture
+async def place(request: pytest.FixtureRequest) -> AsyncIterator[Place]:
+    access: ServerAccess = request.getfixturevalue("server")
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        namespace = f"e3p-{os.getpid()}-{next(_namespaces)}"
+        cluster = Cluster(session, access.url, namespace=namespace, token=access.token)
+        await _install_peering_crds(cluster, access.url)
+        await access.create_namespace(cluster, namespace)
+        place = Place(access, cluster, Kubelet(cluster), namespace)
+        watcher = asyncio.create_task(place.watch_jobs())
+        try:
+            yield place
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
+            await access.delete_namespace(cluster, namespace)
+
+
+def identity(op: OperatorProcess) -> str:
+    """The process's name among its peers (eagle3_operator.peering.identity, no POD_ID)."""
+    return f"{socket.gethostname()}/{op.proc.pid}"
+
+
+async def role(op: OperatorProcess, wanted: str, timeout: float = 30) -> None:
+    """Until the process logs that it is `wanted` (active, standby)."""
+
+    async def logged() -> bool | None:
+        return True if f"this operator ({identity(op)}" in op.log() and _last_role(op) == wanted else None
+
+    await eventually(logged, timeout=timeout, what=f"operator {identity(op)} {wanted}")
+
+
+def _last_role(op: OperatorProcess) -> str | None:
+    lines = [line for line in op.log().splitlines() if f"this operator ({identity(op)}" in line]
+    return ("active" if lines[-1].rstrip().endswith(" is active") else "standby") if lines else None
+
+
+async def reconciles(op: OperatorProcess) -> float:
+    for line in (await op.metrics()).splitlines():
+        if line.startswith(RECONCILED):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def job_within(cluster: Cluster, run: str, stage: str, seconds: float) -> dict[str, Any]:
+    async def found() -> dict[str, Any] | None:
+        jobs = await cluster.jobs(run, stage)
+        return jobs[0] if jobs else None
+
+    job: dict[str, Any] = await eventually(found, timeout=seconds, what=f"a {stage} Job of {run}")
+    return job
+
+
+def assert_each_job_created_once(place: Place, stages: tuple[str, ...]) -> None:
+    """One Job per stage (no retry's `-r1`), and each with one uid: never deleted and created again."""
+    for stage in stages:
+        names = [name for name in place.jobs if f"-{stage}" in name]
+        assert len(names) == 1, f"{stage}: Jobs {names}"
+        assert len(place.jobs[names[0]]) == 1, f"{names[0]} was created more than once: {place.jobs}"
+
+
+def assert_no_forbidden_calls(*ops: OperatorProcess) -> None:
+    for op in ops:
+        refused = [line for line in op.log().splitlines() if " 403" in line or "forbidden" in line.lower()]
+        assert not refused, f"calls its RBAC rules forbid: {refused[:3]}"
+
+
+async def test_a_demoted_operator_stops_acting_and_carries_the_run_on_when_the_active_one_is_killed(
+    place, tmp_path
+):
+    """The first operator works a run alone; a second of a higher priority takes over (the first stands by,
+    its caches still full: only the peering gate keeps its resync from acting on them); the second is killed
+    mid-run and the first carries the run on."""
+    cluster, kubelet = place.cluster, place.kubelet
+    async with place.operator(tmp_path, priority=100, lifetime=3) as first:
+        await role(first, "active")
+        await cluster.apply_run("ha", tiny())
+        await wait_job(cluster, "ha", "prepare")
+        async with place.operator(tmp_path, priority=200, lifetime=3) as second:
+            await role(second, "active")
+            await role(first, "standby")
+            await asyncio.sleep(1.5)  # a resync round under way when it turned standby ends
+            before = await reconciles(first)
+            await complete(cluster, kubelet, "ha", ("prepare",))
+            await wait_job(cluster, "ha", "extract")
+            await asyncio.sleep(3)  # three of the standby's resync rounds
+            assert await reconciles(second) > 0
+            assert await reconciles(first) == before, "the standby acted"
+
+            second.kill()  # mid-run: extract's Job runs
+            await second.wait(10)
+            killed = time.monotonic()
+            await complete(cluster, kubelet, "ha", ("extract",))
+            await job_within(cluster, "ha", "vocab", 30)  # kopf resumes the standby within the lifetime
+            took = time.monotonic() - killed
+            await complete(cluster, kubelet, "ha", ("vocab",))
+            await wait_job(cluster, "ha", "train")
+            stages = (await status(cluster, "ha"))["stages"]
+            assert {s: stages[s]["phase"] for s in ("prepare", "extract", "vocab")} == dict.fromkeys(
+                ("prepare", "extract", "vocab"), "Succeeded"
+            )
+            assert await reconciles(first) > before
+            await role(first, "active")
+            assert identity(second) not in ((await place.peering()).get("status") or {})  # cleaned up
+            assert_no_forbidden_calls(first, second)
+    assert_each_job_created_once(place, ("prepare", "extract", "vocab", "train"))
+    assert took < 30, f"the standby took {took:.0f}s to carry the run on"
+
+
+async def test_a_gracefully_stopped_operator_hands_over_at_once(place, tmp_path):
+    """With a 30 s lifetime, a standby waiting for the record to expire would take up to 30 s: a graceful
+    stop deletes the record, and the standby takes over at once."""
+    cluster, kubelet = place.cluster, place.kubelet
+    async with place.operator(tmp_path, priority=200, lifetime=30) as active:
+        await role(active, "active")
+        async with place.operator(tmp_path, priority=100, lifetime=30) as standby:
+            await role(standby, "standby")
+            await cluster.apply_run("calm", tiny())
+            await wait_job(cluster, "calm", "prepare")
+            assert await reconciles(standby) == 0, "the standby acted"
+
+            stopped = time.monotonic()
+            assert await active.stop() == 0, active.log()[-2000:]
+            peers = (await place.peering()).get("status") or {}
+            assert identity(active) not in peers and identity(standby) in peers
+            await complete(cluster, kubelet, "calm", ("prepare",))
+            await job_within(cluster, "calm", "extract", 25)
+            took = time.monotonic() - stopped
+            await role(standby, "active")
+            assert_no_forbidden_calls(active, standby)
+    assert_each_job_created_once(place, ("prepare", "extract"))
+    assert took < 20, f"the hand-over took {took:.0f}s"
+
+
+async def test_operators_of_the_same_priority_resolve_the_tie_and_one_acts(place, tmp_path):
+    """kopf pauses every operator that sees a peer of its own priority; the one whose identity sorts last
+    re-draws a lower priority, so the run does not wait for ever."""
+    cluster = place.cluster
+    async with (
+        place.operator(tmp_path, priority=5, lifetime=5) as one,
+        place.operator(tmp_path, priority=5, lifetime=5) as two,
+    ):
+        first, second = sorted((one, two), key=identity)
+        await role(second, "standby")
+        await role(first, "active")
+        assert "re-draws" in second.log() and "re-draws" not in first.log()
+        await cluster.apply_run("tie", tiny())
+        await wait_job(cluster, "tie", "prepare")
+        assert await reconciles(second) == 0, "the re-drawn operator acted"
+        assert_no_forbidden_calls(one, two)
+    assert_each_job_created_once(place, ("prepare",))
