@@ -8,7 +8,9 @@ promotes, with the acceptance the draft was evaluated at. Pure: the command line
 
 A run is promoted only when its status names a checkpoint that its current spec exported (status and spec of
 the same generation, stage export succeeded into that directory) with a sha256, and its evaluation gate, if
-it has one, passed. The operator checks the sha256 on the volume before vLLM rolls to the pinned draft.
+it has one, passed: with `serving.promotion: reviewed`, `status.candidate` (the new draft that waits while the
+pin serves), else `status.checkpoint`. The operator checks the sha256 on the volume before vLLM rolls to the
+pinned draft.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from typing import Any, Literal
 import yaml
 
 from eagle3_contract.api.base import API_VERSION, KIND
+from eagle3_contract.api.spec import Eagle3RunSpec, PinnedCheckpoint, Promotion
 from eagle3_contract.api.status import Checkpoint, ConditionType, StagePhase
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec
-from eagle3_contract.results import EvaluateResult
+from eagle3_contract.results import EvaluateResult, ExportResult
 from eagle3_contract.stages import Stage
 
 Format = Literal["manifest", "values"]
@@ -55,6 +58,7 @@ class Candidate:
     checkpoint: Checkpoint
     gate: float | None
     speculative_tokens: int
+    replaces: PinnedCheckpoint | None = None  # reviewed: the pin that serves until the promotion is merged
 
 
 def _label(run: Mapping[str, Any]) -> str:
@@ -94,9 +98,34 @@ def _check_gate(spec_gate: float | None, status: Mapping[str, Any], who: str) ->
         )
 
 
-def _exported(status: Mapping[str, Any], who: str) -> Checkpoint:
-    raw = status.get("checkpoint")
+def _no_candidate(spec: Eagle3RunSpec, export: Mapping[str, Any], who: str) -> PromotionError:
+    """Why a reviewed run has no status.candidate: already promoted, or not exported yet."""
+    pin = spec.serving.pinned_checkpoint
+    done = export.get("phase") == StagePhase.SUCCEEDED
+    sha256 = (ExportResult.parse(export.get("result")) or ExportResult()).sha256
+    if (
+        done
+        and pin is not None
+        and (pin.path == export.get("outputDir") or (sha256 and pin.sha256 == sha256))
+    ):
+        return PromotionError(
+            f"Eagle3Run {who} has no candidate to promote: its pin {pin.path} is the draft its current spec "
+            "exported (already promoted); edit the training in git to train a new candidate"
+        )
+    phase = export.get("phase", "not started")
+    return PromotionError(
+        f"Eagle3Run {who} has no candidate to promote (status.candidate is empty; stage export: {phase}); "
+        "wait until the run exports a draft past its gate, then promote"
+    )
+
+
+def _exported(status: Mapping[str, Any], spec: Eagle3RunSpec, who: str) -> Checkpoint:
+    """The checkpoint to pin: status.candidate of a reviewed run, else status.checkpoint."""
+    field = "candidate" if spec.serving.promotion is Promotion.REVIEWED else "checkpoint"
+    raw = status.get(field)
     export = (status.get("stages") or {}).get(Stage.EXPORT.value) or {}
+    if field == "candidate" and not (isinstance(raw, Mapping) and raw.get("path")):
+        raise _no_candidate(spec, export, who)
     if not isinstance(raw, Mapping) or not raw.get("path"):
         phase = export.get("phase", "not started")
         raise PromotionError(
@@ -106,13 +135,13 @@ def _exported(status: Mapping[str, Any], who: str) -> Checkpoint:
     checkpoint = Checkpoint.model_validate(raw)
     if export.get("phase") != StagePhase.SUCCEEDED or export.get("outputDir") != checkpoint.path:
         raise PromotionError(
-            f"Eagle3Run {who}: status.checkpoint {checkpoint.path} is not the export of its current spec "
+            f"Eagle3Run {who}: status.{field} {checkpoint.path} is not the export of its current spec "
             f"(stage export: {export.get('phase', 'not started')}, output {export.get('outputDir')}); wait "
             "until the run exports its current spec, then promote"
         )
     if not checkpoint.sha256:
         raise PromotionError(
-            f"Eagle3Run {who}: status.checkpoint {checkpoint.path} has no sha256 (export reported none), so "
+            f"Eagle3Run {who}: status.{field} {checkpoint.path} has no sha256 (export reported none), so "
             "the operator could not verify it; re-run stage export with this version of the pipeline"
         )
     return checkpoint
@@ -138,7 +167,8 @@ def promotion_candidate(run: Mapping[str, Any]) -> Candidate:
         spec = parse_spec(run.get("spec"))
     except InvalidSpecError as exc:
         raise PromotionError(f"Eagle3Run {who}: {exc}") from None
-    if spec.serving.pinned_checkpoint is not None:
+    reviewed = spec.serving.promotion is Promotion.REVIEWED
+    if spec.serving.pinned_checkpoint is not None and not reviewed:
         raise PromotionError(
             f"Eagle3Run {who} already serves a pinned draft ({spec.serving.pinned_checkpoint.path}) and "
             "exported none of its own; promote the run that trained it, or copy this run's manifest"
@@ -148,7 +178,7 @@ def promotion_candidate(run: Mapping[str, Any]) -> Candidate:
         raise PromotionError(f"Eagle3Run {who} has no status yet: the operator has not reconciled it")
     _check_current(run, status, who)
     _check_gate(spec.evaluation.min_acceptance_length, status, who)
-    checkpoint = _figures(_exported(status, who), status)
+    checkpoint = _figures(_exported(status, spec, who), status)
     meta = run.get("metadata") or {}
     return Candidate(
         namespace=meta.get("namespace"),
@@ -157,6 +187,7 @@ def promotion_candidate(run: Mapping[str, Any]) -> Candidate:
         checkpoint=checkpoint,
         gate=spec.evaluation.min_acceptance_length,
         speculative_tokens=spec.evaluation.num_speculative_tokens,
+        replaces=spec.serving.pinned_checkpoint,
     )
 
 
@@ -256,6 +287,7 @@ def commit_message(candidate: Candidate) -> str:
         subject,
         "",
         *textwrap.wrap(f"Pin spec.serving.pinnedCheckpoint to the draft Eagle3Run {who} exported{at}.", 72),
+        *_replaces(candidate.replaces),
         "",
         f"  path:   {c.path}",
         f"  sha256: {c.sha256}",
@@ -270,11 +302,26 @@ def commit_message(candidate: Candidate) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _replaces(pin: PinnedCheckpoint | None) -> list[str]:
+    if pin is None:
+        return []
+    return textwrap.wrap(f"It replaces the pinned draft {pin.path} (sha256 {pin.sha256 or 'not set'}).", 72)
+
+
 def render(document: Mapping[str, Any], candidate: Candidate) -> str:
     """YAML for git, with a comment naming where the pin came from."""
     who = "/".join(p for p in (candidate.namespace, candidate.name) if p)
     header = f"# Promoted with `eagle3 promote` from Eagle3Run {who}: {acceptance(candidate)}.\n"
     return header + yaml.safe_dump(dict(document), sort_keys=False, default_flow_style=False)
+
+
+def promotion_text(
+    run: Mapping[str, Any], fmt: Format = "manifest", values_key: str = "spec"
+) -> tuple[str, Candidate]:
+    """What `eagle3 promote` prints for `run` (the document to commit, as YAML) and what it promotes."""
+    document = build_promotion(run, fmt, values_key)
+    candidate = promotion_candidate(run)
+    return render(document, candidate), candidate
 
 
 def select_run(documents: list[Any], name: str) -> Mapping[str, Any]:

@@ -1,5 +1,6 @@
 """GitOps through the real kopf operator: it writes only status, and a draft pinned in git rolls only after
-the sha256 was verified where the files are; `eagle3 promote` reads a run from the API server.
+the sha256 was verified where the files are; `eagle3 promote` reads a run from the API server; a reviewed
+run's new draft waits in status.candidate until its promotion is applied, then vLLM rolls to it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import yaml
 from eagle3_contract.api.base import PLURAL
 from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE
 from eagle3_operator.k8s import ApiError, Kube
+from eagle3_operator.promote import build_promotion
 from tests.harness.cluster import eventually
-from tests.harness.scenario import drive_to_serving, status, tiny, wait_job, wait_phase
+from tests.harness.scenario import ORDER, complete, drive_to_serving, status, tiny, wait_job, wait_phase
 from tests.harness.verification import mismatch_message
 
 pytestmark = pytest.mark.operator
@@ -170,6 +172,48 @@ async def test_promote_reads_the_run_from_the_api_and_its_manifest_serves_the_ve
     }  # fmt: skip
     assert draft_of(deployment) == trained["checkpoint"]["path"]
     assert "git commit" in stderr and "mean acceptance length 1.600" in stderr
+
+
+async def test_a_reviewed_run_waits_for_its_promotion_then_vllm_rolls_to_the_candidate(backend):
+    """Train a reviewed run: its draft waits in status.candidate with no Deployment; apply the manifest
+    `eagle3 promote` builds from the run read from the API (the pin, nothing else changed): verify checks it,
+    nothing trains again, vLLM rolls to the candidate; a training edit then trains while it keeps serving."""
+    cluster, player = backend.cluster, backend.player
+    async with backend.operator():
+        await cluster.apply_run("rev", tiny(serving={"promotion": "reviewed"}))
+        await complete(cluster, player, "rev", ORDER)
+        waiting = await wait_phase(cluster, "rev", "Succeeded")
+        assert await cluster.deployment("rev") is None, "nothing serves before the first promotion"
+        manifest = build_promotion(await cluster.run("rev"))
+        await cluster.edit_run("rev", {"serving": manifest["spec"]["serving"]})
+        job = await wait_job(cluster, "rev", "verify")
+        await player.succeed(
+            job, {"path": waiting["candidate"]["path"], "sha256": waiting["candidate"]["sha256"]}
+        )
+        deployment = await eventually(lambda: cluster.deployment("rev"), what="vLLM deployment")
+        await player.ready(deployment)
+        promoted = await wait_phase(cluster, "rev", "Serving")
+        trains = len(await cluster.jobs("rev", "train"))
+        await cluster.edit_run("rev", {"training": {"learningRate": 3e-4}})
+        await wait_job(cluster, "rev", "train")
+        retraining = await eventually(lambda: _candidate_gone(cluster, "rev"), what="the retrain reconciled")
+        still = await cluster.deployment("rev")
+    ready = {c["type"]: c for c in waiting["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "AwaitingPromotion")
+    assert f"eagle3 promote rev -n {cluster.ns}" in ready["message"]
+    assert manifest["spec"]["serving"]["pinnedCheckpoint"] == {
+        "path": waiting["candidate"]["path"], "sha256": waiting["candidate"]["sha256"],
+    }  # fmt: skip
+    assert draft_of(deployment) == waiting["candidate"]["path"]
+    assert "candidate" not in promoted and promoted["checkpoint"] == waiting["candidate"]
+    assert trains == 1, "the promotion trained nothing again"
+    assert still is not None and draft_of(still) == waiting["candidate"]["path"]
+    assert retraining["serving"]["draft"] == waiting["candidate"]["path"]
+
+
+async def _candidate_gone(cluster: Any, run: str) -> dict[str, Any] | None:
+    st = await status(cluster, run)
+    return st if st.get("currentStage") == "train" and "candidate" not in st else None
 
 
 async def _eagle3(*argv: str, kubeconfig: str) -> tuple[int, str]:

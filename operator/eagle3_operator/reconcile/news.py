@@ -2,7 +2,8 @@
 
 Pure: the status as last written and the new one in, (reason, message) pairs out. One Event per stage that
 finished and, while train runs, one per epoch it completed (epochs completed between two readings of its
-progress make one Event that names them all).
+progress make one Event that names them all); with serving.promotion reviewed, one when a new candidate draft
+waits for promotion.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from eagle3_contract.progress import eta_text
 
 STAGE_SUCCEEDED = "StageSucceeded"
 EPOCH_COMPLETED = "EpochCompleted"
+CANDIDATE_READY = "CandidateReady"
 
 
 def _figures(progress: Mapping[str, Any]) -> str:
@@ -49,6 +51,19 @@ def _epochs(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
     return f"train epoch {which}/{total} completed" + (f": {figures}" if figures else "")
 
 
+def _candidate(known: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
+    """A candidate draft that the last written status did not name yet."""
+    new, old = status.get("candidate") or {}, known.get("candidate") or {}
+    if not new.get("path") or (new.get("path"), new.get("sha256")) == (old.get("path"), old.get("sha256")):
+        return None
+    length = new.get("acceptanceLength")
+    figure = f"mean acceptance length {length:.3f}" if isinstance(length, int | float) else "no acceptance"
+    return (
+        f"candidate draft {new['path']} ({figure}) passed the gate and waits for promotion "
+        "(serving.promotion reviewed): `eagle3 promote` writes the pinned manifest to commit"
+    )
+
+
 def progress_news(
     known: Mapping[str, Any], status: Mapping[str, Any], durations: Mapping[str, float | None]
 ) -> list[tuple[str, str]]:
@@ -66,4 +81,6 @@ def progress_news(
             earlier = (then.get("progress") or {}) if same_attempt else {}
             if (epochs := _epochs(earlier, now["progress"])) is not None:
                 news.append((EPOCH_COMPLETED, epochs))
+    if (waiting := _candidate(known, status)) is not None:
+        news.append((CANDIDATE_READY, waiting))
     return news

@@ -24,6 +24,7 @@ from eagle3_contract.api.status import (
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec, spec_document
 from eagle3_contract.estimates import estimates_from_stages
 from eagle3_contract.progress import eta_text, summary
+from eagle3_contract.reasons import AWAITING_PROMOTION
 from eagle3_contract.results import EvaluateResult, ExportResult
 from eagle3_contract.stages import Stage, StagePlan, content_hash, plan_stages
 from eagle3_operator.builders import names
@@ -37,6 +38,16 @@ from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.producers import plan_producers
 from eagle3_operator.reconcile.progress import Progress, walk_stages
 from eagle3_operator.reconcile.rendezvous import plan_rendezvous
+from eagle3_operator.reconcile.review import (
+    awaiting_message,
+    candidate,
+    pinned_checkpoint,
+    reviewed,
+    verified_pin,
+    waiting_note,
+    walk_reviewed,
+    with_check,
+)
 from eagle3_operator.reconcile.serving import converge, plan_serving
 
 
@@ -120,27 +131,53 @@ def _stale_configmaps(ref: RunRef, observed: Observed, current: str) -> list[Act
     ]
 
 
+def _exported(progress: Progress) -> Checkpoint | None:
+    """The draft the current spec exported, once its stages have all finished (past the gate)."""
+    export = progress.stages.get(Stage.EXPORT.value)
+    if not (progress.complete and export is not None and export.phase == StagePhase.SUCCEEDED):
+        return None
+    if not export.output_dir:
+        return None
+    exported = ExportResult.parse(export.result) or ExportResult()
+    figures = _evaluated(progress) or EvaluateResult()
+    return Checkpoint(
+        path=export.output_dir,
+        sha256=exported.sha256,
+        bytes=exported.bytes,
+        acceptance_length=figures.acceptance_length,
+        acceptance_rate=figures.acceptance_rate,
+    )
+
+
 def _checkpoint(spec: Eagle3RunSpec, progress: Progress, previous: Eagle3RunStatus) -> Checkpoint | None:
     pinned = spec.serving.pinned_checkpoint
     if pinned is not None:
         return Checkpoint(path=pinned.path, sha256=pinned.sha256)
-    export = progress.stages.get(Stage.EXPORT.value)
-    if (
-        progress.complete
-        and export is not None
-        and export.phase == StagePhase.SUCCEEDED
-        and export.output_dir
-    ):
-        exported = ExportResult.parse(export.result) or ExportResult()
-        figures = _evaluated(progress) or EvaluateResult()
-        return Checkpoint(
-            path=export.output_dir,
-            sha256=exported.sha256,
-            bytes=exported.bytes,
-            acceptance_length=figures.acceptance_length,
-            acceptance_rate=figures.acceptance_rate,
-        )
-    return previous.checkpoint
+    return _exported(progress) or previous.checkpoint
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """Which drafts the status names and which one vLLM may serve now (None: leave the Deployment be)."""
+
+    checkpoint: Checkpoint | None
+    candidate: Checkpoint | None = None
+    rollout: Checkpoint | None = None
+
+
+def _drafts(
+    spec: Eagle3RunSpec, progress: Progress, check: Progress | None, previous: Eagle3RunStatus
+) -> Drafts:
+    """automatic: the export (or the verified pin) serves once every stage finished. reviewed (`check`: the
+    verify stage's walk, `progress`: the training stages'): the verified pin serves, the export waits."""
+    if check is None:
+        checkpoint = _checkpoint(spec, progress, previous)
+        return Drafts(checkpoint, rollout=checkpoint if progress.complete else None)
+    exported = _exported(progress)
+    known = (exported, previous.candidate, previous.checkpoint)
+    checkpoint = pinned_checkpoint(spec, known)
+    serve = checkpoint if verified_pin(spec, check) is not None else None
+    return Drafts(checkpoint, candidate(spec, exported), serve)
 
 
 def _evaluated(progress: Progress) -> EvaluateResult | None:
@@ -157,15 +194,19 @@ def _phase(spec: Eagle3RunSpec, progress: Progress, serving: ServingStatus | Non
     if not progress.complete:
         started = any(s.job_name for s in progress.stages.values())
         return RunPhase.RUNNING if started else RunPhase.PENDING
-    if not spec.serving.enabled:
-        return RunPhase.SUCCEEDED
-    return RunPhase.SERVING if serving is not None and serving.ready_replicas > 0 else RunPhase.RUNNING
+    if serving is not None and serving.ready_replicas > 0 and spec.serving.enabled:
+        return RunPhase.SERVING
+    if not spec.serving.enabled or (reviewed(spec) and spec.serving.pinned_checkpoint is None):
+        return RunPhase.SUCCEEDED  # trained; reviewed: the candidate waits for its promotion
+    return RunPhase.RUNNING
 
 
 def _conditions(
+    ref: RunRef,
     spec: Eagle3RunSpec,
     progress: Progress,
     serving: ServingStatus | None,
+    waiting: Checkpoint | None,
     previous: list[Condition],
     now: str,
     generation: int | None,
@@ -189,7 +230,7 @@ def _conditions(
         spec.evaluation.min_acceptance_length is not None or not verdict.passed
     ):
         out.append(cond(ConditionType.GATE_PASSED, verdict.passed, verdict.reason, verdict.message))
-    out.append(_ready(spec, progress, serving, cond))
+    out.append(_ready(ref, spec, progress, serving, waiting, cond))
     if progress.failed:
         out.append(cond(ConditionType.FAILED, True, *progress.failed))
     else:
@@ -198,27 +239,41 @@ def _conditions(
 
 
 def _ready(
+    ref: RunRef,
     spec: Eagle3RunSpec,
     progress: Progress,
     serving: ServingStatus | None,
+    waiting: Checkpoint | None,
     cond: Callable[[ConditionType, bool, str, str], Condition],
 ) -> Condition:
     """Ready: replicas serve (a failure after them, such as a refused draft, leaves the previous draft
-    serving and says so), or why none do."""
+    serving and says so; a candidate waiting for review is named), or why none do."""
     if serving is not None and serving.ready_replicas > 0:
         message = f"{serving.ready_replicas} replica(s) serve draft {serving.draft}"
         if progress.failed:
             message += f"; the new draft is not rolled out ({progress.failed[0]}: see the Failed condition)"
+        if waiting is not None:
+            message += waiting_note(ref, waiting)
         return cond(ConditionType.READY, True, "DeploymentReady", message)
     if progress.failed:
         return cond(ConditionType.READY, False, progress.failed[0], progress.failed[1])
     if serving is not None and serving.blocked_by:
         return cond(ConditionType.READY, False, "PodNotRunning", serving.blocked_by.message)
+    if waiting is not None and spec.serving.enabled and spec.serving.pinned_checkpoint is None:
+        return cond(ConditionType.READY, False, AWAITING_PROMOTION, awaiting_message(ref, waiting))
+    if reviewed(spec) and spec.serving.enabled and spec.serving.pinned_checkpoint is None:
+        why = (
+            "serving.promotion is reviewed and nothing is pinned yet: the draft this run exports past its "
+            "gate waits in status.candidate for `eagle3 promote`"
+        )
+        return cond(ConditionType.READY, False, "NotServing", why)
     why = "the draft is not ready yet" if spec.serving.enabled else "serving.enabled is false"
     return cond(ConditionType.READY, False, "NotServing", why)
 
 
-def _headline(progress: Progress, serving: ServingStatus | None, phase: RunPhase) -> tuple[str, str | None]:
+def _headline(
+    progress: Progress, serving: ServingStatus | None, phase: RunPhase, waiting: bool
+) -> tuple[str, str | None]:
     """kubectl's Progress and ETA columns: the current stage and how far it is (`train 6/10 ep`, `extract
     1200/5000 samples`), and its time left at the recent rate; or what the run does once its stages ended."""
     stage = progress.blocked_at
@@ -232,6 +287,8 @@ def _headline(progress: Progress, serving: ServingStatus | None, phase: RunPhase
         return summary(stage, live), eta_text(live.eta_seconds) if live is not None else None
     if serving is not None:
         return f"{names.SERVE_STAGE} {serving.ready_replicas}/{serving.replicas}", None
+    if waiting:
+        return "awaiting promotion", None
     return ("done" if phase == RunPhase.SUCCEEDED else phase.value.lower()), None
 
 
@@ -258,27 +315,34 @@ def plan_run(
     except InvalidSpecError as error:
         return plan_invalid(generation, error, previous, now)
     configmap = names.spec_configmap_name(ref.name, spec_hash)
-    progress = walk_stages(
-        ref, spec, list(stage_plans), previous.stages, observed.jobs, configmap, observed.progress
-    )
+    check: Progress | None = None  # reviewed: the verify stage's walk, apart from the training stages'
+    if reviewed(spec):
+        progress, check = walk_reviewed(
+            ref, spec, stage_plans, previous.stages, observed.jobs, configmap, observed.progress
+        )
+    else:
+        progress = walk_stages(
+            ref, spec, list(stage_plans), previous.stages, observed.jobs, configmap, observed.progress
+        )
     # online: the producers first (they may hold the train Job back), then the Services of multi-node Jobs
     online_actions, producers = plan_producers(
         ref, spec, list(stage_plans), progress, observed, configmap, previous.producers
     )
     plan_rendezvous(ref, spec, progress, observed)
-    checkpoint = _checkpoint(spec, progress, previous)
-    rollout = checkpoint if progress.complete else None  # exported past the gate, or pinned and verified
+    drafts = _drafts(spec, progress, check, previous)
+    progress = with_check(progress, check) if check is not None else progress
+    rollout = drafts.rollout  # exported past the gate, or pinned and verified
     serving_actions, serving = plan_serving(
         ref, spec, observed, rollout.path if rollout else None, rollout.sha256 if rollout else None
     )
     # the stage pods' PodMonitor lives as long as the run (its pods come and go stage by stage)
-    monitor = converge(observed, build_stage_pod_monitor(ref)) if observed.pod_monitors_served else []
+    monitor = converge(observed, build_stage_pod_monitor(ref, spec)) if observed.pod_monitors_served else []
     changes = monitor + online_actions + progress.actions + serving_actions
     actions = _storage_actions(ref, spec, observed, spec_hash, changes) + changes
     actions += _stale_configmaps(ref, observed, configmap)
     evaluated = _evaluated(progress)
     phase = _phase(spec, progress, serving)
-    headline, eta = _headline(progress, serving, phase)
+    headline, eta = _headline(progress, serving, phase, drafts.candidate is not None)
     status = Eagle3RunStatus(
         phase=phase,
         current_stage=progress.blocked_at or (names.SERVE_STAGE if spec.serving.enabled else None),
@@ -286,9 +350,12 @@ def plan_run(
         eta=eta,
         observed_generation=generation,
         acceptance_length=evaluated.acceptance_length if evaluated is not None else None,
-        conditions=_conditions(spec, progress, serving, previous.conditions, now, generation),
+        conditions=_conditions(
+            ref, spec, progress, serving, drafts.candidate, previous.conditions, now, generation
+        ),
         stages=progress.stages,
-        checkpoint=checkpoint,
+        checkpoint=drafts.checkpoint,
+        candidate=drafts.candidate,
         serving=serving,
         producers=producers,
         plan=RunPlan(estimates=estimates_from_stages(spec, progress.stages, stage_plans)),

@@ -148,3 +148,19 @@ def test_a_crash_looping_vllm_is_degraded() -> None:
     world.step()
     status, message = health(run_of(world))
     assert status == "Degraded" and "CrashLoopBackOff" in message
+
+
+def test_a_reviewed_run_waiting_for_its_first_promotion_is_suspended_and_says_what_to_run() -> None:
+    world = World(tiny(serving={"promotion": "reviewed"}))
+    world.run_to("none")
+    status, message = health(run_of(world))
+    assert status == "Suspended" and "eagle3 promote tiny" in message
+    candidate = world.status["candidate"] if world.status else {}
+    world.edit(serving={"pinnedCheckpoint": {"path": candidate["path"], "sha256": candidate["sha256"]}})
+    world.step()
+    assert health(run_of(world)) == ("Progressing", "Running: verify")
+    world.succeed("verify")
+    world.step()
+    world.ready(1)
+    world.step()
+    assert health(run_of(world))[0] == "Healthy"
