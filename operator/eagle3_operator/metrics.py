@@ -7,7 +7,11 @@ and `increase()` does not see it). `OperatorMetrics` remembers, per run, the Job
 already had when this process first reconciled it (Jobs started, Jobs failed, a draft serving) happened
 before the process started and is remembered without being counted, so a restarted operator starts its
 counters at zero (as Prometheus expects of a restart), never counts an old failure again, nor alerts on one.
-Per-run gauges are read from the status each reconcile writes, so a restart rebuilds them.
+Per-run gauges are read from the status each reconcile writes, so a restart rebuilds them: the run's phase
+(`eagle3_run_phase`, 1 for the current phase and 0 for the others, as kube-state-metrics does) and the
+evaluated figures (acceptance by `sampling`: greedy, and sampled at evaluation.sampling when the run has it;
+per draft position; the speedup). A run has a bounded set of series (its phases, its stages, k positions) and
+loses every one when it is deleted (`forget_run`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from eagle3_operator.builders import names
 from eagle3_operator.reconcile.run_report import (
     RunReport,
     blocked_pods,
+    evaluated_acceptance,
     failure_reason,
     rolled_out_before,
     running_stages,
@@ -92,8 +97,25 @@ class OperatorMetrics:
         self.expected = gauge(
             "eagle3_run_stage_expected_seconds", "How long the running stage is expected to take.", "stage"
         )
-        self.acceptance = gauge("eagle3_run_acceptance_length", "Evaluated mean acceptance length.", "model")
-        self.acceptance_rate = gauge("eagle3_run_acceptance_rate", "Evaluated acceptance rate.", "model")
+        self.phase = gauge(
+            "eagle3_run_phase", "1 for the run's current phase, 0 for the others (status.phase).", "phase"
+        )
+        self.acceptance = gauge(
+            "eagle3_run_acceptance_length", "Evaluated mean acceptance length, greedy or sampled (at "
+            "evaluation.sampling).", "model", "sampling",
+        )  # fmt: skip
+        self.acceptance_rate = gauge(
+            "eagle3_run_acceptance_rate", "Evaluated acceptance rate, greedy or sampled.", "model", "sampling"
+        )
+        self.acceptance_position = gauge(
+            "eagle3_run_acceptance_by_position", "Evaluated acceptance at each draft position (accepted at "
+            "the position / drafts), greedy or sampled.", "model", "sampling", "position",
+        )  # fmt: skip
+        self.speedup = gauge(
+            "eagle3_run_speedup",
+            "Evaluated output tokens per second with the draft / without (greedy).",
+            "model",
+        )
         self.validation_loss = gauge("eagle3_run_validation_loss", "Best validation loss of training.")
         self.hidden_bytes = gauge("eagle3_run_hidden_state_bytes", "Bytes of extracted hidden states.")
         self.tokens = gauge("eagle3_run_tokens_processed", "Tokens a stage processed.", "stage")
@@ -158,6 +180,9 @@ class OperatorMetrics:
                 self.runs.labels(report.namespace, memory.phase.value).dec()
             self.runs.labels(report.namespace, report.phase.value).inc()
             memory.phase = report.phase
+            for phase in RunPhase:
+                labels = (report.namespace, report.run, phase.value)
+                self._series(memory, f"phase/{phase.value}", self.phase, *labels).set(phase == report.phase)
 
     def _attempts(self, report: RunReport, memory: RunMemory, first: bool) -> None:
         """Count each Job once as an attempt and, if it failed, once as a failure (see the module doc)."""
@@ -187,16 +212,11 @@ class OperatorMetrics:
         """Per-run figures from the stages' results; a figure stays until a new result replaces it."""
         ns, run = report.namespace, report.run
         results = stage_results(report.status)
-        evaluate = result_of(results, EvaluateResult) or EvaluateResult()
+        evaluate = result_of(results, EvaluateResult)
         train = result_of(results, TrainResult) or TrainResult()
         extract = result_of(results, ExtractResult) or ExtractResult()
-        if report.model is not None:
-            for slot, metric, value in (
-                ("acceptance_length", self.acceptance, evaluate.acceptance_length),
-                ("acceptance_rate", self.acceptance_rate, evaluate.acceptance_rate),
-            ):
-                if value is not None:
-                    self._series(memory, slot, metric, ns, run, report.model).set(value)
+        if evaluate is not None and report.model is not None:
+            self._evaluated(report, memory, evaluate, report.model)
         for slot, gauge, figure in (
             ("validation_loss", self.validation_loss, train.best_val_loss),
             ("hidden_state_bytes", self.hidden_bytes, extract.bytes),
@@ -207,6 +227,31 @@ class OperatorMetrics:
             tokens = result.tokens_processed
             if tokens is not None:
                 self._series(memory, f"tokens/{stage}", self.tokens, ns, run, stage).set(tokens)
+
+    def _evaluated(self, report: RunReport, memory: RunMemory, result: EvaluateResult, model: str) -> None:
+        """evaluate's figures by sampling (greedy; sampled when measured) and draft position, and the speedup.
+        A new result replaces them all: a figure it lacks (no sampled measurement, fewer positions) goes."""
+        ns, run = report.namespace, report.run
+        kept: set[str] = set()
+        for sampling, figures in evaluated_acceptance(result).items():
+            for slot, metric, value in (
+                (f"acceptance_length/{sampling}", self.acceptance, figures.length),
+                (f"acceptance_rate/{sampling}", self.acceptance_rate, figures.rate),
+            ):
+                if value is not None:
+                    self._series(memory, slot, metric, ns, run, model, sampling).set(value)
+                    kept.add(slot)
+            for position, value in enumerate(figures.by_position):
+                slot = f"acceptance_position/{sampling}/{position}"
+                labels = (ns, run, model, sampling, str(position))
+                self._series(memory, slot, self.acceptance_position, *labels).set(value)
+                kept.add(slot)
+        if result.speedup is not None:
+            self._series(memory, "speedup", self.speedup, ns, run, model).set(result.speedup)
+            kept.add("speedup")
+        evaluated = ("acceptance_length/", "acceptance_rate/", "acceptance_position/", "speedup")
+        for slot in [s for s in memory.series if s.startswith(evaluated) and s not in kept]:
+            self._drop(memory, slot)
 
     def _running(self, report: RunReport, memory: RunMemory) -> None:
         """Started and expected seconds of the running stages; the series of the others go."""

@@ -17,6 +17,7 @@ from eagle3_contract.results import (
     ExtractResult,
     GenerateResult,
     PrepareResult,
+    SampledAcceptance,
     ServerStartSeconds,
     StageResult,
     TrainEpoch,
@@ -88,6 +89,11 @@ FAKE_RESULTS: dict[Stage, StageResult] = {
         embeddings_match_verifier=True,
         draft_checkpoint="train/0123456789ab/checkpoints/checkpoint_best",
         server_start_seconds=ServerStartSeconds(draft=30.0, baseline=25.0), seconds=70.0,
+        sampled=SampledAcceptance(
+            temperature=0.7, top_p=0.95, top_k=-1, seed=0, prompts=8, drafts=320, draft_tokens=960,
+            accepted_tokens=128, acceptance_rate=0.133333, acceptance_length=1.4,
+            acceptance_by_position=[0.25, 0.1, 0.05],
+        ),
     ),
     Stage.EXPORT: ExportResult(
         sha256=EXPORT_SHA256, bytes=CHECKPOINT_BYTES, expected_bytes=120_000, ratio=1.0288,

@@ -210,8 +210,14 @@ def test_the_dashboards_acceptance_panels_agree_with_the_raw_counters(
 def test_the_evaluated_acceptance_is_beside_the_live_one(tier: Tier) -> None:
     assert tier.evaluated is not None
     for run in ("good", "bad"):
-        evaluated = tier.scalar(f'eagle3_run_acceptance_length{{run="{run}", model="{MODEL}"}}')
+        evaluated = tier.scalar(
+            f'eagle3_run_acceptance_length{{run="{run}", model="{MODEL}", sampling="greedy"}}'
+        )
         assert evaluated == tier.evaluated.length
+        first = tier.scalar(
+            f'eagle3_run_acceptance_by_position{{run="{run}", sampling="greedy", position="0"}}'
+        )
+        assert first == tier.evaluated.by_position[0]
         info = tier.prometheus.query(f'eagle3_serving_draft_info{{run="{run}"}}', at=tier.end)
         assert len(info) == 1 and len(info[0]["metric"]["sha256"]) == 64
 

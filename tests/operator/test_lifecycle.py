@@ -72,7 +72,7 @@ async def test_run_goes_from_prepare_to_serving(backend):
     assert "ownerReferences" not in claim["metadata"], "the artifacts volume outlives the run by default"
     backend.assert_content_types()
     sample, run = metrics.registry.get_sample_value, {"namespace": cluster.ns, "run": "tiny"}
-    assert sample("eagle3_run_acceptance_length", run | {"model": MODEL}) == 1.6
+    assert sample("eagle3_run_acceptance_length", run | {"model": MODEL, "sampling": "greedy"}) == 1.6
     prepare = {"namespace": cluster.ns, "stage": "prepare"}
     assert sample("eagle3_operator_stage_duration_seconds_count", prepare) == 1
     attempts = {s: sample("eagle3_operator_stage_attempts_total", run | {"stage": s}) for s in ORDER}

@@ -23,6 +23,7 @@ from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.evaluate_requests import Measurement, request_options
 from eagle3_pipeline.local import LocalOptions, LocalRunError, gate_failure, run_local
 from eagle3_pipeline.spec_metrics import (
     Acceptance,
@@ -31,7 +32,7 @@ from eagle3_pipeline.spec_metrics import (
     parse_counters,
 )
 from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.stages.evaluate import Evaluation, Measurement, held_out_prompts, prompt_of, summarize
+from eagle3_pipeline.stages.evaluate import Evaluation, held_out_prompts, prompt_of, summarize
 from tests.pipeline.draft_support import (
     evaluate_spec,
     shared_draft,
@@ -229,6 +230,52 @@ def test_embeddings_of_another_verifier_are_named(tmp_path: Path) -> None:
     )
 
 
+SAMPLING = {"temperature": 0.7, "topP": 0.95, "topK": 40, "seed": 7}
+
+
+def test_greedy_and_sampled_requests_carry_vllms_sampling_params() -> None:
+    from eagle3_contract.api.spec import Sampling
+
+    assert request_options(None) == {"temperature": 0.0}
+    sampled = request_options(Sampling.model_validate(SAMPLING))
+    assert sampled == {"temperature": 0.7, "top_p": 0.95, "seed": 7, "extra_body": {"top_k": 40}}
+
+
+def test_the_sampled_measurement_is_written_beside_the_greedy_one(tmp_path: Path) -> None:
+    ctx = context(tmp_path, prompts=3, numSpeculativeTokens=3, minAcceptanceLength=1.5, sampling=SAMPLING)
+    ev = evaluation(3, accepted=60)
+    ev.draft.sampled = Measurement(
+        ["x", None, "z"], 250, 2.5, counters=SpecDecodeCounters(100, 300, 30, (20, 10, 0))
+    )
+    ev.draft.sampled.failures.append("prompt 1: APITimeoutError: timed out")
+    result = summarize(ctx, ev)
+    assert result["acceptanceLength"] == 1.6  # the gate's figure stays the greedy one
+    assert result["sampled"] == {
+        "temperature": 0.7, "topP": 0.95, "topK": 40, "seed": 7, "prompts": 3, "drafts": 100,
+        "draftTokens": 300, "acceptedTokens": 30, "acceptanceRate": 0.1, "acceptanceLength": 1.3,
+        "acceptanceByPosition": [0.2, 0.1, 0.0],
+    }  # fmt: skip
+    parsed = EvaluateResult.model_validate(result)
+    assert parsed.sampled is not None and parsed.sampled.acceptance_length == 1.3
+    assert judged(result, 1.5).passed  # sampled acceptance below the gate does not fail it
+    assert result["failedPrompts"] == 1 and "APITimeoutError" in result["message"]
+    assert len(json.dumps(result)) < 4096
+
+
+def test_without_sampling_only_greedy_is_measured(tmp_path: Path) -> None:
+    result = summarize(context(tmp_path, prompts=3), evaluation(3, accepted=60))
+    assert result["sampled"] is None
+
+
+def test_contradictory_sampled_counters_fail_the_stage(tmp_path: Path) -> None:
+    ev = evaluation(3, accepted=60)
+    ev.draft.sampled = Measurement(
+        ["x"] * 3, 250, 2.5, counters=SpecDecodeCounters(100, 300, 60, (10, 20, 30))
+    )
+    with pytest.raises(StageError, match="contradict each other"):
+        summarize(context(tmp_path, prompts=3, sampling=SAMPLING), ev)
+
+
 def test_contradictory_counters_fail_the_stage(tmp_path: Path) -> None:
     ev = evaluation(3, accepted=60)
     ev.draft.counters = SpecDecodeCounters(100, 300, 60, (10, 20, 30))
@@ -282,6 +329,8 @@ def test_the_gate_is_the_current_specs(
 
 PROMPTS = 16
 MAX_TOKENS = 64
+# the good run also measures at the serving traffic's settings, on its draft server (no extra server)
+SERVING_SAMPLING = {"temperature": 1.0, "topP": 0.9, "seed": 3}
 
 
 @dataclass(frozen=True)
@@ -320,8 +369,9 @@ def good_run(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     draft = shared_draft(vllm_env, tmp_path_factory.getbasetemp())
     gate = {"minAcceptanceLength": 1.3}
     return evaluate_in(
-        tmp_path_factory.mktemp("good"), vllm_env, draft, prompts=PROMPTS, maxTokens=MAX_TOKENS, **gate
-    )
+        tmp_path_factory.mktemp("good"), vllm_env, draft, prompts=PROMPTS, maxTokens=MAX_TOKENS,
+        sampling=SERVING_SAMPLING, **gate,
+    )  # fmt: skip
 
 
 @pytest.mark.vllm
@@ -343,6 +393,23 @@ def test_acceptance_follows_from_vllms_raw_counters(good_run: Run) -> None:
     assert r["outputTokens"] == r["baselineOutputTokens"]
     assert r["outputsMatchingBaseline"] >= PROMPTS - 1  # greedy decoding is lossless up to numerics
     assert r["outputTokensPerSecond"] > 0 and r["speedup"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_sampled_acceptance_is_measured_on_the_same_draft_server(good_run: Run) -> None:
+    r, s = good_run.result, good_run.result["sampled"]
+    assert s["temperature"] == 1.0 and s["topP"] == 0.9 and s["topK"] == -1 and s["seed"] == 3
+    assert s["prompts"] == PROMPTS and r["failedPrompts"] == 0
+    assert s["drafts"] > 0 and s["draftTokens"] <= s["drafts"] * r["numSpeculativeTokens"]
+    assert s["acceptanceLength"] == pytest.approx(1 + s["acceptedTokens"] / s["drafts"], abs=1e-6)
+    assert s["acceptanceRate"] == pytest.approx(s["acceptedTokens"] / s["draftTokens"], abs=1e-6)
+    assert 1 + sum(s["acceptanceByPosition"]) == pytest.approx(s["acceptanceLength"], abs=1e-5)
+    # its own counters' difference, not the greedy run's again (the draft guesses sampled tokens worse)
+    assert s["acceptedTokens"] != r["acceptedTokens"] or s["drafts"] != r["drafts"]
+    assert s["acceptanceLength"] < r["acceptanceLength"]
+    log = (good_run.output / "vllm-draft.log").read_text()
+    assert log.count("Starting vLLM server on") == 1  # one server for both measurements
 
 
 @pytest.mark.vllm

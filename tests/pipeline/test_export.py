@@ -28,8 +28,9 @@ from eagle3_pipeline.draft_checkpoint import (
     serving_weights,
     unservable_mapping,
 )
+from eagle3_pipeline.evaluate_requests import Measurement
 from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.stages.evaluate import Measurement, held_out_prompts, measure
+from eagle3_pipeline.stages.evaluate import held_out_prompts, measure
 from tests.pipeline.draft_support import (
     DATASET,
     VERIFIER,

@@ -333,7 +333,7 @@ def test_per_run_figures_come_from_the_stage_results() -> None:
     metrics = OperatorMetrics()
     metrics.observe(report(status=results_status()))
     run = {"namespace": "ns", "run": "a"}
-    model = run | {"model": "Qwen/Qwen3-8B"}
+    model = run | {"model": "Qwen/Qwen3-8B", "sampling": "greedy"}
     assert sample(metrics, "eagle3_run_acceptance_length", **model) == pytest.approx(2.65)
     assert sample(metrics, "eagle3_run_acceptance_rate", **model) == pytest.approx(0.55)
     assert sample(metrics, "eagle3_run_validation_loss", **run) == pytest.approx(4.2)
@@ -357,7 +357,7 @@ def test_a_figure_stays_until_a_new_result_replaces_it_and_a_new_model_replaces_
     metrics.observe(report(status=results_status()))
     rerun = {"stages": {"evaluate": stage(StagePhase.RUNNING)}}  # a spec edit re-runs evaluate
     metrics.observe(report(status=rerun, model="Qwen/Qwen3-14B"))
-    old = {"namespace": "ns", "run": "a", "model": "Qwen/Qwen3-8B"}
+    old = {"namespace": "ns", "run": "a", "model": "Qwen/Qwen3-8B", "sampling": "greedy"}
     assert sample(metrics, "eagle3_run_acceptance_length", **old) == pytest.approx(2.65)
     again = {"stages": {"evaluate": stage(StagePhase.SUCCEEDED, EVALUATE | {"acceptanceLength": 3.1})}}
     metrics.observe(report(status=again, model="Qwen/Qwen3-14B"))
@@ -376,7 +376,79 @@ def test_a_failed_evaluation_or_a_text_result_sets_nothing() -> None:
         }
     }
     metrics.observe(report(status=status))
-    assert {name for name, _ in series(metrics, "a") if name.startswith("eagle3_run_")} == set()
+    figures = {name for name, _ in series(metrics, "a") if name.startswith("eagle3_run_")}
+    assert figures == {"eagle3_run_phase"}
+
+
+def phases_of(metrics: OperatorMetrics, run: str = "a") -> dict[str, float | None]:
+    return {
+        p.value: sample(metrics, "eagle3_run_phase", namespace="ns", run=run, phase=p.value) for p in RunPhase
+    }
+
+
+def test_the_run_phase_gauge_is_one_for_the_current_phase_and_zero_for_the_others() -> None:
+    metrics = OperatorMetrics()
+    metrics.observe(report(RunPhase.RUNNING))
+    assert phases_of(metrics) == dict.fromkeys((p.value for p in RunPhase), 0.0) | {"Running": 1.0}
+    metrics.observe(report(RunPhase.FAILED))
+    metrics.observe(report(RunPhase.FAILED))
+    assert phases_of(metrics) == dict.fromkeys((p.value for p in RunPhase), 0.0) | {"Failed": 1.0}
+    metrics.observe(report(RunPhase.SERVING, run="b"))
+    assert phases_of(metrics, "b")["Serving"] == 1 and phases_of(metrics)["Serving"] == 0
+    metrics.forget_run("ns", "a")
+    assert set(phases_of(metrics).values()) == {None} and phases_of(metrics, "b")["Serving"] == 1
+
+
+SAMPLED = {
+    "temperature": 0.7, "topP": 0.95, "prompts": 8, "acceptanceLength": 1.9, "acceptanceRate": 0.3,
+    "acceptanceByPosition": [0.6, 0.3],
+}  # fmt: skip
+
+
+def evaluated(**fields: Any) -> dict[str, Any]:
+    return {"stages": {"evaluate": stage(StagePhase.SUCCEEDED, EVALUATE | fields)}}
+
+
+def figures(metrics: OperatorMetrics) -> dict[tuple[str, ...], float | None]:
+    """The evaluated series of run a, by (metric, sampling[, position])."""
+    out: dict[tuple[str, ...], float | None] = {}
+    for family in metrics.registry.collect():
+        for s in family.samples:
+            if s.labels.get("run") == "a" and s.name.startswith(
+                ("eagle3_run_acceptance", "eagle3_run_speedup")
+            ):
+                key = tuple(s.labels[k] for k in ("sampling", "position") if k in s.labels)
+                out[(s.name, *key)] = s.value
+    return out
+
+
+def test_the_evaluated_figures_by_sampling_and_position_and_the_speedup() -> None:
+    metrics = OperatorMetrics()
+    evaluate = {"acceptanceByPosition": [0.9, 0.5, 0.25], "speedup": 1.8, "sampled": SAMPLED}
+    metrics.observe(report(status=evaluated(**evaluate)))
+    length, rate = "eagle3_run_acceptance_length", "eagle3_run_acceptance_rate"
+    position = "eagle3_run_acceptance_by_position"
+    assert figures(metrics) == pytest.approx({
+        (length, "greedy"): 2.65, (rate, "greedy"): 0.55, (length, "sampled"): 1.9, (rate, "sampled"): 0.3,
+        (position, "greedy", "0"): 0.9, (position, "greedy", "1"): 0.5, (position, "greedy", "2"): 0.25,
+        (position, "sampled", "0"): 0.6, (position, "sampled", "1"): 0.3, ("eagle3_run_speedup",): 1.8,
+    })  # fmt: skip
+    labels = {"namespace": "ns", "run": "a", "model": "Qwen/Qwen3-8B", "sampling": "sampled", "position": "1"}
+    assert sample(metrics, position, **labels) == pytest.approx(0.3)
+
+
+def test_a_new_evaluation_replaces_every_evaluated_figure() -> None:
+    """Without a sampled measurement (evaluation.sampling removed) or with fewer draft positions, the old
+    figures go: the live acceptance alert must not compare traffic with a stale sampled figure."""
+    metrics = OperatorMetrics()
+    metrics.observe(report(status=evaluated(speedup=1.8, sampled=SAMPLED)))
+    metrics.observe(report(status={"stages": {"evaluate": stage(StagePhase.RUNNING)}}))  # a re-run keeps them
+    assert ("eagle3_run_acceptance_length", "sampled") in figures(metrics)
+    metrics.observe(report(status=evaluated(acceptanceByPosition=[0.7], speedup=None, sampled=None)))
+    assert figures(metrics) == pytest.approx({
+        ("eagle3_run_acceptance_length", "greedy"): 2.65, ("eagle3_run_acceptance_rate", "greedy"): 0.55,
+        ("eagle3_run_acceptance_by_position", "greedy", "0"): 0.7,
+    })  # fmt: skip
 
 
 def test_started_and_expected_seconds_exist_while_a_stage_runs() -> None:
@@ -457,7 +529,7 @@ def test_the_serving_draft_info_and_its_rollout_time() -> None:
     assert sample(metrics, rollout, namespace="ns", run="a", sha256=SHA) is None
     assert sample(metrics, rollout, namespace="ns", run="a", sha256="cd" * 32) == NOW + 120
     metrics.observe(report(RunPhase.SUCCEEDED, status={"checkpoint": {"path": pinned}}))  # serving disabled
-    assert series(metrics, "a") == set()
+    assert {name for name, _ in series(metrics, "a")} == {"eagle3_run_phase"}
 
 
 def test_a_draft_already_serving_at_the_start_keeps_its_rollout_time() -> None:
@@ -508,7 +580,8 @@ def test_forget_run_removes_every_series_of_the_run_and_only_those() -> None:
         "eagle3_run_stage_expected_seconds",
         "eagle3_run_acceptance_length", "eagle3_run_acceptance_rate", "eagle3_run_validation_loss",
         "eagle3_run_hidden_state_bytes", "eagle3_run_tokens_processed", "eagle3_serving_draft_info",
-        "eagle3_serving_draft_rollout_timestamp_seconds",
+        "eagle3_serving_draft_rollout_timestamp_seconds", "eagle3_run_phase", "eagle3_run_speedup",
+        "eagle3_run_acceptance_by_position",
     }  # fmt: skip
     before_b = series(metrics, "b")
     metrics.forget_run("ns", "a")

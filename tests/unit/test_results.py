@@ -16,6 +16,7 @@ from eagle3_contract.results import (
     EvaluateResult,
     PrepareResult,
     ResultModel,
+    SampledAcceptance,
     ServerStartSeconds,
     StageResult,
     TrainEpoch,
@@ -85,7 +86,7 @@ def _source(module: str) -> str:
     return Path(spec.origin).read_text()
 
 
-NESTED: tuple[type[ResultModel], ...] = (TrainEpoch, ServerStartSeconds, VerifiedFile)
+NESTED: tuple[type[ResultModel], ...] = (TrainEpoch, ServerStartSeconds, VerifiedFile, SampledAcceptance)
 
 
 def _keys(model: type[ResultModel]) -> set[str]:

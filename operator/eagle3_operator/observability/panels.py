@@ -127,7 +127,8 @@ LIVE_FLOOR = thresholds_of((None, "red"), (q.ACCEPTANCE_FLOOR, "green"))
 
 LIVE_VS_EVALUATED = (
     "Live mean acceptance length / the one the evaluate stage measured (eagle3_run_acceptance_length) for "
-    f"the serving run. Below {q.ACCEPTANCE_FLOOR:.0%} (over {q.ACCEPTANCE_WINDOW}, for 10 minutes) fires "
+    "the serving run, like for like: sampled at evaluation.sampling where the run has that figure, else "
+    f"greedy. Below {q.ACCEPTANCE_FLOOR:.0%} (over {q.ACCEPTANCE_WINDOW}, for 10 minutes) fires "
     "Eagle3AcceptanceBelowEvaluated. " + ACCEPTANCE_LENGTH_FORMULA
 )
 
@@ -153,9 +154,9 @@ def acceptance_stats() -> list[Panel]:
         single(
             "Evaluated acceptance length",
             "The mean acceptance length the evaluate stage measured for each run "
-            "(eagle3_run_acceptance_length).",
+            "(eagle3_run_acceptance_length): greedy, and sampled at evaluation.sampling where set.",
             "none",
-            Target(q.evaluated_acceptance_length()),
+            Target(q.evaluated_acceptance_lengths(), "{{run}} {{sampling}}"),
         ),
     ]
 
@@ -172,19 +173,26 @@ def acceptance_graphs() -> list[Panel]:
         ),
         graph(
             "Mean acceptance length: live vs evaluated",
-            ACCEPTANCE_LENGTH_FORMULA + " 'evaluated': the evaluate stage's value for the same run.",
+            ACCEPTANCE_LENGTH_FORMULA + " 'evaluated': the evaluate stage's value for the same run (sampled "
+            "where measured, else greedy).",
             "none",
             [
                 Target(q.mean_acceptance_length(), "live {{namespace}}/{{run}}"),
-                Target(q.evaluated_acceptance_length(), "evaluated {{namespace}}/{{run}}"),
+                Target(q.evaluated_acceptance_length(), "evaluated ({{sampling}}) {{namespace}}/{{run}}"),
             ],
             min_val=1,
         ),
         graph(
             "Acceptance by draft position",
-            POSITION_FORMULA,
+            POSITION_FORMULA + " 'evaluated': the evaluate stage's (eagle3_run_acceptance_by_position).",
             "percentunit",
-            [Target(q.acceptance_by_position(), "{{namespace}}/{{run}} position {{position}}")],
+            [
+                Target(q.acceptance_by_position(), "{{namespace}}/{{run}} position {{position}}"),
+                Target(
+                    q.evaluated_acceptance_by_position(),
+                    "evaluated ({{sampling}}) {{namespace}}/{{run}} position {{position}}",
+                ),
+            ],
             min_val=0,
             max_val=1,
         ),

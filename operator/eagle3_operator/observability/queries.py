@@ -41,8 +41,11 @@ STAGE_STARTED = "eagle3_run_stage_started_timestamp_seconds"
 STAGE_EXPECTED = "eagle3_run_stage_expected_seconds"
 ETA = "eagle3_stage_eta_seconds"  # a stage pod's (see progress_queries): the live ETA of the expected time
 POD_BLOCKED = "eagle3_run_pod_blocked"
-EVALUATED_LENGTH = "eagle3_run_acceptance_length"
+EVALUATED_LENGTH = "eagle3_run_acceptance_length"  # label sampling: greedy, or sampled (evaluation.sampling)
 EVALUATED_RATE = "eagle3_run_acceptance_rate"
+EVALUATED_BY_POSITION = "eagle3_run_acceptance_by_position"
+EVALUATED_SPEEDUP = "eagle3_run_speedup"
+RUN_PHASE = "eagle3_run_phase"
 VALIDATION_LOSS = "eagle3_run_validation_loss"
 HIDDEN_STATE_BYTES = "eagle3_run_hidden_state_bytes"
 TOKENS_PROCESSED = "eagle3_run_tokens_processed"
@@ -152,17 +155,40 @@ def kv_cache_usage(s: Scope = DASHBOARD) -> str:
 
 
 # --- The evaluated acceptance (operator) beside the live one. -----------------------------------------------
+GREEDY, SAMPLED = 'sampling="greedy"', 'sampling="sampled"'
+
+
 def evaluated_acceptance_length(s: Scope = DASHBOARD) -> str:
-    """The evaluate stage's mean acceptance length of each run."""
-    return f"max by ({LIVE_BY}) ({selector(EVALUATED_LENGTH, s.evaluated)})"
+    """The evaluated mean acceptance length the live (sampled) traffic compares with, like for like: the
+    measurement at evaluation.sampling where the run has one, else the greedy one; its `sampling` label says
+    which."""
+    by = f"{LIVE_BY}, sampling"
+    sampled = f"max by ({by}) ({selector(EVALUATED_LENGTH, s.evaluated, SAMPLED)})"
+    greedy = f"max by ({by}) ({selector(EVALUATED_LENGTH, s.evaluated, GREEDY)})"
+    return f"({sampled} or on ({LIVE_BY}) {greedy})"
+
+
+def evaluated_acceptance_lengths(s: Scope = DASHBOARD) -> str:
+    """Every evaluated mean acceptance length of each run: greedy and (where measured) sampled."""
+    return f"max by ({LIVE_BY}, sampling) ({selector(EVALUATED_LENGTH, s.evaluated)})"
 
 
 def evaluated_acceptance_rate(s: Scope = DASHBOARD) -> str:
-    return f"max by ({LIVE_BY}) ({selector(EVALUATED_RATE, s.evaluated)})"
+    return f"max by ({LIVE_BY}, sampling) ({selector(EVALUATED_RATE, s.evaluated)})"
+
+
+def evaluated_acceptance_by_position(s: Scope = DASHBOARD) -> str:
+    """The evaluated acceptance at each draft position, greedy and (where measured) sampled."""
+    return f"max by ({LIVE_BY}, sampling, position) ({selector(EVALUATED_BY_POSITION, s.evaluated)})"
+
+
+def evaluated_speedup(s: Scope = DASHBOARD) -> str:
+    """Evaluated output tokens per second with the draft / without (greedy)."""
+    return f"max by ({LIVE_BY}) ({selector(EVALUATED_SPEEDUP, s.evaluated)})"
 
 
 def live_over_evaluated(s: Scope = DASHBOARD) -> str:
-    """Live mean acceptance length / the serving run's evaluated one (1 = as evaluated)."""
+    """Live mean acceptance length / the serving run's evaluated one, like for like (1 = as evaluated)."""
     return f"({mean_acceptance_length(s)}) / on ({LIVE_BY}) {evaluated_acceptance_length(s)}"
 
 
@@ -255,6 +281,7 @@ ACCEPTANCE_WINDOW = "15m"
 ACCEPTANCE_FLOOR = 0.8
 NO_ACCEPTED_WINDOW = "10m"
 FAILURE_WINDOW = "10m"  # a failure alert fires for this long after each failure
+RUN_FAILED_FOR = "5m"  # Eagle3RunFailed: a run Failed this long (it fires until the run leaves Failed)
 
 
 def duration_seconds(duration: str) -> int:
@@ -267,13 +294,19 @@ def duration_seconds(duration: str) -> int:
 
 
 def alert_acceptance_below_evaluated() -> str:
-    """Live mean acceptance length < 0.8 x the run's evaluated one, while drafts are being proposed."""
+    """Live mean acceptance length < 0.8 x the run's evaluated one (sampled where measured, else greedy: the
+    alert's `sampling` label), while drafts are being proposed."""
     s = scoped(ACCEPTANCE_WINDOW)
-    evaluated = evaluated_acceptance_length(s)
+    evaluated = f"{ACCEPTANCE_FLOOR} * {evaluated_acceptance_length(s)}"
     return (
-        f"({mean_acceptance_length(s)}) < on ({LIVE_BY}) {ACCEPTANCE_FLOOR} * {evaluated}\n"
+        f"({mean_acceptance_length(s)}) < on ({LIVE_BY}) group_left (sampling) {evaluated}\n"
         f"and on ({LIVE_BY}) {drafts_per_second(s)} > 0"
     )
+
+
+def alert_run_failed() -> str:
+    """The run is in phase Failed (eagle3_run_phase: 1 for the current phase)."""
+    return f'{RUN_PHASE}{{phase="Failed"}} == 1'
 
 
 def alert_no_accepted_tokens() -> str:

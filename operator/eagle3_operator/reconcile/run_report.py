@@ -15,7 +15,7 @@ from typing import Any
 from eagle3_contract.api.status import RunPhase, StagePhase
 from eagle3_contract.policy import expected_seconds, stage_deadline
 from eagle3_contract.reasons import DEADLINE_EXCEEDED, ERROR, OUT_OF_MEMORY
-from eagle3_contract.results import StageResult, parse_result
+from eagle3_contract.results import EvaluateResult, StageResult, parse_result
 from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
@@ -156,13 +156,43 @@ def serving_draft(status: Mapping[str, Any]) -> ServingDraft | None:
 
 def rolled_out_before(status: Mapping[str, Any], draft: ServingDraft) -> float | None:
     """When a draft that served before the operator started was rolled out, as far as status tells: when
-    the export that made it finished (the rollout follows at once), else when serving became Ready."""
-    export = (status.get("stages") or {}).get(Stage.EXPORT.value) or {}
-    if export.get("phase") == StagePhase.SUCCEEDED.value and export.get("outputDir") == draft.checkpoint:
-        done = unix_time(export.get("completionTime"))
-        if done is not None:
-            return done
+    the stage that cleared it finished (the rollout follows at once): verify for the pinned draft, export
+    for the run's own; else when serving became Ready."""
+    stages = status.get("stages") or {}
+    pinned = (status.get("checkpoint") or {}).get("path") == draft.checkpoint
+    verify, export = stages.get(Stage.VERIFY.value) or {}, stages.get(Stage.EXPORT.value) or {}
+    for stage, cleared in ((verify, pinned), (export, export.get("outputDir") == draft.checkpoint)):
+        if cleared and stage.get("phase") == StagePhase.SUCCEEDED.value:
+            done = unix_time(stage.get("completionTime"))
+            if done is not None:
+                return done
     for cond in status.get("conditions") or []:
         if cond.get("type") == "Ready" and cond.get("status") == "True":
             return unix_time(cond.get("lastTransitionTime"))
     return None
+
+
+GREEDY, SAMPLED = "greedy", "sampled"
+
+
+@dataclass(frozen=True)
+class EvaluatedAcceptance:
+    """One of evaluate's measurements: `sampling` greedy (the gate's, at temperature 0) or sampled (at
+    evaluation.sampling, the serving traffic's settings)."""
+
+    sampling: str
+    length: float | None
+    rate: float | None
+    by_position: tuple[float, ...]
+
+
+def evaluated_acceptance(result: EvaluateResult) -> dict[str, EvaluatedAcceptance]:
+    """evaluate's measurements by `sampling` label: greedy always, sampled when the result has it."""
+    greedy = EvaluatedAcceptance(
+        GREEDY, result.acceptance_length, result.acceptance_rate, tuple(result.acceptance_by_position or ())
+    )
+    out = {GREEDY: greedy}
+    if (s := result.sampled) is not None:
+        by_position = tuple(s.acceptance_by_position or ())
+        out[SAMPLED] = EvaluatedAcceptance(SAMPLED, s.acceptance_length, s.acceptance_rate, by_position)
+    return out

@@ -5,7 +5,11 @@ when it ran, else `prepare`'s), each up to its first assistant turn. The stage w
 in the shape export ships (`eagle3_pipeline.draft_checkpoint`: no embedding copy, bf16, the verifier as the
 spec names it) and serves the verifier with it as an Eagle-3 draft, then serves the verifier alone; both
 answer every prompt greedily (temperature 0, at most evaluation.maxTokens new tokens, CONCURRENCY requests in
-flight).
+flight). With `evaluation.sampling` set (the serving traffic's temperature, topP, topK), the draft server
+answers the same prompts a second time with those settings (vLLM's SamplingParams in the OpenAI requests,
+seeded by sampling.seed), and the result's `sampled` holds that measurement's acceptance: the figure the live
+acceptance alert compares sampled traffic with (acceptance falls with the temperature). The gate reads the
+greedy figures only.
 
 The draft server's speculative-decoding counters (`eagle3_pipeline.spec_metrics`), read from `/metrics` before
 and after the requests, give the acceptance rate, the mean acceptance length (tokens per verifier step) and
@@ -23,8 +27,8 @@ figures are null); one whose d2t points outside the verifier's vocabulary cannot
 StageError. The result also says whether the draft's copy of the verifier's embeddings is the
 verifier's own (`embeddingsMatchVerifier`: a draft trained for another version of the verifier). The work
 directory keeps the vLLM logs; the slim draft is deleted after the run (export writes the one that ships).
-Progress: prompts answered, by the draft server and then by the verifier alone (failed requests included,
-and counted as failures), and their output tokens.
+Progress: prompts answered, by the draft server (greedy, then sampled) and then by the verifier alone
+(failed requests included, and counted as failures), and their output tokens.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ import asyncio
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.api.spec import Sampling
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
 from eagle3_contract.stages import Stage
 from eagle3_contract.vllm_command import eagle3_speculative_config
@@ -51,24 +56,20 @@ from eagle3_pipeline.draft_checkpoint import (
     write_serving_checkpoint,
 )
 from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.progress import StageReporter
-from eagle3_pipeline.spec_metrics import (
-    Acceptance,
-    SpecDecodeCounters,
-    consistency_problems,
-    parse_counters,
+from eagle3_pipeline.evaluate_requests import (
+    Measurement,
+    Message,
+    answer_all,
+    read_counters,
+    settled_counters,
 )
+from eagle3_pipeline.spec_metrics import Acceptance, SpecDecodeCounters, consistency_problems
 from eagle3_pipeline.vllm_server import VllmServer
 
 logger = logging.getLogger(__name__)
 
-Message = dict[str, str]
 CONVERSATIONS_FILE = "conversations.jsonl"
 DRAFT_DIR = "draft"
-CONCURRENCY = 8
-REQUEST_TIMEOUT_S = 3600.0
-METRICS_POLL_S = 0.5
-METRICS_SETTLE_S = 30.0  # the server records a step's counters as it returns the step's tokens
 FAILED_EXAMPLES = 3
 
 
@@ -90,9 +91,8 @@ def run(ctx: Context) -> dict[str, Any]:
         )
     problem = mapping_problem(d2t, t2d, vocab)
     foreign = foreign_embeddings(source, ctx.local_path(ctx.params.verifier.model))
-    ctx.progress.begin(
-        "prompts", len(prompts) * (2 if problem is None else 1)
-    )  # with the draft, then without
+    passes = (2 if problem is None else 1) + (1 if ctx.params.sampling is not None else 0)
+    ctx.progress.begin("prompts", len(prompts) * passes)  # with the draft (greedy, sampled), then without
     with_draft = measure(ctx, prompts, slim.path)
     shutil.rmtree(slim.path, ignore_errors=True)
     # a draft with a broken mapping fails the gate whatever its speed: no need to serve the verifier alone
@@ -135,120 +135,53 @@ def held_out_prompts(path: Path, wanted: int) -> tuple[list[list[Message]], int]
     return prompts[:wanted], len(prompts)
 
 
-# --- one server: requests and counters ----------------------------------------------------------------------
-
-
-@dataclass
-class Measurement:
-    """One server's run over the prompts."""
-
-    outputs: list[str | None]
-    output_tokens: int = 0
-    seconds: float = 0.0
-    server_start_s: float = 0.0
-    failures: list[str] = field(default_factory=list)
-    counters: SpecDecodeCounters | None = None  # the difference over the run; None without a draft
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        return self.output_tokens / self.seconds if self.seconds > 0 else None
+# --- one server: the runs over the prompts ---------------------------------------------------------------
 
 
 def measure(ctx: Context, prompts: list[list[Message]], draft: Path | None) -> Measurement:
-    """Serve the verifier (with `draft` when given), answer every prompt, and read the counters around it."""
+    """Serve the verifier (with `draft` when given), answer every prompt, and read the counters around it;
+    with a draft and evaluation.sampling, answer them again with those settings on the same server."""
     label = "draft" if draft is not None else "baseline"
     # the serving Deployment's speculative config (eagle3_contract.vllm_command), with the slim draft
     k = ctx.params.num_speculative_tokens
     config = None if draft is None else eagle3_speculative_config(str(draft), k)
     engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
     log = ctx.work / f"vllm-{label}.log"
+    sampling = ctx.params.sampling if draft is not None else None
     with VllmServer(ctx, engine, seed=ctx.tuning.seed, speculative_config=config, log_path=log) as server:
-        before = read_counters(server)
-        result = asyncio.run(answer_all(server, prompts, ctx.params.max_tokens, ctx.progress))
+        result = counted_run(ctx, server, prompts, None, counted=draft is not None)
         result.server_start_s = server.started_s
-        if draft is not None:
-            after = settled_counters(server, before, result.output_tokens)
-            result.counters = after - before if before is not None else after
         server.check()
-    tokens, seconds = result.output_tokens, result.seconds
-    logger.info("%s: %d prompts, %d output tokens in %.1f s", label, len(prompts), tokens, seconds)
-    if len(result.failures) == len(prompts):
-        raise StageError(
-            f"every request to the {label} server failed, e.g. {result.failures[0]} "
-            f"(log: {ctx.work / f'vllm-{label}.log'})"
-        )
+        checked(ctx, result, label, len(prompts))
+        if sampling is not None:
+            result.sampled = counted_run(ctx, server, prompts, sampling, counted=True)
+            server.check()
+            checked(ctx, result.sampled, f"{label} (sampled)", len(prompts))
     return result
 
 
-def read_counters(server: VllmServer) -> SpecDecodeCounters | None:
-    import httpx
-
-    try:
-        response = httpx.get(server.root_url + "/metrics", timeout=30.0)
-        response.raise_for_status()
-    except httpx.HTTPError as exc:
-        server.check()
-        raise StageError(f"cannot read the vLLM server's /metrics ({exc})") from None
-    return parse_counters(response.text, server.model_name)
-
-
-def settled_counters(
-    server: VllmServer, before: SpecDecodeCounters | None, tokens: int
-) -> SpecDecodeCounters:
-    """The counters once they count every token returned (the server records them as it returns tokens)."""
-    deadline = time.monotonic() + METRICS_SETTLE_S
-    while True:
-        after = read_counters(server)
-        if after is None:
-            raise StageError(
-                "the vLLM server with the draft exports no vllm:spec_decode_* counters at /metrics: "
-                "speculative decoding is not active (see its log for the speculative config it read)"
-            )
-        generated = after.generation_tokens - (before.generation_tokens if before else 0.0)
-        if generated >= tokens or time.monotonic() > deadline:
-            return after
-        time.sleep(METRICS_POLL_S)
-
-
-async def answer_all(
-    server: VllmServer, prompts: list[list[Message]], max_tokens: int, progress: StageReporter | None = None
+def counted_run(
+    ctx: Context, server: VllmServer, prompts: list[list[Message]], sampling: Sampling | None, counted: bool
 ) -> Measurement:
-    """Greedy answers to every prompt, CONCURRENCY in flight; a failed request is recorded, not raised."""
-    import openai
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=2, timeout=REQUEST_TIMEOUT_S)
-    semaphore = asyncio.Semaphore(CONCURRENCY)
-    result = Measurement(outputs=[None] * len(prompts))
-
-    async def one(index: int, messages: list[Message]) -> None:
-        async with semaphore:
-            try:
-                response = await client.chat.completions.create(
-                    model=server.model_name,
-                    messages=messages,  # type: ignore[arg-type]
-                    max_tokens=max_tokens,
-                    temperature=0.0,
-                )
-            except openai.APIError as exc:
-                result.failures.append(f"prompt {index}: {type(exc).__name__}: {exc}")
-                if progress is not None:
-                    progress.advance()
-                    progress.fail("request")
-                return
-        result.outputs[index] = response.choices[0].message.content or ""
-        tokens = response.usage.completion_tokens if response.usage else 0
-        result.output_tokens += tokens
-        if progress is not None:
-            progress.advance(1, tokens)
-
-    started = time.monotonic()
-    try:
-        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-    finally:
-        await client.close()
-    result.seconds = time.monotonic() - started
+    """Every prompt answered once (greedy when `sampling` is None); `counted`: with the spec-decode counters'
+    difference over the run."""
+    before = read_counters(server) if counted else None
+    result = asyncio.run(answer_all(server, prompts, ctx.params.max_tokens, ctx.progress, sampling))
+    if counted:
+        after = settled_counters(server, before, result.output_tokens)
+        result.counters = after - before if before is not None else after
     return result
+
+
+def checked(ctx: Context, result: Measurement, label: str, prompts: int) -> None:
+    """Log the run; a run where every request failed measured nothing: a StageError."""
+    tokens, seconds = result.output_tokens, result.seconds
+    logger.info("%s: %d prompts, %d output tokens in %.1f s", label, prompts, tokens, seconds)
+    if len(result.failures) == prompts:
+        log = ctx.work / f"vllm-{label.split()[0]}.log"
+        raise StageError(
+            f"every request to the {label} server failed, e.g. {result.failures[0]} (log: {log})"
+        )
 
 
 # --- the result ---------------------------------------------------------------------------------------------
@@ -265,17 +198,43 @@ class Evaluation:
     foreign_embeddings: str | None = None
 
 
-def summarize(ctx: Context, ev: Evaluation) -> dict[str, Any]:
-    k = ctx.params.num_speculative_tokens
-    counters = ev.draft.counters
+def acceptance_of(run: Measurement, k: int) -> tuple[SpecDecodeCounters, Acceptance]:
+    """The counters of a draft server's run and the acceptance they give; StageError when they cannot."""
+    counters = run.counters
     assert counters is not None  # measure() sets them for a draft server
     problems = consistency_problems(counters, k)
     if problems:
         raise StageError(f"vLLM's speculative-decoding counters contradict each other: {'; '.join(problems)}")
     try:
-        acceptance = Acceptance.from_counters(counters)
+        return counters, Acceptance.from_counters(counters)
     except ValueError as exc:
         raise StageError(f"the draft was never asked for tokens: {exc}; are all answers 1 token?") from None
+
+
+def sampled_figures(ctx: Context, ev: Evaluation) -> dict[str, Any] | None:
+    """The acceptance at evaluation.sampling (`sampled`), or None when only greedy was measured."""
+    sampling, run = ctx.params.sampling, ev.draft.sampled
+    if sampling is None or run is None:
+        return None
+    counters, acceptance = acceptance_of(run, ctx.params.num_speculative_tokens)
+    return {
+        "temperature": sampling.temperature,
+        "topP": sampling.top_p,
+        "topK": sampling.top_k,
+        "seed": sampling.seed,
+        "prompts": len(ev.prompts),
+        "drafts": int(counters.drafts),
+        "draftTokens": int(counters.draft_tokens),
+        "acceptedTokens": int(counters.accepted),
+        "acceptanceRate": round(acceptance.rate, 6),
+        "acceptanceLength": round(acceptance.length, 6),
+        "acceptanceByPosition": [round(a, 6) for a in acceptance.by_position],
+    }
+
+
+def summarize(ctx: Context, ev: Evaluation) -> dict[str, Any]:
+    k = ctx.params.num_speculative_tokens
+    counters, acceptance = acceptance_of(ev.draft, k)
     base = ev.baseline
     speed, base_speed = ev.draft.tokens_per_second, base.tokens_per_second if base else None
     return {
@@ -306,6 +265,7 @@ def summarize(ctx: Context, ev: Evaluation) -> dict[str, Any]:
             "draft": round(ev.draft.server_start_s, 1),
             "baseline": round(base.server_start_s, 1) if base else None,
         },
+        "sampled": sampled_figures(ctx, ev),
     }
 
 
@@ -318,7 +278,12 @@ def relative_to(path: Path, root: Path) -> str:
 
 
 def failures(ev: Evaluation) -> list[str]:
-    return ev.draft.failures + (ev.baseline.failures if ev.baseline else [])
+    sampled = ev.draft.sampled
+    return (
+        ev.draft.failures
+        + (sampled.failures if sampled else [])
+        + (ev.baseline.failures if ev.baseline else [])
+    )
 
 
 def matching(outputs: list[str | None], baseline: list[str | None]) -> int:

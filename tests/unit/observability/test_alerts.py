@@ -1,4 +1,4 @@
-"""The alerting rules: the eight alerts, each with a severity, a wait and words that say what to do."""
+"""The alerting rules: the nine alerts, each with a severity, a wait, a description and its runbook's URL."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import pytest
 
 from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
-from eagle3_operator.observability.alerts import build_prometheus_rule, build_rule_groups
+from eagle3_operator.observability.alerts import RUNBOOK_BASE_URL, build_prometheus_rule, build_rule_groups
 
 ALERTS = {
     "Eagle3AcceptanceBelowEvaluated",
     "Eagle3NoAcceptedTokens",
+    "Eagle3RunFailed",
     "Eagle3StageFailed",
     "Eagle3StageOOMRetry",
     "Eagle3RunStuck",
@@ -24,7 +25,7 @@ def rules() -> dict[str, dict[str, object]]:
     return {r["alert"]: r for g in build_rule_groups()["groups"] for r in g["rules"]}
 
 
-def test_the_eight_alerts() -> None:
+def test_the_nine_alerts() -> None:
     assert set(rules()) == ALERTS
     groups = [g["name"] for g in build_rule_groups()["groups"]]
     assert groups == ["eagle3-serving", "eagle3-pipeline", "eagle3-stages"]
@@ -38,16 +39,29 @@ def test_each_alert_is_explained() -> None:
         assert isinstance(rule["for"], str) and rule["for"].endswith("m"), name
         annotations = rule["annotations"]
         assert isinstance(annotations, dict)
-        assert set(annotations) == {"summary", "description", "runbook"}, name
+        assert set(annotations) == {"summary", "description", "runbook_url"}, name
         assert "{{ $labels.run }}" in annotations["summary"], name
-        assert len(annotations["runbook"]) > 150, f"{name}: the runbook should say what to do"
+        assert len(annotations["description"]) > 100, f"{name}: the description should say what happened"
+        assert annotations["runbook_url"] == f"{RUNBOOK_BASE_URL}#{name.lower()}", name
 
 
-def test_acceptance_alert_compares_with_the_serving_runs_evaluation() -> None:
-    expr = rules()["Eagle3AcceptanceBelowEvaluated"]["expr"]
+def test_acceptance_alert_compares_like_with_like() -> None:
+    """Live (sampled) traffic against the sampled evaluation where the run has one, else the greedy one; the
+    alert's `sampling` label and its description say which."""
+    rule = rules()["Eagle3AcceptanceBelowEvaluated"]
+    expr = rule["expr"]
     assert isinstance(expr, str)
     assert q.mean_acceptance_length(q.scoped("15m")) in expr
-    assert "< on (namespace, run) 0.8 * max by (namespace, run) (eagle3_run_acceptance_length)" in expr
+    sampled = 'max by (namespace, run, sampling) (eagle3_run_acceptance_length{sampling="sampled"})'
+    greedy = 'max by (namespace, run, sampling) (eagle3_run_acceptance_length{sampling="greedy"})'
+    assert (
+        f"< on (namespace, run) group_left (sampling) 0.8 * ({sampled} or on (namespace, run) {greedy})"
+        in expr
+    )
+    annotations = rule["annotations"]
+    assert (
+        isinstance(annotations, dict) and "with {{ $labels.sampling }} decoding" in annotations["description"]
+    )
     assert (
         "and on (namespace, run) sum by (namespace, run) (rate(vllm:spec_decode_num_drafts_total[15m])) > 0"
         in expr
@@ -69,6 +83,13 @@ def test_failure_alerts_fire_for_the_window_after_each_failure(name: str) -> Non
     assert expr.endswith(") < 600") and q.duration_seconds(q.FAILURE_WINDOW) == 600
     assert "increase(" not in expr and "eagle3_operator_stage_failures_total" not in expr
     assert rules()[name]["for"] == "0m"
+
+
+def test_a_failed_run_alerts_for_as_long_as_it_stays_failed() -> None:
+    rule = rules()["Eagle3RunFailed"]
+    assert rule["expr"] == 'eagle3_run_phase{phase="Failed"} == 1' and rule["for"] == "5m"
+    assert rule["labels"] == {"severity": "warning"}
+    assert rules()["Eagle3StageFailed"]["labels"] == {"severity": "info"}  # the event; the run's state warns
 
 
 @pytest.mark.parametrize(("duration", "seconds"), [("45s", 45), ("10m", 600), ("2h", 7200), ("1d", 86400)])
@@ -98,7 +119,7 @@ def test_the_stalled_alert_waits_fifteen_minutes() -> None:
     assert rule["for"] == "15m" and rule["expr"] == pq.alert_stage_stalled()
     annotations = rule["annotations"]
     assert isinstance(annotations, dict)
-    assert "{{ $labels.pod }}" in annotations["description"] and "{{ $labels.pod }}" in annotations["runbook"]
+    assert "{{ $labels.pod }}" in annotations["description"]
 
 
 def test_the_validation_loss_alert_fires_at_the_epoch_of_the_second_rise() -> None:

@@ -91,7 +91,18 @@ def test_acceptance_panels_state_their_formula() -> None:
 def test_the_evaluated_acceptance_is_beside_the_live_one() -> None:
     panel = by_title("timeseries")["Mean acceptance length: live vs evaluated"]
     legends = [t["legendFormat"] for t in panel["targets"]]
-    assert legends == ["live {{namespace}}/{{run}}", "evaluated {{namespace}}/{{run}}"]
+    assert legends == ["live {{namespace}}/{{run}}", "evaluated ({{sampling}}) {{namespace}}/{{run}}"]
+    sampled = 'model=~"$model", sampling="sampled"}'
+    assert sampled in panel["targets"][1]["expr"]  # like for like: the sampled figure where the run has one
+
+
+def test_the_evaluated_acceptance_by_position_is_beside_the_live_one() -> None:
+    panel = by_title("timeseries")["Acceptance by draft position"]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert "vllm:spec_decode_num_accepted_tokens_per_pos_total" in exprs[0]
+    assert exprs[1].startswith(
+        "max by (namespace, run, sampling, position) (eagle3_run_acceptance_by_position{"
+    )
 
 
 def test_rows_and_layout() -> None:

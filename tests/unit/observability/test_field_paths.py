@@ -1,4 +1,5 @@
-"""The Eagle3Run fields the alerts' runbooks and the dashboard's panels name exist in the CRD.
+"""The Eagle3Run fields the alerts, their runbooks (docs/troubleshooting.md, its `code` spans) and the
+dashboard's panels name exist in the CRD.
 
 A reader follows a runbook to the field it names; a wrong name (a runbook once said `generation.tokenBudget`
 for `regeneration.tokenBudget`) sends them nowhere. Paths without `spec.`/`status.` are spec paths.
@@ -13,13 +14,14 @@ from typing import Any
 import pytest
 
 from eagle3_contract.api.crd import build_crd
+from eagle3_operator.observability import generate
 from eagle3_operator.observability.alerts import build_rule_groups
 from eagle3_operator.observability.dashboard import build_dashboard
 
 # A dotted lower-camel path not inside another word, URL or label (`eagle3.dev/run`, `$labels.stage`);
 # a stage's name stands as `<stage>` or `{{ $labels.stage }}`.
 STAGE = r"<stage>|\{\{ \$labels\.stage \}\}"
-PATH = re.compile(rf"(?<![\w./{{$-])([a-z][A-Za-z]*(?:\.(?:[a-z][A-Za-z]*|{STAGE}))+)")
+PATH = re.compile(rf"(?<![\w./{{$-])([a-z][A-Za-z]*(?:\.(?:[a-z][A-Za-z0-9]*|{STAGE}))+)")
 
 
 def _texts(value: Any) -> list[str]:
@@ -38,6 +40,7 @@ def _texts(value: Any) -> list[str]:
 def named_paths() -> list[str]:
     texts = [a for g in build_rule_groups()["groups"] for r in g["rules"] for a in r["annotations"].values()]
     texts += _texts(build_dashboard())
+    texts += re.findall(r"`([^`]+)`", (generate.REPO_ROOT / "docs" / "troubleshooting.md").read_text())
     return sorted({path for text in texts for path in PATH.findall(text)})
 
 
@@ -50,6 +53,8 @@ def resolves(path: str) -> bool:
         if segment == "<stage>":
             children = schema.get("properties") or {}
             schema = children.get("extract") or schema.get("additionalProperties") or {}
+        elif "properties" not in schema and isinstance(schema.get("additionalProperties"), dict):
+            schema = schema["additionalProperties"]  # a map's key (status.stages.evaluate)
         else:
             schema = (schema.get("properties") or {}).get(segment, {})
         if not schema:

@@ -42,7 +42,7 @@ def run(promtool: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_check_rules(promtool: Path) -> None:
     result = run(promtool, "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout
+    assert "SUCCESS: 9 rules found" in result.stdout
 
 
 def test_rule_unit_tests(promtool: Path) -> None:
