@@ -22,6 +22,7 @@ def _operator(args: argparse.Namespace) -> int:
         defaults=OperatorDefaults(
             pipeline_image=args.pipeline_image,
             pipeline_cpu_image=args.pipeline_cpu_image,
+            vllm_image=args.vllm_image,
             image_pull_secrets=tuple(args.image_pull_secret),
             pod_monitor_labels=dict(args.pod_monitor_label),
         ),
@@ -154,6 +155,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=os.environ.get("EAGLE3_PIPELINE_CPU_IMAGE") or None,
         help="image of the stage Jobs of runs with nodePool.device cpu whose spec.images.pipeline is unset "
         "(the pipeline's CPU variant; default $EAGLE3_PIPELINE_CPU_IMAGE, else --pipeline-image)",
+    )
+    op.add_argument(
+        "--vllm-image",
+        default=os.environ.get("EAGLE3_VLLM_IMAGE") or None,
+        help="vLLM image of the serving Deployments of GPU runs whose spec.images.vllm is unset (e.g. a "
+        "private registry's mirror; default $EAGLE3_VLLM_IMAGE, else vllm/vllm-openai:v0.32.0)",
     )
     op.add_argument(
         "--image-pull-secret",

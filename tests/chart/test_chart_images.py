@@ -18,6 +18,7 @@ from eagle3_contract.api.validation import parse_spec
 from eagle3_contract.stages import plan_stages
 from eagle3_operator.builders import build_job
 from eagle3_operator.builders.names import RunRef, spec_configmap_name
+from eagle3_operator.builders.serving import build_deployment
 from tests.chart.helm import ROOT, SCENARIOS, VALUES, only, operator_container, template
 
 Rendered = dict[str, list[dict[str, Any]]]
@@ -37,6 +38,7 @@ def defaults_of(args: argparse.Namespace) -> OperatorDefaults:
     return OperatorDefaults(
         pipeline_image=args.pipeline_image,
         pipeline_cpu_image=args.pipeline_cpu_image,
+        vllm_image=args.vllm_image,
         image_pull_secrets=tuple(args.image_pull_secret),
         pod_monitor_labels=dict(args.pod_monitor_label),
     )
@@ -109,6 +111,7 @@ def test_the_private_registry_values_pull_everything_from_the_mirror_with_the_se
     args = operator_args(docs)
     assert args.pipeline_image == f"{MIRROR}/eagle3-pipeline@{PRIVATE['pipelineImage']['digest']}"
     assert args.pipeline_cpu_image == f"{MIRROR}/eagle3-pipeline-cpu@{PRIVATE['pipelineCpuImage']['digest']}"
+    assert args.vllm_image == f"{MIRROR}/vllm/vllm-openai@{PRIVATE['vllmImage']['digest']}"
     assert args.image_pull_secret == ["regcred"], "the runs' pods get the operator pod's secret"
 
 
@@ -135,6 +138,21 @@ def test_the_tiny_examples_stage_pods_pull_from_the_private_registry(
         images_used = {c["image"] for c in pod["containers"] + pod.get("initContainers", [])}
         assert images_used == {getattr(args, image_flag)}, plan.stage
         assert all(image.startswith(f"{MIRROR}/") for image in images_used)
+
+
+@pytest.mark.parametrize(("device", "image_flag"), [("cpu", "pipeline_cpu_image"), ("gpu", "vllm_image")])
+def test_the_tiny_examples_vllm_pods_pull_from_the_private_registry(
+    rendered: Rendered, device: str, image_flag: str
+) -> None:
+    """The serving Deployment too: vLLM's mirror on GPUs (--vllm-image), the pipeline's CPU image on CPUs,
+    the draft check init container from the same image, with the secret."""
+    args = operator_args(rendered["private-registry"])
+    spec = parse_spec(with_operator_defaults(tiny_example(device), defaults_of(args)))
+    run = RunRef(name="tiny", namespace="team-a", uid="00000000-0000-4000-8000-00000000000a")
+    pod = build_deployment(run, spec, "export/" + "0" * 12, "ab" * 32)["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    images_used = {c["image"] for c in pod["containers"] + pod.get("initContainers", [])}
+    assert images_used == {getattr(args, image_flag)} and len(pod["initContainers"]) == 1
 
 
 def test_a_run_that_names_its_own_image_and_secret_keeps_them(rendered: Rendered) -> None:

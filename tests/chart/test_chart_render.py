@@ -58,8 +58,9 @@ def test_the_operator_deployment(rendered: Rendered) -> None:
     assert c["command"] == ["eagle3"]
     pipeline = "--pipeline-image=eagle3-operator/pipeline:0.1.0"  # the chart's appVersion, as the operator's
     cpu = "--pipeline-cpu-image=eagle3-operator/pipeline:0.1.0-cpu"
+    vllm = "--vllm-image=vllm/vllm-openai:v0.32.0"  # the vLLM release the pipeline is tested with
     loops = ["--resync-seconds=60", "--api-timeout-seconds=30"]
-    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090", *loops, pipeline, cpu]
+    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090", *loops, pipeline, cpu, vllm]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
     probe = c["livenessProbe"]

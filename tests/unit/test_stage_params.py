@@ -88,6 +88,7 @@ UNSET = {
     "claimName": "other-claim",
     "storageClassName": "fast",
     "pipeline": "registry.example/pipeline:1",
+    "vllm": "registry.example/vllm:1",
     "hfTokenSecret": {"name": "hf-token"},
     "queueName": "other-queue",
     "sampling": {"temperature": 0.7, "topP": 0.95},

@@ -73,6 +73,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- include "eagle3-operator.image" (dict "image" .Values.pipelineImage "global" .Values.global "tag" .Chart.AppVersion) }}
 {{- end }}
 
+{{- define "eagle3-operator.vllmImage" -}}
+{{- include "eagle3-operator.image" (dict "image" .Values.vllmImage "global" .Values.global "tag" .Values.vllmImage.tag) }}
+{{- end }}
+
 {{- define "eagle3-operator.pipelineCpuImage" -}}
 {{- $gpu := .Values.pipelineImage }}
 {{- $cpu := .Values.pipelineCpuImage }}

@@ -13,12 +13,14 @@ class OperatorDefaults:
     """`eagle3 operator --pipeline-image/--pipeline-cpu-image/--image-pull-secret/--pod-monitor-label`.
 
     `pipeline_image` fills spec.images.pipeline of GPU runs, `pipeline_cpu_image` that of runs with
-    nodePool.device cpu (else `pipeline_image`); `image_pull_secrets` fill spec.pod.imagePullSecrets when the
+    nodePool.device cpu (else `pipeline_image`); `vllm_image` fills spec.images.vllm of GPU runs (a CPU run
+    serves with its pipeline image); `image_pull_secrets` fill spec.pod.imagePullSecrets when the
     run names none; `pod_monitor_labels` go under spec.monitoring.podMonitorLabels (the run's own win).
     """
 
     pipeline_image: str | None = None
     pipeline_cpu_image: str | None = None
+    vllm_image: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
 
@@ -37,7 +39,11 @@ def with_operator_defaults(spec: Any, defaults: OperatorDefaults) -> Any:
     image = (defaults.pipeline_cpu_image or defaults.pipeline_image) if cpu else defaults.pipeline_image
     images = _section(spec, "images")
     if image and not images.get("pipeline"):
-        out["images"] = images | {"pipeline": image}
+        images["pipeline"] = image
+    if defaults.vllm_image and not cpu and not images.get("vllm"):
+        images["vllm"] = defaults.vllm_image
+    if images != _section(spec, "images"):
+        out["images"] = images
     pod = _section(spec, "pod")
     if defaults.image_pull_secrets and not pod.get("imagePullSecrets"):
         out["pod"] = pod | {"imagePullSecrets": [{"name": n} for n in defaults.image_pull_secrets]}

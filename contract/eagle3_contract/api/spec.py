@@ -318,7 +318,7 @@ class Serving(ApiModel):
     enabled: bool = Field(True, description="Roll out a vLLM Deployment and Service with the draft.")
     replicas: int = Field(1, ge=0, le=1000, description="vLLM replicas.")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens proposed per step.")
-    image: str | None = Field(None, description="vLLM image; default images.vllm.")
+    image: str | None = Field(None, description="vLLM image of this Deployment; default images.vllm.")
     extra_args: list[str] = Field(
         default_factory=list, max_length=64, description="Extra `vllm serve` arguments, appended verbatim."
     )
@@ -361,9 +361,9 @@ class NodePool(ApiModel):
         Device.GPU,
         description=(
             "gpu, or cpu for a small verifier on nodes without GPUs (a kind or minikube cluster, CI): no "
-            "pod requests GPUs, vLLM runs its CPU backend (images.pipeline and images.vllm must then be "
-            "CPU builds: the pipeline's CPU image holds both), training.gpus is the training processes of "
-            "a node."
+            "pod requests GPUs, vLLM runs its CPU backend (images.pipeline, and images.vllm if set, must "
+            "then be CPU builds: the pipeline's CPU image holds both), training.gpus is the training "
+            "processes of a node."
         ),
     )
 
@@ -402,6 +402,7 @@ class Storage(ApiModel):
 
 
 DEFAULT_PIPELINE_IMAGE = "eagle3-operator/pipeline:0.1.0"
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
 
 
 class Images(ApiModel):
@@ -413,7 +414,13 @@ class Images(ApiModel):
         description="Image running `eagle3 stage`; default: the operator's (`eagle3 operator "
         f"--pipeline-image`, the chart's pipelineImage), else {DEFAULT_PIPELINE_IMAGE}.",
     )
-    vllm: str = Field("vllm/vllm-openai:v0.32.0", min_length=1, description="Image running `vllm serve`.")
+    vllm: str | None = Field(
+        None,
+        min_length=1,
+        description="Image running `vllm serve` (serving); default: the operator's (`eagle3 operator "
+        f"--vllm-image`, the chart's vllmImage), else {DEFAULT_VLLM_IMAGE}; with nodePool.device cpu, "
+        "images.pipeline (the pipeline's CPU image holds vLLM's CPU build).",
+    )
 
 
 class SecretKeyRef(ApiModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec, Images
+from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, DEFAULT_VLLM_IMAGE, Eagle3RunSpec
 from eagle3_contract.mounts import DRAFT_WEIGHTS, draft_path
 from eagle3_contract.stages import content_hash, on_cpu
 from eagle3_contract.vllm_command import Endpoint, VllmEngine, eagle3_speculative_config, vllm_serve_args
@@ -33,9 +33,6 @@ STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURE_THRESHOLD = 360
 # A rollout waits out the startup probe before the Deployment reports ProgressDeadlineExceeded.
 PROGRESS_DEADLINE_SECONDS = STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD + 600
-# images.vllm's default: the official GPU build, which a run on the CPU backend replaces by the pipeline
-# image.
-GPU_VLLM_IMAGE = Images.model_fields["vllm"].default
 # vLLM's CPU backend reserves this many GiB of KV cache (else far more than a small node has): the value the
 # pipeline's evaluate server runs with (eagle3_pipeline.vllm_server.SERVER_ENV_DEFAULTS), so serving measures
 # as evaluated.
@@ -56,13 +53,15 @@ def serving_gpus(spec: Eagle3RunSpec) -> int:
 
 
 def vllm_image(spec: Eagle3RunSpec) -> str:
-    """serving.image, else images.vllm; on the CPU backend the pipeline image (its CPU build holds vLLM's CPU
-    build) while images.vllm is still the official GPU image."""
+    """serving.image, else images.vllm (the operator's --vllm-image fills it for GPU runs); unset, on the CPU
+    backend the pipeline image (its CPU build holds vLLM's CPU build), else the official GPU image."""
     if spec.serving.image:
         return spec.serving.image
-    if on_cpu(spec) and spec.images.vllm == GPU_VLLM_IMAGE:
+    if spec.images.vllm:
+        return spec.images.vllm
+    if on_cpu(spec):
         return spec.images.pipeline or DEFAULT_PIPELINE_IMAGE
-    return spec.images.vllm
+    return DEFAULT_VLLM_IMAGE
 
 
 def vllm_args(spec: Eagle3RunSpec, draft_dir: str) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from eagle3_contract.api.spec import DEFAULT_VLLM_IMAGE
 from eagle3_contract.api.validation import parse_spec
 from eagle3_contract.mounts import draft_path
 from eagle3_contract.stages import content_hash
@@ -106,7 +107,11 @@ def test_vllm_command_and_args() -> None:
 
 def test_image_defaults_to_images_vllm() -> None:
     gpu = parse_spec(derive(TINY_SPEC, nodePool={"device": "gpu"}))
-    assert vllm(build_deployment(TINY_RUN, gpu, "d"))["image"] == gpu.images.vllm
+    assert vllm(build_deployment(TINY_RUN, gpu, "d"))["image"] == DEFAULT_VLLM_IMAGE
+    mirrored = parse_spec(derive(TINY_SPEC, nodePool={"device": "gpu"}, images={"vllm": "mirror/vllm:1"}))
+    assert vllm(build_deployment(TINY_RUN, mirrored, "d"))["image"] == "mirror/vllm:1"
+    cpu = parse_spec(derive(TINY_SPEC, nodePool={"device": "cpu"}, images={"pipeline": "reg/p:1-cpu"}))
+    assert vllm(build_deployment(TINY_RUN, cpu, "d"))["image"] == "reg/p:1-cpu"
     doc = copy.deepcopy(KIMI_SPEC)
     doc["serving"]["image"] = "registry.local/vllm:nightly"
     assert vllm(build_deployment(KIMI_RUN, parse_spec(doc), "d"))["image"] == "registry.local/vllm:nightly"
