@@ -34,6 +34,7 @@ from eagle3_contract.api.spec import (
     ReasoningMode,
     Sampling,
     StorageDtype,
+    Sweep,
     Training,
 )
 from eagle3_contract.vllm_command import VllmEngine
@@ -336,22 +337,31 @@ def train_tuning(spec: Eagle3RunSpec) -> TrainTuning:
 
 
 class EvaluateParams(StageParams):
-    """What is measured: the verifier as vLLM serves it, the held-out prompts, the draft tokens per step, and
-    the serving traffic's sampling settings (None: greedy only), which a second measurement uses."""
+    """What is measured: the verifier as vLLM serves it, the held-out prompts, the draft tokens per step, the
+    serving traffic's sampling settings (None: greedy only), which a second measurement uses, and the sweep
+    of the speculation length (None: none) with the concurrencies it measures at (None without a sweep:
+    evaluation.concurrencies is not read then, so editing it re-runs nothing)."""
 
     verifier: VllmVerifier
     prompts: int
     num_speculative_tokens: int
     max_tokens: int
     sampling: Sampling | None = None
+    sweep: Sweep | None = None
+    concurrencies: tuple[int, ...] | None = None
 
     @model_serializer(mode="wrap")
-    def _unset_sampling_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """An unset evaluation.sampling is left out of the hash payload: the hashes of specs written before
-        it existed stay the same."""
+    def _unset_fields_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An unset evaluation.sampling or sweep is left out of the hash payload: the hashes of specs
+        written before they existed stay the same."""
         data: dict[str, Any] = handler(self)
-        if self.sampling is None:
-            data.pop("sampling", None)
+        for key, value in (
+            ("sampling", self.sampling),
+            ("sweep", self.sweep),
+            ("concurrencies", self.concurrencies),
+        ):
+            if value is None:
+                data.pop(key, None)
         return data
 
 
@@ -373,6 +383,8 @@ def evaluate_params(spec: Eagle3RunSpec) -> EvaluateParams:
         num_speculative_tokens=e.num_speculative_tokens,
         max_tokens=e.max_tokens,
         sampling=e.sampling,
+        sweep=e.sweep,
+        concurrencies=tuple(e.concurrencies) if e.sweep is not None else None,
     )
 
 
@@ -409,3 +421,61 @@ class VerifyTuning(StageTuning):
 
 def verify_params(spec: Eagle3RunSpec) -> VerifyParams:
     return VerifyParams(pinned_checkpoint=spec.serving.pinned_checkpoint)
+
+
+# --- predict ------------------------------------------------------------------------------------------------
+
+
+class PredictSettings(ApiModel):
+    """What the prediction measures: the verifier as vLLM serves it, an untrained draft of the spec's shape
+    at k speculative tokens, the answers' length, the concurrencies, the acceptance lengths predicted at (the
+    reference table's version and the user's target), and where the prompts come from (dataset.source)."""
+
+    verifier: VllmVerifier
+    draft_layers: int
+    draft_vocab_size: int
+    num_speculative_tokens: int
+    max_tokens: int
+    concurrencies: tuple[int, ...]
+    target_acceptance_length: float | None
+    references_version: int
+    dataset: str
+
+
+class PredictParams(StageParams):
+    """evaluation.predict: the settings, hashed; None (the stage is skipped) when the prediction is off, so
+    no field of it changes a hash then."""
+
+    prediction: PredictSettings | None = None
+
+
+class PredictTuning(StageTuning):
+    """GPUs and the servers' seed: how fast the figures come, not what they are."""
+
+    tensor_parallel_size: int = Field(ge=1)
+    seed: int
+
+
+def predict_params(spec: Eagle3RunSpec) -> PredictParams:
+    from eagle3_contract.acceptance_references import REFERENCES_VERSION
+
+    e = spec.evaluation
+    if not e.predict:
+        return PredictParams()
+    return PredictParams(
+        prediction=PredictSettings(
+            verifier=vllm_verifier(spec),
+            draft_layers=spec.draft.layers,
+            draft_vocab_size=spec.draft.vocab_size,
+            num_speculative_tokens=e.num_speculative_tokens,
+            max_tokens=e.max_tokens,
+            concurrencies=tuple(e.concurrencies),
+            target_acceptance_length=e.target_acceptance_length,
+            references_version=REFERENCES_VERSION,
+            dataset=spec.dataset.source,
+        )
+    )
+
+
+def predict_tuning(spec: Eagle3RunSpec) -> PredictTuning:
+    return PredictTuning(tensor_parallel_size=spec.verifier.tensor_parallel_size, seed=spec.dataset.seed)

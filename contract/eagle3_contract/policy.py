@@ -57,6 +57,7 @@ def out_of_memory_message(stage: str, budget: int | None, max_sequence_length: i
 # How long a stage is expected to run when spec.stages.<stage>.activeDeadlineSeconds is not set: generous
 # figures for a large verifier on one node, for the "stuck in a stage" alert (an override replaces them).
 EXPECTED_SECONDS: dict[str, int] = {
+    Stage.PREDICT.value: 6 * 3600,  # one vLLM server per acceptance length (synthetic)
     Stage.PREPARE.value: 2 * 3600,
     Stage.GENERATE.value: 48 * 3600,
     Stage.EXTRACT.value: 24 * 3600,

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from eagle3_contract.api.speculation import SpeculationTable
 from eagle3_contract.stages import Stage
 
 logger = logging.getLogger(__name__)
@@ -316,6 +317,12 @@ class EvaluateResult(StageResult):
     draft_checkpoint: str | None = None
     server_start_seconds: ServerStartSeconds | None = None
     sampled: SampledAcceptance | None = None
+    # evaluation.sweep: acceptance and output tokens/s per k and concurrency, and the schedule they justify
+    speculation: SpeculationTable | None = None
+    # held-out prompts whose answer degenerated (a repetition loop, an empty answer), left out of the figures
+    degenerate_prompts: int | None = None
+    degenerate: dict[str, int] | None = None  # by reason: repetition, empty
+    degenerate_examples: list[str] | None = None  # a few of those prompts' ids
 
     @property
     def tokens_processed(self) -> int | None:
@@ -357,13 +364,60 @@ class VerifyResult(StageResult):
     bytes: int | None = None
     files: dict[str, VerifiedFile] | None = None
     manifest: bool | None = None
+    # the pinned draft's speculation-length table, from its manifest (export's copy of evaluate's): what
+    # serving.speculationLength tuned serves for a pinned draft; None when the manifest has none
+    speculation: SpeculationTable | None = None
+
+
+class PredictedAcceptance(ResultModel):
+    """An acceptance length predicted at, and where it comes from (eagle3_contract.acceptance_references)."""
+
+    acceptance_length: float | None = None
+    source: str | None = None
+    published: float | None = None  # the published figure, where it was clamped to k + 1
+    clamped: bool | None = None
+
+
+class PredictResult(StageResult):
+    """predict: the speedup an EAGLE-3 draft would give this verifier, on this hardware, at acceptance
+    lengths published drafts reach, before any training.
+
+    `tokensPerSecond` and `speedup` are rows per `acceptanceLengths` entry, columns per `concurrencies`;
+    `baselineTokensPerSecond` is the verifier alone per concurrency; `breakEven` the acceptance length at
+    which the speedup is 1 per concurrency (None: not reachable with k speculative tokens). `method` is
+    `synthetic` (vLLM's synthetic rejection sampling at each length) or `step-cost` (the untrained draft's
+    measured step cost, scaled by L / its own acceptance `measuredAcceptanceLength`).
+    """
+
+    STAGE = Stage.PREDICT
+    SUMMARY = ("method", "break_even")
+
+    method: str | None = None
+    method_note: str | None = None
+    model_class: str | None = None
+    num_speculative_tokens: int | None = None
+    max_tokens: int | None = None
+    concurrencies: list[int] | None = None
+    acceptance_lengths: list[PredictedAcceptance] | None = None
+    tokens_per_second: list[list[float | None]] | None = None
+    speedup: list[list[float | None]] | None = None
+    baseline_tokens_per_second: list[float | None] | None = None
+    draft_tokens_per_second: list[float | None] | None = None  # step-cost: the untrained draft's
+    measured_acceptance_length: list[float | None] | None = None  # step-cost: the untrained draft's L0
+    break_even: list[float | None] | None = None
+    verdict: str | None = None
+    prompts: int | None = None
+    prompts_source: str | None = None
+    failed_requests: int | None = None
+    server_start_seconds: dict[str, float] | None = None
+    message: str | None = None
 
 
 RESULT_MODELS: dict[Stage, type[StageResult]] = {
     m.STAGE: m
     for m in (
         PrepareResult, GenerateResult, ExtractResult, VocabResult, TrainResult, EvaluateResult, ExportResult,
-        VerifyResult,
+        VerifyResult, PredictResult,
     )
 }  # fmt: skip
 R = TypeVar("R", bound=StageResult)

@@ -32,6 +32,8 @@ from eagle3_contract.params import (
     extract_tuning,
     generate_params,
     generate_tuning,
+    predict_params,
+    predict_tuning,
     prepare_params,
     prepare_tuning,
     train_params,
@@ -50,9 +52,11 @@ ONLINE_EXTRACTION = (
     "extraction.mode is online: the train stage asks the hidden-state producers for each sample, nothing is "
     "stored beforehand"
 )
+NO_PREDICTION = "evaluation.predict is false: no speedup is predicted before training"
 
 
 class Stage(StrEnum):
+    PREDICT = "predict"  # first: it needs only the verifier, and says before training whether a draft pays
     PREPARE = "prepare"
     GENERATE = "generate"
     EXTRACT = "extract"
@@ -94,6 +98,17 @@ def _train_upstream(spec: Eagle3RunSpec) -> tuple[Stage, ...]:
     if _online(spec):
         return (_data_stage(spec), Stage.VOCAB)
     return (_data_stage(spec), Stage.EXTRACT, Stage.VOCAB)
+
+
+def _predicts(spec: Eagle3RunSpec) -> str | None:
+    """The prediction is made before training: a pinned draft that trains nothing needs none."""
+    return _trains(spec) or (None if spec.evaluation.predict else NO_PREDICTION)
+
+
+def _export_upstream(spec: Eagle3RunSpec) -> tuple[Stage, ...]:
+    # evaluate too with evaluation.sweep: its speculation-length table goes into the checkpoint's manifest
+    sweep = (Stage.EVALUATE,) if spec.evaluation.sweep is not None else ()
+    return (Stage.TRAIN, Stage.VOCAB, *sweep)
 
 
 def _verifies(spec: Eagle3RunSpec) -> str | None:
@@ -147,6 +162,15 @@ def _tp(spec: Eagle3RunSpec) -> int:
 
 
 DEFINITIONS: dict[Stage, StageDef] = {
+    Stage.PREDICT: StageDef(
+        Stage.PREDICT,
+        gpus=_tp,
+        uses_vllm=lambda s: True,
+        upstream=lambda s: (),
+        params=predict_params,
+        tuning=predict_tuning,
+        skip=_predicts,
+    ),
     Stage.PREPARE: StageDef(
         Stage.PREPARE,
         gpus=_none,
@@ -203,7 +227,7 @@ DEFINITIONS: dict[Stage, StageDef] = {
         Stage.EXPORT,
         gpus=_none,
         uses_vllm=lambda s: False,
-        upstream=lambda s: (Stage.TRAIN, Stage.VOCAB),
+        upstream=_export_upstream,
         params=export_params,
         tuning=lambda s: ExportTuning(),
     ),

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
 from eagle3_contract.results import (
     EvaluateResult,
     ExportResult,
     ExtractResult,
     GenerateResult,
+    PredictedAcceptance,
+    PredictResult,
     PrepareResult,
     SampledAcceptance,
     ServerStartSeconds,
@@ -43,6 +46,26 @@ def _epoch(epoch: int, val_loss: float, accuracy: list[float], acceptance: float
         val_loss_by_position=[val_loss] * 3, estimated_acceptance_length=acceptance, train_steps=54,
         train_tokens=EPOCH_TOKENS, train_seconds=40.0, seconds=45.0, learning_rate={"AdamW": 0.0001},
     )  # fmt: skip
+
+
+# evaluation.sweep's table (k 1, 3 at concurrency 1, 8), as evaluate writes it and export's manifest keeps it
+_CELLS = [
+    SweepCell(
+        num_speculative_tokens=k, concurrency=c, acceptance_length=a, output_tokens_per_second=t, speedup=x
+    )
+    for k, c, a, t, x in (
+        (1, 1, 1.5, 30.0, 1.5),
+        (1, 8, 1.5, 90.0, 0.9),
+        (3, 1, 1.6, 36.0, 1.8),
+        (3, 8, 1.6, 80.0, 0.8),
+    )
+]
+SPECULATION = SpeculationTable(
+    cells=_CELLS,
+    baselines=[BaselineCell(concurrency=1, output_tokens_per_second=20.0),
+               BaselineCell(concurrency=8, output_tokens_per_second=100.0)],
+    schedule=plan_schedule(_CELLS),
+)  # fmt: skip
 
 
 FAKE_RESULTS: dict[Stage, StageResult] = {
@@ -94,6 +117,8 @@ FAKE_RESULTS: dict[Stage, StageResult] = {
             accepted_tokens=128, acceptance_rate=0.133333, acceptance_length=1.4,
             acceptance_by_position=[0.25, 0.1, 0.05],
         ),
+        degenerate_prompts=0, degenerate={"repetition": 0, "empty": 0}, degenerate_examples=[],
+        speculation=SPECULATION,
     ),
     Stage.EXPORT: ExportResult(
         sha256=EXPORT_SHA256, bytes=CHECKPOINT_BYTES, expected_bytes=120_000, ratio=1.0288,
@@ -104,7 +129,20 @@ FAKE_RESULTS: dict[Stage, StageResult] = {
     Stage.VERIFY: VerifyResult(
         path="export/abc", sha256=VERIFIED_SHA256, bytes=CHECKPOINT_BYTES,
         files={"model.safetensors": VerifiedFile(sha256=VERIFIED_SHA256, bytes=CHECKPOINT_BYTES)},
-        manifest=True, seconds=0.5,
+        manifest=True, seconds=0.5, speculation=SPECULATION,
+    ),
+    Stage.PREDICT: PredictResult(
+        method="step-cost", method_note="step-cost: an untrained draft's step cost", model_class="unknown",
+        num_speculative_tokens=3, max_tokens=64, concurrencies=[1, 8],
+        acceptance_lengths=[
+            PredictedAcceptance(acceptance_length=2.88, source="dense low", published=2.88, clamped=False),
+            PredictedAcceptance(acceptance_length=4.0, source="dense high", published=5.08, clamped=True),
+        ],
+        tokens_per_second=[[230.4, 576.0], [320.0, 800.0]], speedup=[[2.304, 1.44], [3.2, 2.0]],
+        baseline_tokens_per_second=[100.0, 400.0], draft_tokens_per_second=[80.0, 200.0],
+        measured_acceptance_length=[1.0, 1.0], break_even=[1.25, 2.0], verdict="a draft pays off",
+        prompts=16, prompts_source="generic chat prompts", failed_requests=0,
+        server_start_seconds={"baseline": 41.0, "draft": 44.5}, message=None, seconds=120.5,
     ),
 }  # fmt: skip
 

@@ -14,6 +14,7 @@ from eagle3_contract.gate import judge_evaluation
 from eagle3_contract.results import (
     RESULT_MODELS,
     EvaluateResult,
+    PredictedAcceptance,
     PrepareResult,
     ResultModel,
     SampledAcceptance,
@@ -40,9 +41,10 @@ PROGRAMS: dict[Stage, list[str]] = {
     Stage.EXTRACT: ["stages.extract"],
     Stage.VOCAB: ["stages.vocab"],
     Stage.TRAIN: ["stages.train", "train_metrics"],
-    Stage.EVALUATE: ["stages.evaluate"],
+    Stage.EVALUATE: ["stages.evaluate", "evaluate_summary"],
     Stage.EXPORT: ["stages.export"],
     Stage.VERIFY: ["stages.verify"],
+    Stage.PREDICT: ["stages.predict"],
 }
 
 
@@ -86,7 +88,9 @@ def _source(module: str) -> str:
     return Path(spec.origin).read_text()
 
 
-NESTED: tuple[type[ResultModel], ...] = (TrainEpoch, ServerStartSeconds, VerifiedFile, SampledAcceptance)
+NESTED: tuple[type[ResultModel], ...] = (
+    TrainEpoch, ServerStartSeconds, VerifiedFile, SampledAcceptance, PredictedAcceptance,
+)  # fmt: skip
 
 
 def _keys(model: type[ResultModel]) -> set[str]:
@@ -187,6 +191,7 @@ def test_tokens_processed_per_stage() -> None:
         Stage.EVALUATE: 480,  # tokens generated with the draft
         Stage.EXPORT: None,
         Stage.VERIFY: None,
+        Stage.PREDICT: None,
     }
     partials: list[dict[str, Any]] = [{"epochs": [{"trainTokens": 10}, {}]}, {"epochs": []}]
     for partial in partials:

@@ -58,7 +58,24 @@ def variants() -> dict[str, Doc]:
     pinned["serving"]["pinnedCheckpoint"] = dict(PIN)
     online = copy.deepcopy(base)
     online["extraction"]["mode"] = "online"
-    return {"example": base, "no-regeneration": off, "pinned": pinned, "online": online}
+    # without evaluation.sweep (the example sets one), evaluation.concurrencies is read by no stage (nor by a
+    # prediction: predict is off here); with it, evaluate hashes the sweep and the concurrencies
+    no_sweep = copy.deepcopy(base)
+    no_sweep["evaluation"]["sweep"] = None
+    no_sweep["evaluation"]["predict"] = False
+    no_sweep["serving"]["speculationLength"] = "fixed"  # tuned needs the sweep's table
+    # evaluation.predict: the predict stage hashes the verifier, the draft's shape, k, maxTokens, the
+    # concurrencies and targetAcceptanceLength (off, it hashes none of them)
+    predict = copy.deepcopy(base)
+    predict["evaluation"]["predict"] = True
+    return {
+        "example": base,
+        "no-regeneration": off,
+        "pinned": pinned,
+        "online": online,
+        "no-sweep": no_sweep,
+        "predict": predict,
+    }
 
 
 # --- editing a leaf -----------------------------------------------------------------------------------------
@@ -75,6 +92,7 @@ ENUMS = {
     "sha256": ["ab" * 32, "cd" * 32],
     "device": ["gpu", "cpu"],
     "promotion": ["automatic", "reviewed"],
+    "speculationLength": ["fixed", "tuned"],
 }
 # What an unset (None) field is set to; a section that is unset gets a small valid one.
 UNSET = {
@@ -92,6 +110,10 @@ UNSET = {
     "hfTokenSecret": {"name": "hf-token"},
     "queueName": "other-queue",
     "sampling": {"temperature": 0.7, "topP": 0.95},
+    "targetAcceptanceLength": 2.5,
+    "sweep": {"numSpeculativeTokens": [2, 4]},
+    "prompts": 16,  # evaluation.sweep.prompts
+    "canary": {"replicas": 2, "duration": "5m"},  # serving.canary (the operator's only)
     "resources": {"requests": {"cpu": "8"}},
     "serviceAccountName": "runner",
     "priorityClassName": "high",
@@ -217,6 +239,8 @@ NO_STAGE = {
         "promotion",
         "resources",
         "disruptionBudget",
+        "canary",
+        "speculationLength",
     },
 }
 EXECUTION_SECTIONS = (
@@ -232,7 +256,7 @@ EXECUTION_SECTIONS = (
 )
 # Fields stages read as tuning only: they change how a stage runs, never what a successful run writes.
 TUNING_ONLY = {
-    "verifier.tensorParallelSize": {Stage.GENERATE, Stage.EXTRACT, Stage.EVALUATE},
+    "verifier.tensorParallelSize": {Stage.PREDICT, Stage.GENERATE, Stage.EXTRACT, Stage.EVALUATE},
     "regeneration.enabled": {Stage.PREPARE},  # generate runs or not (its skip), prepare accepts prompts
     "dataset.maxSkippedFraction": {Stage.PREPARE},  # prepare accepts or refuses the rows read
     "regeneration.concurrency": {Stage.GENERATE},
@@ -250,11 +274,19 @@ TUNING_ONLY = {
 }
 
 
-# Leaves a cross-field rule fixes in a variant (a pinned draft needs serving.enabled).
-FIXED = {("pinned", "serving.enabled")} | {
+# Leaves a cross-field rule fixes in a variant (a pinned draft needs serving.enabled; speculationLength tuned
+# needs evaluation.sweep or a pin).
+FIXED = {("pinned", "serving.enabled"), ("no-sweep", "serving.speculationLength")} | {
     (variant, f"extraction.{field}")  # online-only fields keep their defaults offline
-    for variant in ("example", "no-regeneration", "pinned")
+    for variant in ("example", "no-regeneration", "pinned", "no-sweep", "predict")
     for field in ("transfer", "servers", "keep")
+}
+
+
+# Leaves no stage reads in a variant only: evaluation.concurrencies without a sweep.
+UNREAD_IN = {("no-sweep", "evaluation.concurrencies")} | {
+    (variant, "evaluation.targetAcceptanceLength")  # only the predict stage reads it, when predict is on
+    for variant in ("example", "no-regeneration", "pinned", "online", "no-sweep")
 }
 
 
@@ -283,7 +315,7 @@ def test_every_leaf_edit_changes_a_hash_exactly_when_params_change(variant: str)
         where = f"{variant}: {dotted(path)}"
         if dotted(path) in TUNING_ONLY:
             assert params == set() and tuning == TUNING_ONLY[dotted(path)], where
-        elif reads_nothing(path):
+        elif reads_nothing(path) or (variant, dotted(path)) in UNREAD_IN:
             if path[:2] != ("serving", "pinnedCheckpoint"):  # the pin is verify's param
                 assert params == tuning == set(), where
         else:
@@ -307,6 +339,20 @@ def test_the_readme_edits() -> None:
     assert changed_stages(doc, ("extraction", "tokenBudget"), 8192) == set()
     assert "generate" not in changed_stages(doc, ("regeneration", "concurrency"), 4)
     assert changed_stages(doc, ("evaluation", "minAcceptanceLength"), 2.5) == set()
+
+
+def test_the_sweep_reruns_evaluate_and_export_and_without_it_concurrencies_rerun_nothing() -> None:
+    doc = example()
+    assert doc["evaluation"]["sweep"] is not None  # the example sweeps: export copies evaluate's table
+    assert changed_stages(doc, ("evaluation", "sweep", "numSpeculativeTokens"), [1, 2]) == {
+        "evaluate",
+        "export",
+    }
+    assert changed_stages(doc, ("evaluation", "concurrencies"), [1, 8]) >= {"evaluate", "export"}
+    no_sweep = variants()["no-sweep"]
+    assert changed_stages(no_sweep, ("evaluation", "concurrencies"), [1, 8]) == set()
+    export = plans(Eagle3RunSpec.model_validate(no_sweep))[Stage.EXPORT]
+    assert set(export.inputs) == {"train", "vocab"}  # no sweep: export's hash is as before the sweep existed
 
 
 def test_the_hash_payload_is_the_params_model() -> None:

@@ -22,7 +22,7 @@ from tests.unit.api.api_support import defaulted, valid_specs
 from tests.unit.builders.builder_cases import KIMI_SPEC, TINY_SPEC, specs
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-ALL = {s.value for s in Stage}
+ALL = {s.value for s in Stage} - {"predict"}  # predict is off in these specs: it hashes nothing
 TRAINING = ALL - {"verify"}  # verify's hash covers serving.pinnedCheckpoint only
 Doc = dict[str, Any]
 
@@ -54,7 +54,7 @@ def test_every_stage_is_planned_in_order_with_its_output_dir(doc: Doc) -> None:
     planned = plan_stages(parse_spec(doc))
     assert [p.stage for p in planned] == list(ORDER) == list(Stage)
     assert [p.stage.value for p in planned] == [
-        "prepare", "generate", "extract", "vocab", "train", "evaluate", "export", "verify",
+        "predict", "prepare", "generate", "extract", "vocab", "train", "evaluate", "export", "verify",
     ]  # fmt: skip
     for p in planned:
         assert len(p.hash) == HASH_LENGTH and int(p.hash, 16) >= 0
@@ -65,9 +65,9 @@ def test_every_stage_is_planned_in_order_with_its_output_dir(doc: Doc) -> None:
 def test_generate_is_skipped_unless_regeneration_is_enabled() -> None:
     off = plans(minimal())
     assert off["generate"].skipped is not None and "regeneration.enabled is false" in off["generate"].skipped
-    assert [s for s, p in off.items() if p.skipped] == ["generate", "verify"]
+    assert [s for s, p in off.items() if p.skipped] == ["predict", "generate", "verify"]
     on = plans(minimal() | {"regeneration": {"enabled": True}})
-    assert [s for s, p in on.items() if p.skipped] == ["verify"]
+    assert [s for s, p in on.items() if p.skipped] == ["predict", "verify"]
     assert on["verify"].skipped is not None and "no serving.pinnedCheckpoint" in on["verify"].skipped
 
 
@@ -131,13 +131,15 @@ def test_gpus_and_vllm_per_stage(spec: Eagle3RunSpec) -> None:
     planned = {p.stage: p for p in plan_stages(spec)}
     wanted = {
         Stage.PREPARE: 0, Stage.VOCAB: 0, Stage.EXPORT: 0, Stage.VERIFY: 0,
-        Stage.GENERATE: tp, Stage.EXTRACT: tp, Stage.EVALUATE: tp,
+        Stage.GENERATE: tp, Stage.EXTRACT: tp, Stage.EVALUATE: tp, Stage.PREDICT: tp,
         Stage.TRAIN: spec.training.gpus,
     }  # fmt: skip
     assert {s: p.gpus for s, p in planned.items()} == wanted
-    assert {s for s, p in planned.items() if p.uses_vllm} == {Stage.GENERATE, Stage.EVALUATE} | (
-        {Stage.EXTRACT} if spec.extraction.backend == "vllm" else set()
-    )
+    assert {s for s, p in planned.items() if p.uses_vllm} == {
+        Stage.GENERATE,
+        Stage.EVALUATE,
+        Stage.PREDICT,
+    } | ({Stage.EXTRACT} if spec.extraction.backend == "vllm" else set())
     assert {s for s, p in planned.items() if p.retries_oom} == {Stage.GENERATE, Stage.EXTRACT}
     assert planned[Stage.EXTRACT].token_budget == spec.extraction.token_budget
     assert planned[Stage.GENERATE].token_budget == spec.regeneration.token_budget
@@ -165,8 +167,9 @@ def test_dataset_seed_changes_prepare_and_everything_downstream(regenerate: bool
         ("draft", {"vocabSize": 1024}, {"vocab", "train", "evaluate", "export"}),
         ("draft", {"layers": 2}, {"train", "evaluate", "export"}),
         ("extraction", {"dtype": "float16"}, {"extract", "train", "evaluate", "export"}),
-        ("evaluation", {"prompts": 8}, {"evaluate"}),
-        ("evaluation", {"maxTokens": 64}, {"evaluate"}),
+        # the tiny example sweeps the speculation length: export copies evaluate's table into its manifest
+        ("evaluation", {"prompts": 8}, {"evaluate", "export"}),
+        ("evaluation", {"maxTokens": 64}, {"evaluate", "export"}),
         ("verifier", {"revision": "abc"}, TRAINING),
         # generate is skipped (regeneration is off) and nothing reads it, but its hash covers the parameter
         ("regeneration", {"temperature": 0.2}, {"generate"}),
@@ -188,12 +191,13 @@ def test_regeneration_parameters_change_generate_and_downstream_when_enabled() -
 
 @pytest.mark.parametrize(
     ("regenerate", "stages"),
-    [(False, {"generate", "evaluate"}), (True, TRAINING - {"prepare"})],
+    [(False, {"generate", "evaluate", "export"}), (True, TRAINING - {"prepare"})],
 )
 def test_max_model_len_changes_the_stages_running_the_verifier_in_vllm(
     regenerate: bool, stages: set[str]
 ) -> None:
-    """Export reads train and vocab, not evaluate: a new evaluation exports the same draft. (The hash of a
+    """Export reads train and vocab, and evaluate only for evaluation.sweep's table (the tiny example sweeps;
+    without a sweep a new evaluation exports the same draft, tests/unit/test_stage_params.py). (The hash of a
     skipped generate changes too, so that enabling it later runs it with the current parameters.)"""
     doc = edited(TINY_SPEC, "regeneration", enabled=regenerate)
     assert changed(doc, edited(doc, "verifier", maxModelLen=4096)) == stages

@@ -15,7 +15,8 @@ class OperatorDefaults:
     `pipeline_image` fills spec.images.pipeline of GPU runs, `pipeline_cpu_image` that of runs with
     nodePool.device cpu (else `pipeline_image`); `vllm_image` fills spec.images.vllm of GPU runs (a CPU run
     serves with its pipeline image); `image_pull_secrets` fill spec.pod.imagePullSecrets when the
-    run names none; `pod_monitor_labels` go under spec.monitoring.podMonitorLabels (the run's own win).
+    run names none; `pod_monitor_labels` go under spec.monitoring.podMonitorLabels (the run's own win);
+    `prometheus_url` fills spec.serving.canary.prometheusUrl of a run with a canary that names none.
     """
 
     pipeline_image: str | None = None
@@ -23,6 +24,7 @@ class OperatorDefaults:
     vllm_image: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    prometheus_url: str | None = None
 
 
 def _section(spec: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -52,4 +54,12 @@ def with_operator_defaults(spec: Any, defaults: OperatorDefaults) -> Any:
         own = monitoring.get("podMonitorLabels")
         labels = dict(defaults.pod_monitor_labels) | (dict(own) if isinstance(own, Mapping) else {})
         out["monitoring"] = monitoring | {"podMonitorLabels": labels}
+    serving = _section(spec, "serving")
+    canary = _section(serving, "canary")
+    if (
+        defaults.prometheus_url
+        and isinstance(serving.get("canary"), Mapping)
+        and not canary.get("prometheusUrl")
+    ):
+        out["serving"] = serving | {"canary": canary | {"prometheusUrl": defaults.prometheus_url}}
     return spec if out == spec else out

@@ -75,3 +75,16 @@ CountOrPercent = Annotated[
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A label value (empty, or up to 63 alphanumerics, '-', '_' and '.', alphanumeric at both ends)
 LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+# A duration as Kubernetes tools write one: hours, minutes and seconds, e.g. '30s', '10m', '1h30m'.
+DURATION = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
+_DURATION = re.compile(DURATION)
+Duration = Annotated[str, Field(min_length=2, pattern=DURATION)]
+
+
+def duration_seconds(duration: str) -> int:
+    """'1h30m' -> 5400 (a value the Duration pattern accepted)."""
+    match = _DURATION.fullmatch(duration)
+    if match is None or not duration:
+        raise ValueError(f"{duration!r} is not a duration such as '30s', '10m' or '1h30m'")
+    hours, minutes, seconds = (int(g[:-1]) if g else 0 for g in match.groups())
+    return hours * 3600 + minutes * 60 + seconds

@@ -110,6 +110,7 @@ class StageOverride(ApiModel):
 class StageOverrides(ApiModel):
     """Overrides keyed by stage."""
 
+    predict: StageOverride | None = Field(None, description="Overrides of the predict stage.")
     prepare: StageOverride | None = Field(None, description="Overrides of the prepare stage.")
     generate: StageOverride | None = Field(None, description="Overrides of the generate stage.")
     extract: StageOverride | None = Field(None, description="Overrides of the extract stage.")

@@ -116,6 +116,18 @@ RULES: tuple[CrossFieldRule, ...] = (
         "serving.pinnedCheckpoint needs serving.enabled: a pinned draft skips training and only serves",
         lambda s: s.serving.pinned_checkpoint is None or s.serving.enabled,
     ),
+    CrossFieldRule(
+        ".serving.speculationLength",
+        "self.serving.speculationLength != 'tuned' || has(self.evaluation.sweep) "
+        "|| has(self.serving.pinnedCheckpoint)",
+        "serving.speculationLength 'tuned' serves evaluate's sweep: set evaluation.sweep (or pin a draft "
+        "whose export holds one)",
+        lambda s: (
+            s.serving.speculation_length != "tuned"
+            or s.evaluation.sweep is not None
+            or s.serving.pinned_checkpoint is not None
+        ),
+    ),
 )
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from eagle3_contract.api.base import ApiModel
-from eagle3_contract.api.fields import DNS_LABEL, PRESERVE, Quantity
+from eagle3_contract.api.fields import DNS_LABEL, PRESERVE, Duration, Quantity
 from eagle3_contract.api.pods import (
     DisruptionBudget,
     Monitoring,
@@ -61,6 +61,11 @@ class Device(StrEnum):
 class Promotion(StrEnum):
     AUTOMATIC = "automatic"
     REVIEWED = "reviewed"
+
+
+class SpeculationLength(StrEnum):
+    FIXED = "fixed"
+    TUNED = "tuned"
 
 
 class Scheduler(StrEnum):
@@ -266,6 +271,26 @@ class Sampling(ApiModel):
     seed: int = Field(0, ge=0, description="Seed of the sampled requests, for repeatable figures.")
 
 
+class Sweep(ApiModel):
+    """evaluate's sweep of the speculation length.
+
+    Output tokens/s per k and concurrency, each against the no-draft baseline at that concurrency.
+    """
+
+    num_speculative_tokens: list[Annotated[int, Field(ge=1, le=16)]] = Field(
+        default_factory=lambda: [1, 2, 3, 4, 5, 6, 7],
+        min_length=1,
+        max_length=16,
+        description="The k values measured (one vLLM server each, evaluation.numSpeculativeTokens's reused).",
+    )
+    prompts: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Held-out prompts per cell; default the larger of 2 x the concurrency and 8.",
+    )
+
+
 class Evaluation(ApiModel):
     """Acceptance measured by vLLM with the verifier and the new draft on held-out prompts."""
 
@@ -296,6 +321,27 @@ class Evaluation(ApiModel):
             "acceptance alert compares the traffic with that figure. Default: greedy only."
         ),
     )
+    sweep: Sweep | None = Field(
+        None,
+        description="Measure output tokens/s per speculation length and concurrency against the verifier "
+        "alone, and derive the best k per batch-size range (serving.speculationLength tuned serves it). "
+        "Default: no sweep.",
+    )
+    concurrencies: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1, 8, 32],
+        min_length=1,
+        max_length=16,
+        description="The serving concurrencies (requests in flight) the sweep measures and the prediction "
+        "predicts at: the batch sizes the tuned schedule is derived at.",
+    )
+    predict: bool = Field(
+        False,
+        description="Predict, before training, the speedup this verifier would get at the acceptance "
+        "lengths published drafts reach and at targetAcceptanceLength (status.plan.prediction).",
+    )
+    target_acceptance_length: float | None = Field(
+        None, ge=1.0, le=17.0, description="Your own target acceptance length, predicted too."
+    )
 
 
 class PinnedCheckpoint(ApiModel):
@@ -309,6 +355,33 @@ class PinnedCheckpoint(ApiModel):
             "Expected sha256 of the draft's model.safetensors: the verify stage checks it on the volume "
             "before vLLM rolls to the draft, and a mismatch is refused (ChecksumMismatch)."
         ),
+    )
+
+
+class Canary(ApiModel):
+    """Roll a new draft out as a canary next to the serving one, and promote it on live figures."""
+
+    replicas: int = Field(
+        1, ge=1, le=1000, description="Canary vLLM replicas: the Service splits traffic by replica count."
+    )
+    duration: Duration = Field("10m", description="Observe the canary at least this long, e.g. '10m'.")
+    min_requests: int = Field(
+        100, ge=1, le=100_000_000, description="Requests the canary must finish before a decision."
+    )
+    tolerance: float = Field(
+        0.05,
+        ge=0.0,
+        lt=1.0,
+        description="Promote when the canary's live mean acceptance length and output tokens/s are each "
+        "at least (1 - tolerance) x the incumbent's; otherwise roll back.",
+    )
+    timeout: Duration = Field(
+        "2h", description="Roll back when no decision could be taken by then (too little traffic)."
+    )
+    prometheus_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Prometheus that scrapes the vLLM pods; default the operator's --prometheus-url.",
     )
 
 
@@ -344,6 +417,17 @@ class Serving(ApiModel):
     disruption_budget: DisruptionBudget = Field(
         default_factory=lambda: DisruptionBudget(),
         description="PodDisruptionBudget of the vLLM pods.",
+    )
+    canary: Canary | None = Field(
+        None,
+        description="Serve a new draft as a canary first, next to the serving one behind the same "
+        "Service, and promote or roll it back on its live acceptance and speed. Default: replace at once.",
+    )
+    speculation_length: SpeculationLength = Field(
+        SpeculationLength.FIXED,
+        description="fixed: numSpeculativeTokens at every batch size. tuned: the best k per batch-size "
+        "range from evaluate's sweep (evaluation.sweep), as vLLM's num_speculative_tokens_per_batch_size; "
+        "speculation is off in a range where no k beat the verifier alone.",
     )
 
 

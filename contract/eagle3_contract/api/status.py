@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from eagle3_contract.api.base import ApiModel
+from eagle3_contract.api.speculation import SpeculationTable
 
 
 class RunPhase(StrEnum):
@@ -40,6 +41,13 @@ class ConditionType(StrEnum):
     GATE_PASSED = "GatePassed"
     READY = "Ready"
     FAILED = "Failed"
+    CANARY = "Canary"
+
+
+class CanaryPhase(StrEnum):
+    OBSERVING = "Observing"
+    PROMOTED = "Promoted"
+    ROLLED_BACK = "RolledBack"
 
 
 class StatusModel(ApiModel):
@@ -51,7 +59,9 @@ class StatusModel(ApiModel):
 class Condition(StatusModel):
     """A standard Kubernetes condition."""
 
-    type: str = Field(description="Condition type: SpecValid, Progressing, GatePassed, Ready or Failed.")
+    type: str = Field(
+        description="Condition type: SpecValid, Progressing, GatePassed, Ready, Failed or Canary."
+    )
     status: str = Field(pattern=r"^(True|False|Unknown)$", description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason of the last transition.")
     message: str = Field(
@@ -148,6 +158,11 @@ class Checkpoint(StatusModel):
         description="Fraction of proposed draft tokens the verifier accepted in evaluate; unset for a "
         "pinned draft.",
     )
+    speculation: SpeculationTable | None = Field(
+        None,
+        description="evaluate's sweep (evaluation.sweep): acceptance and output tokens/s per k and "
+        "concurrency, and the best k per batch-size range that serving.speculationLength tuned serves.",
+    )
 
 
 class ServingStatus(StatusModel):
@@ -164,6 +179,40 @@ class ServingStatus(StatusModel):
         description="Why a vLLM pod does not run, while that lasts: an image that cannot be pulled, no node "
         "that fits, or a crash loop with the container's last exit code and log lines.",
     )
+
+
+class TrackFigures(StatusModel):
+    """One Deployment's live figures over the canary's observation window, read from Prometheus."""
+
+    acceptance_length: float | None = Field(None, description="Live mean acceptance length.")
+    output_tokens_per_second: float | None = Field(
+        None,
+        description="Output tokens per second of one request while it decodes (1 / vLLM's mean time per "
+        "output token): independent of how the Service splits the traffic.",
+    )
+    requests: int | None = Field(None, description="Requests finished in the window.")
+
+
+class CanaryStatus(StatusModel):
+    """serving.canary: a new draft served next to the incumbent, promoted or rolled back on live figures."""
+
+    phase: CanaryPhase = Field(description="Observing, Promoted or RolledBack.")
+    deployment: str = Field(description="Name of the canary's vLLM Deployment.")
+    draft: str = Field(description="Draft directory the canary serves (the new draft).")
+    sha256: str | None = Field(None, description="sha256 of the canary draft's model.safetensors.")
+    incumbent_draft: str | None = Field(None, description="Draft directory the incumbent Deployment serves.")
+    replicas: int = Field(0, description="Desired canary replicas (0 once decided).")
+    ready_replicas: int = Field(0, description="Ready canary replicas.")
+    started: str | None = Field(
+        None, description="When the observation window began: the canary's first ready replica (RFC 3339)."
+    )
+    decided: str | None = Field(None, description="When the canary was promoted or rolled back (RFC 3339).")
+    seconds_to_decision: float | None = Field(
+        None, description="From the start of the observation window to the decision."
+    )
+    incumbent: TrackFigures | None = Field(None, description="The incumbent's figures in the window.")
+    canary: TrackFigures | None = Field(None, description="The canary's figures in the window.")
+    message: str | None = Field(None, description="What the canary waits for, or why it was decided so.")
 
 
 class ModeEstimate(StatusModel):
@@ -217,10 +266,51 @@ class Estimates(StatusModel):
     stages: list[StageEstimate] = Field(default_factory=list, description="GPUs and tokens per stage.")
 
 
+class PredictionRow(StatusModel):
+    """An acceptance length the prediction is made at, and the speedup it would give."""
+
+    acceptance_length: float = Field(description="Mean tokens per verifier step (bonus token included).")
+    source: str | None = Field(
+        None, description="Where the figure comes from (a published draft, or targetAcceptanceLength)."
+    )
+    speedup: list[float | None] = Field(
+        default_factory=list, description="Predicted speedup over the verifier alone, per concurrency."
+    )
+    tokens_per_second: list[float | None] = Field(
+        default_factory=list, description="Predicted output tokens per second, per concurrency."
+    )
+
+
+class Prediction(StatusModel):
+    """evaluation.predict: the speedup a draft would give this verifier here, measured before training."""
+
+    method: str | None = Field(
+        None,
+        description="synthetic: vLLM's synthetic rejection sampling at each length (GPU); step-cost: an "
+        "untrained draft's measured step cost scaled by the acceptance length (CPU).",
+    )
+    num_speculative_tokens: int | None = Field(None, description="k: draft tokens proposed per step.")
+    concurrencies: list[int] = Field(default_factory=list, description="Requests in flight, per column.")
+    baseline_tokens_per_second: list[float | None] = Field(
+        default_factory=list, description="Output tokens per second of the verifier alone, per concurrency."
+    )
+    lengths: list[PredictionRow] = Field(
+        default_factory=list, description="The acceptance lengths predicted at, lowest first."
+    )
+    break_even: list[float | None] = Field(
+        default_factory=list,
+        description="Per concurrency, the acceptance length at which the speedup is 1 (null: above k + 1).",
+    )
+    verdict: str | None = Field(None, description="From which acceptance length a draft pays off, where.")
+
+
 class RunPlan(StatusModel):
     """What the run would take, derived from the spec and the results of the stages so far."""
 
     estimates: Estimates | None = Field(None, description="Tokens, hidden-state bytes and GPUs per stage.")
+    prediction: Prediction | None = Field(
+        None, description="evaluation.predict: the speedup predicted before training (the predict stage)."
+    )
 
 
 class ProducersStatus(StatusModel):
@@ -277,6 +367,9 @@ class Eagle3RunStatus(StatusModel):
         "while the run trains, and once the pin is this draft (promoted).",
     )
     serving: ServingStatus | None = Field(None, description="The vLLM rollout, once created.")
+    canary: CanaryStatus | None = Field(
+        None, description="serving.canary: the last new draft's canary, while observed and once decided."
+    )
     producers: ProducersStatus | None = Field(
         None, description="extraction.mode online: the hidden-state producers of the train stage."
     )

@@ -97,7 +97,7 @@ def test_links_point_at_headings_that_exist() -> None:
 def test_repeated_objects_link_to_the_first_table_and_new_fields_appear() -> None:
     crd = build_crd()
     doc = render_reference(crd)
-    assert "Same fields as [`spec.stages.prepare`](#specstagesprepare)." in section_text(
+    assert "Same fields as [`spec.stages.predict`](#specstagespredict)." in section_text(
         doc, "spec.stages.verify"
     )
     assert "### `spec.stages.verify.resources`" not in doc  # inside a repeat: not shown twice

@@ -86,6 +86,14 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
         {"serving.pinnedCheckpoint": {"path": "/artifacts/run/draft"}, "serving.enabled": False},
         False,
     ),
+    (".serving.speculationLength", {}, True),
+    (".serving.speculationLength", {"serving.speculationLength": "tuned", "evaluation.sweep": {}}, True),
+    (
+        ".serving.speculationLength",
+        {"serving.speculationLength": "tuned", "serving.pinnedCheckpoint": {"path": "/artifacts/run/draft"}},
+        True,
+    ),
+    (".serving.speculationLength", {"serving.speculationLength": "tuned"}, False),
 ]
 
 

@@ -144,6 +144,10 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
     elif rule.field_path == ".extraction.dtype":
         doc.setdefault("extraction", {}).update(mode="online", transfer="mooncake")
         value = "fp8"
+    elif rule.field_path == ".serving.speculationLength":
+        doc.setdefault("evaluation", {}).pop("sweep", None)
+        doc.setdefault("serving", {}).pop("pinnedCheckpoint", None)
+        value = "tuned"
     else:  # training.sequenceLength, extraction.tokenBudget: at least dataset.maxSequenceLength
         assume(max_len > 16)
         value = draw(st.integers(16, max_len - 1))
