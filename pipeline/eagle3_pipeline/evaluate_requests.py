@@ -1,8 +1,12 @@
 """The evaluate stage's requests to a vLLM server and its speculative-decoding counters around them.
 
-`answer_all` answers every prompt through vLLM's OpenAI-compatible chat API, CONCURRENCY requests in flight:
-greedily (temperature 0) or with the serving traffic's sampling settings (`evaluation.sampling`: vLLM's
-SamplingParams temperature, top_p, top_k and a per-request seed); a failed request is recorded, not raised.
+`answer_all` answers every prompt through vLLM's OpenAI-compatible chat API (/v1/chat/completions, never the
+raw /v1/completions: vLLM renders each conversation with the verifier's own chat template, as serving
+traffic is), CONCURRENCY requests in flight: greedily (temperature 0) or with the serving traffic's sampling
+settings (`evaluation.sampling`: vLLM's SamplingParams temperature, top_p, top_k and a per-request seed); a
+failed request is recorded, not raised. It keeps the token ids vLLM returns (`return_token_ids`): the
+prompt as vLLM rendered and tokenized it, and the answer's tokens (what `eagle3_pipeline.degenerate`
+judges).
 `read_counters` and `settled_counters` read the server's `vllm:spec_decode_*` counters from `/metrics`
 (`eagle3_pipeline.spec_metrics`) before and after a run.
 """
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3_contract.api.spec import Sampling
+from eagle3_pipeline.degenerate import Screening
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.progress import StageReporter
 from eagle3_pipeline.spec_metrics import SpecDecodeCounters, parse_counters
@@ -37,6 +42,13 @@ class Measurement:
     server_start_s: float = 0.0
     failures: list[str] = field(default_factory=list)
     counters: SpecDecodeCounters | None = None  # the difference over the run; None without a draft
+    # the token ids vLLM returned per prompt: the rendered prompt's and the answer's (None: failed)
+    prompt_token_ids: list[list[int] | None] = field(default_factory=list)
+    token_ids: list[list[int] | None] = field(default_factory=list)
+    # the verifier's greedy answers to every prompt judged (eagle3_pipeline.degenerate): set on the run of
+    # the server that screened them; `screened` is that pass when this run measured the kept prompts again
+    screening: Screening | None = None
+    screened: Measurement | None = None
     sampled: Measurement | None = None  # the draft server's second run, at evaluation.sampling
 
     @property
@@ -46,14 +58,15 @@ class Measurement:
 
 def request_options(sampling: Sampling | None) -> dict[str, Any]:
     """The OpenAI request's sampling arguments: greedy (temperature 0), or vLLM's SamplingParams
-    temperature, top_p, top_k (vLLM's extra parameter) and a per-request seed."""
+    temperature, top_p, top_k (vLLM's extra parameter) and a per-request seed; vLLM returns the prompt's
+    and the answer's token ids with either."""
     if sampling is None:
-        return {"temperature": 0.0}
+        return {"temperature": 0.0, "extra_body": {"return_token_ids": True}}
     return {
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "seed": sampling.seed,
-        "extra_body": {"top_k": sampling.top_k},
+        "extra_body": {"top_k": sampling.top_k, "return_token_ids": True},
     }
 
 
@@ -93,15 +106,20 @@ async def answer_all(
     max_tokens: int,
     progress: StageReporter | None = None,
     sampling: Sampling | None = None,
+    concurrency: int = CONCURRENCY,
 ) -> Measurement:
-    """Answers to every prompt (greedy, or with `sampling`), CONCURRENCY in flight; a failed request is
+    """Answers to every prompt (greedy, or with `sampling`), `concurrency` in flight; a failed request is
     recorded, not raised."""
     import openai
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=2, timeout=REQUEST_TIMEOUT_S)
-    semaphore = asyncio.Semaphore(CONCURRENCY)
-    result = Measurement(outputs=[None] * len(prompts))
+    semaphore = asyncio.Semaphore(concurrency)
+    result = Measurement(
+        outputs=[None] * len(prompts),
+        prompt_token_ids=[None] * len(prompts),
+        token_ids=[None] * len(prompts),
+    )
     options = request_options(sampling)
 
     async def one(index: int, messages: list[Message]) -> None:
@@ -120,6 +138,8 @@ async def answer_all(
                     progress.fail("request")
                 return
         result.outputs[index] = response.choices[0].message.content or ""
+        result.prompt_token_ids[index] = (response.model_extra or {}).get("prompt_token_ids")
+        result.token_ids[index] = (response.choices[0].model_extra or {}).get("token_ids")
         tokens = response.usage.completion_tokens if response.usage else 0
         result.output_tokens += tokens
         if progress is not None:

@@ -61,15 +61,29 @@ def program(stage: str) -> StageProgram:
     return run
 
 
+def termination_text(payload: dict[str, Any]) -> str:
+    """The result as the termination message, parseable within the 4096 bytes Kubernetes keeps: whole if it
+    fits; else its scalars with the speculation table's schedule and baselines (what serving and the
+    dashboard need; the cells stay in result.json and the checkpoint's manifest); else its scalars."""
+    scalars = {k: v for k, v in payload.items() if not isinstance(v, dict | list)}
+    table = payload.get("speculation")
+    compact = (
+        [scalars | {"speculation": {k: table[k] for k in ("schedule", "baselines") if k in table}}]
+        if isinstance(table, dict)
+        else []
+    )
+    for candidate in (payload, *compact, scalars):
+        text = json.dumps(candidate, sort_keys=True, separators=(",", ":"))
+        if len(text.encode()) <= TERMINATION_LIMIT:
+            return text
+    return text
+
+
 def write_termination_message(payload: dict[str, Any]) -> None:
     path = os.environ.get(ENV_TERMINATION_LOG) or (TERMINATION_LOG if os.path.exists(TERMINATION_LOG) else "")
     if not path:
         return
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    if len(text) > TERMINATION_LIMIT:  # Kubernetes keeps 4096 bytes: keep it parseable
-        text = json.dumps(
-            {k: v for k, v in payload.items() if not isinstance(v, dict | list)}, sort_keys=True
-        )
+    text = termination_text(payload)
     try:
         Path(path).write_text(text[:TERMINATION_LIMIT])
     except OSError as exc:

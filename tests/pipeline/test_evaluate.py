@@ -18,12 +18,16 @@ from typing import Any
 import pytest
 
 from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.api.speculation import plan_schedule
 from eagle3_contract.gate import GateVerdict, judge_evaluation
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.context import StageContext
+from eagle3_pipeline.degenerate import Degeneracy, Screening
 from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.evaluate_prompts import HeldOut, answered, held_out_prompts, prompt_of
 from eagle3_pipeline.evaluate_requests import Measurement, request_options
+from eagle3_pipeline.evaluate_summary import Evaluation, summarize
 from eagle3_pipeline.local import LocalOptions, LocalRunError, gate_failure, run_local
 from eagle3_pipeline.spec_metrics import (
     Acceptance,
@@ -32,7 +36,6 @@ from eagle3_pipeline.spec_metrics import (
     parse_counters,
 )
 from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.stages.evaluate import Evaluation, held_out_prompts, prompt_of, summarize
 from tests.pipeline.draft_support import (
     evaluate_spec,
     shared_draft,
@@ -143,15 +146,35 @@ def test_held_out_prompts_come_from_validation_rows(tmp_path: Path) -> None:
 
     path = tmp_path / "conversations.jsonl"
     path.write_text("".join(json.dumps(row(i, "val" if i % 3 == 0 else "train")) + "\n" for i in range(10)))
-    prompts, available = held_out_prompts(path, 2)
-    assert available == 4 and prompts == [
-        [{"role": "user", "content": "q0"}],
-        [{"role": "user", "content": "q3"}],
-    ]
-    assert len(held_out_prompts(path, 64)[0]) == 4
+    held = held_out_prompts(path, 2)
+    assert (
+        held.available == 4
+        and held.skipped == 0
+        and held.prompts
+        == [
+            [{"role": "user", "content": "q0"}],
+            [{"role": "user", "content": "q3"}],
+        ]
+    )
+    assert held.ids == ["0", "3"]
+    assert len(held_out_prompts(path, 64).prompts) == 4
     path.write_text(json.dumps(row(1, "train")) + "\n")
     with pytest.raises(StageError, match=r"validationFraction above 0"):
         held_out_prompts(path, 2)
+
+
+def test_conversations_without_a_user_turn_to_answer_are_skipped_and_counted(tmp_path: Path) -> None:
+    user, answer = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+    conversations = [[user, answer], [answer, user], [{"role": "system", "content": "s"}], [], [user]]
+    rows = [{"id": f"c{i}", "split": "val", "messages": m} for i, m in enumerate(conversations)]
+    path = tmp_path / "conversations.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held = held_out_prompts(path, 8)
+    assert held.ids == ["c0", "c4"] and held.available == 2 and held.skipped == 3
+    ev = evaluation(2, accepted=60)
+    ev = Evaluation(held.prompts, 2, ev.draft, ev.baseline, None, ev.source, held=held)
+    message = summarize(context(tmp_path, prompts=2), ev)["message"]
+    assert "3 validation conversations were skipped: they have no user turn to answer" in message
 
 
 # --- the result and the gate --------------------------------------------------------------------------------
@@ -172,6 +195,61 @@ def evaluation(prompts: int, accepted: float, mapping: str | None = None, base: 
     return Evaluation(
         [[{"role": "user", "content": "q"}]] * prompts, prompts, draft, baseline, mapping, Path("/d")
     )
+
+
+def screened_evaluation(reasons: list[Degeneracy | None], draft: bool = True) -> Evaluation:
+    """Prompts p0.. whose verifier answers were judged `reasons`; the draft measured on the kept ones."""
+    kept = [i for i, r in enumerate(reasons) if r is None]
+    ids = [f"p{i}" for i in range(len(reasons))]
+    prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(len(reasons))]
+    counters = SpecDecodeCounters(40, 120, 30, (20, 10, 0))
+    answers: list[str | None] = [f"a{i}" for i in kept]
+    on_draft = Measurement(answers, 100, 2.0, 30.0, counters=counters) if draft else None
+    baseline = Measurement(answers, 100, 4.0, 20.0)
+    held = HeldOut(prompts, ids, len(reasons), 0)
+    return Evaluation(
+        prompts, len(reasons), on_draft, baseline, None, Path("/d"), None, Screening(tuple(reasons)), held
+    )
+
+
+def test_degenerate_prompts_are_left_out_counted_and_named(tmp_path: Path) -> None:
+    rep, empty = Degeneracy.REPETITION, Degeneracy.EMPTY
+    ev = screened_evaluation([None, rep, None, empty, rep, None])
+    ctx = context(tmp_path, prompts=6, numSpeculativeTokens=3, sampling=SAMPLING)
+    assert ev.draft is not None
+    ev.draft.sampled = Measurement(["x"] * 3, 90, 2.0, counters=SpecDecodeCounters(40, 120, 20, (15, 5, 0)))
+    result = summarize(ctx, ev)
+    assert result["prompts"] == 6 and result["degeneratePrompts"] == 3
+    assert result["degenerate"] == {"empty": 1, "repetition": 2}
+    assert result["degenerateExamples"] == ["p1", "p3", "p4"]
+    assert result["acceptanceLength"] == 1.75 and result["speedup"] == 2.0  # the kept prompts' figures
+    assert result["sampled"]["prompts"] == 3 and result["outputsMatchingBaseline"] == 3
+    assert (
+        "3 of 6 held-out prompts got a degenerate answer from the verifier (1 empty, 2 repetition; e.g. "
+        "conversations p1, p3, p4): the acceptance and speed figures are measured on the other 3"
+    ) in result["message"]
+    parsed = EvaluateResult.model_validate(result)
+    assert parsed.degenerate == {"empty": 1, "repetition": 2} and parsed.degenerate_prompts == 3
+
+
+def test_when_every_answer_is_degenerate_the_acceptance_is_null_and_fails_the_gate(tmp_path: Path) -> None:
+    ev = screened_evaluation([Degeneracy.REPETITION] * 4, draft=False)
+    result = summarize(context(tmp_path, prompts=4, minAcceptanceLength=1.3), ev)
+    assert (
+        result["acceptanceLength"] is None and result["acceptanceRate"] is None and result["drafts"] is None
+    )
+    assert result["speedup"] is None and result["outputTokens"] is None
+    assert result["baselineOutputTokensPerSecond"] is None and result["degeneratePrompts"] == 4
+    assert "every one of the 4 held-out prompts got a degenerate answer" in result["message"]
+    assert "the acceptance is null" in result["message"]
+    verdict = judged(result, 1.3)
+    assert not verdict.passed and verdict.reason == "EvaluationIncomplete"
+
+
+def test_the_progress_counts_the_screening_and_the_kept_prompts() -> None:
+    assert answered(10, 10, 3) == 30  # nothing left out: the screening pass is the measured one
+    assert answered(10, 7, 3) == 10 + 7 + 2 * 7  # screened, the kept again, then the draft's two passes
+    assert answered(10, 0, 3) == 10
 
 
 def judged(result: dict[str, Any], required: float | None) -> GateVerdict:
@@ -236,14 +314,17 @@ SAMPLING = {"temperature": 0.7, "topP": 0.95, "topK": 40, "seed": 7}
 def test_greedy_and_sampled_requests_carry_vllms_sampling_params() -> None:
     from eagle3_contract.api.spec import Sampling
 
-    assert request_options(None) == {"temperature": 0.0}
+    assert request_options(None) == {"temperature": 0.0, "extra_body": {"return_token_ids": True}}
     sampled = request_options(Sampling.model_validate(SAMPLING))
-    assert sampled == {"temperature": 0.7, "top_p": 0.95, "seed": 7, "extra_body": {"top_k": 40}}
+    assert sampled == {
+        "temperature": 0.7, "top_p": 0.95, "seed": 7, "extra_body": {"top_k": 40, "return_token_ids": True}
+    }  # fmt: skip
 
 
 def test_the_sampled_measurement_is_written_beside_the_greedy_one(tmp_path: Path) -> None:
     ctx = context(tmp_path, prompts=3, numSpeculativeTokens=3, minAcceptanceLength=1.5, sampling=SAMPLING)
     ev = evaluation(3, accepted=60)
+    assert ev.draft is not None
     ev.draft.sampled = Measurement(
         ["x", None, "z"], 250, 2.5, counters=SpecDecodeCounters(100, 300, 30, (20, 10, 0))
     )
@@ -269,6 +350,7 @@ def test_without_sampling_only_greedy_is_measured(tmp_path: Path) -> None:
 
 def test_contradictory_sampled_counters_fail_the_stage(tmp_path: Path) -> None:
     ev = evaluation(3, accepted=60)
+    assert ev.draft is not None
     ev.draft.sampled = Measurement(
         ["x"] * 3, 250, 2.5, counters=SpecDecodeCounters(100, 300, 60, (10, 20, 30))
     )
@@ -278,6 +360,7 @@ def test_contradictory_sampled_counters_fail_the_stage(tmp_path: Path) -> None:
 
 def test_contradictory_counters_fail_the_stage(tmp_path: Path) -> None:
     ev = evaluation(3, accepted=60)
+    assert ev.draft is not None
     ev.draft.counters = SpecDecodeCounters(100, 300, 60, (10, 20, 30))
     with pytest.raises(StageError, match="contradict each other"):
         summarize(context(tmp_path, prompts=3), ev)
@@ -329,8 +412,19 @@ def test_the_gate_is_the_current_specs(
 
 PROMPTS = 16
 MAX_TOKENS = 64
+# Held-out conversations the tiny verifier answers with a repetition loop (" lemon lemon ..." up to
+# MAX_TOKENS: spam-like text, as raw completion prompts are) and two it cannot be asked (no user turn to
+# answer): they come first in the validation split, so the first PROMPTS prompts hold LOOPS of them.
+LOOPS = {"spam-0": " 47mo lemon" * 12, "spam-1": " lemon" * 20}
+UNANSWERABLE: list[list[dict[str, str]]] = [
+    [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Hi there."}],
+    [{"role": "system", "content": "You are a helpful assistant."}],
+]
 # the good run also measures at the serving traffic's settings, on its draft server (no extra server)
 SERVING_SAMPLING = {"temperature": 1.0, "topP": 0.9, "seed": 3}
+# and sweeps the speculation length: k 3 on its draft server, k 1 on one more, the baselines on its verifier
+SWEEP = {"numSpeculativeTokens": [1, 3], "prompts": 4}
+SWEEP_CONCURRENCIES = [1, 2]
 
 
 @dataclass(frozen=True)
@@ -344,8 +438,12 @@ def evaluate_in(root: Path, models: Path, draft: Path, **evaluation: Any) -> Run
     from tests.pipeline.draft_support import DATASET, conversations
 
     art = root / "art"
+    crafted = [
+        {"id": i, "split": "val", "messages": [{"role": "user", "content": c}]} for i, c in LOOPS.items()
+    ]
+    crafted += [{"id": f"no-user-{i}", "split": "val", "messages": m} for i, m in enumerate(UNANSWERABLE)]
     inputs = [
-        f"prepare={write_data_stage(art, conversations(models / DATASET))}",
+        f"prepare={write_data_stage(art, crafted + conversations(models / DATASET))}",
         f"train={write_train_stage(art, draft)}",
     ]
     manifest = write_manifest(root / "run.yaml", evaluate_spec(**evaluation))
@@ -370,7 +468,7 @@ def good_run(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     gate = {"minAcceptanceLength": 1.3}
     return evaluate_in(
         tmp_path_factory.mktemp("good"), vllm_env, draft, prompts=PROMPTS, maxTokens=MAX_TOKENS,
-        sampling=SERVING_SAMPLING, **gate,
+        sampling=SERVING_SAMPLING, sweep=SWEEP, concurrencies=SWEEP_CONCURRENCIES, **gate,
     )  # fmt: skip
 
 
@@ -391,7 +489,8 @@ def test_acceptance_follows_from_vllms_raw_counters(good_run: Run) -> None:
     assert r["acceptanceLength"] > 1.3 and judged(r, 1.3).passed and r["embeddingsMatchVerifier"] is True
     assert r["acceptanceByPosition"][0] > 0.4
     assert r["outputTokens"] == r["baselineOutputTokens"]
-    assert r["outputsMatchingBaseline"] >= PROMPTS - 1  # greedy decoding is lossless up to numerics
+    # greedy decoding is lossless up to numerics (on the kept prompts: the loops were left out)
+    assert r["outputsMatchingBaseline"] >= PROMPTS - len(LOOPS) - 1
     assert r["outputTokensPerSecond"] > 0 and r["speedup"] > 0
 
 
@@ -400,7 +499,7 @@ def test_acceptance_follows_from_vllms_raw_counters(good_run: Run) -> None:
 def test_sampled_acceptance_is_measured_on_the_same_draft_server(good_run: Run) -> None:
     r, s = good_run.result, good_run.result["sampled"]
     assert s["temperature"] == 1.0 and s["topP"] == 0.9 and s["topK"] == -1 and s["seed"] == 3
-    assert s["prompts"] == PROMPTS and r["failedPrompts"] == 0
+    assert s["prompts"] == PROMPTS - len(LOOPS) and r["failedPrompts"] == 0
     assert s["drafts"] > 0 and s["draftTokens"] <= s["drafts"] * r["numSpeculativeTokens"]
     assert s["acceptanceLength"] == pytest.approx(1 + s["acceptedTokens"] / s["drafts"], abs=1e-6)
     assert s["acceptanceRate"] == pytest.approx(s["acceptedTokens"] / s["draftTokens"], abs=1e-6)
@@ -421,6 +520,52 @@ def test_the_slim_draft_shares_the_verifiers_embeddings(good_run: Run) -> None:
     assert good_run.result["serverStartSeconds"]["draft"] > 0
 
 
+def answers(run: Run) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run.output / "answers.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_looping_answers_are_left_out_of_the_acceptance(good_run: Run) -> None:
+    r = good_run.result
+    assert r["degeneratePrompts"] == len(LOOPS) and r["degenerate"] == {"empty": 0, "repetition": len(LOOPS)}
+    assert r["degenerateExamples"] == list(LOOPS)
+    assert f"{len(LOOPS)} of {PROMPTS} held-out prompts got a degenerate answer" in r["message"]
+    assert f"{len(UNANSWERABLE)} validation conversations were skipped" in r["message"]
+    rows = answers(good_run)
+    assert [row["id"] for row in rows if row["degenerate"]] == list(LOOPS)
+    assert all(row["answerTokens"] == MAX_TOKENS for row in rows if row["degenerate"])  # loops to the limit
+    kept = [row for row in rows if not row["degenerate"]]
+    # both servers measured the kept prompts only: their tokens are the kept answers', the loops' are not
+    assert r["outputTokens"] == r["baselineOutputTokens"] == sum(row["answerTokens"] for row in kept)
+    # every verifier step yields 1 + its accepted tokens after the first token: the draft's counters saw
+    # no more tokens than the kept answers hold (the loops would add 2 x MAX_TOKENS)
+    k = r["numSpeculativeTokens"]
+    assert r["outputTokens"] - 2 * len(kept) <= r["drafts"] + r["acceptedTokens"] <= r["outputTokens"] + k
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_prompts_are_chats_rendered_with_the_verifiers_template(good_run: Run, vllm_env: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from tests.pipeline.draft_support import VERIFIER
+
+    tokenizer = AutoTokenizer.from_pretrained(str(vllm_env / VERIFIER))
+    data = good_run.output.parents[1] / "prepare" / "h" / "conversations.jsonl"
+    messages = {row["id"]: row["messages"] for row in map(json.loads, data.read_text().splitlines())}
+    rows = answers(good_run)
+    assert len(rows) == PROMPTS
+    for row in rows:  # the token ids vLLM returned for the prompt it rendered
+        prompt = prompt_of(messages[row["id"]])
+        rendered: Any = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)  # type: ignore[arg-type]
+        assert row["promptTokenIds"] == rendered["input_ids"], row["id"]
+    for server in ("draft", "baseline"):
+        log = (good_run.output / f"vllm-{server}.log").read_text()
+        assert log.count('"POST /v1/chat/completions HTTP/1.1" 200') >= PROMPTS - len(LOOPS)
+        assert '"POST /v1/completions' not in log  # never raw completions (the route list names it)
+
+
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
 def test_a_shuffled_mapping_fails_the_gate_with_a_clear_message(
@@ -432,9 +577,37 @@ def test_a_shuffled_mapping_fails_the_gate_with_a_clear_message(
     r = run.result
     assert run.code == 0  # the stage measured the draft; the gate is the operator's decision
     assert r["mappingConsistent"] is False and judged(r, 1.3).reason == "MappingInconsistent"
+    assert r["degeneratePrompts"] == len(LOOPS)  # screened on the draft server's greedy answers
     assert (
         "the draft's d2t and t2d disagree" in r["message"] and "re-run stages vocab and train" in r["message"]
     )
     assert r["acceptanceLength"] < good_run.result["acceptanceLength"] - 0.3  # acceptance collapses
     assert r["baselineOutputTokensPerSecond"] is None and not (run.output / "vllm-baseline.log").exists()
     assert os.path.exists(run.output / "vllm-draft.log")
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_the_sweep_measures_every_k_and_concurrency_against_the_baseline(good_run: Run) -> None:
+    table = EvaluateResult.model_validate(good_run.result).speculation
+    assert table is not None
+    assert [(c.num_speculative_tokens, c.concurrency) for c in table.cells] == [
+        (1, 1),
+        (1, 2),
+        (3, 1),
+        (3, 2),
+    ]
+    baseline = {b.concurrency: b.output_tokens_per_second for b in table.baselines}
+    assert sorted(baseline) == SWEEP_CONCURRENCIES and all(v and v > 0 for v in baseline.values())
+    for cell in table.cells:
+        assert cell.output_tokens_per_second and cell.output_tokens_per_second > 0
+        assert cell.speedup == round(cell.output_tokens_per_second / baseline[cell.concurrency], 4)
+        # at most k + 1 tokens per verifier step, and the fitted draft gets some accepted
+        length = cell.acceptance_length
+        assert length is not None and 1.0 < length <= cell.num_speculative_tokens + 1
+    assert table.schedule == plan_schedule(table.cells)
+    assert table.schedule[0].min_batch_size == 1 and table.schedule[-1].max_batch_size == 2
+    assert "sweep" not in (good_run.result["message"] or "")  # no prompt reused, no request failed
+    # k 3 was measured on evaluate's own draft server, k 1 on one more
+    assert (good_run.output / "vllm-draft-k1.log").is_file()
+    assert not (good_run.output / "vllm-draft-k3.log").exists()

@@ -18,6 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
+from eagle3_contract.results import VerifyResult
 from eagle3_contract.stages import Stage
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import (
@@ -28,9 +30,10 @@ from eagle3_pipeline.draft_checkpoint import (
     serving_weights,
     unservable_mapping,
 )
+from eagle3_pipeline.evaluate_prompts import held_out_prompts
 from eagle3_pipeline.evaluate_requests import Measurement
 from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.stages.evaluate import held_out_prompts, measure
+from eagle3_pipeline.stages.evaluate import measure
 from tests.pipeline.draft_support import (
     DATASET,
     VERIFIER,
@@ -66,6 +69,78 @@ def export(root: Path, draft: Path, vocab_draft: Path | None = None) -> Export:
     output = art / "export" / "h"
     result = json.loads((output / "result.json").read_text()) if code == 0 else {}
     return Export(code, output, art / train / "checkpoints" / "checkpoint_best", result)
+
+
+def export_with_table(root: Path, draft: Path, evaluated: dict[str, Any]) -> Export:
+    """Export with evaluation.sweep: evaluate's result (`evaluated`) is an input too."""
+    art = root / "art"
+    inputs = [f"train={write_train_stage(art, draft)}", f"vocab={write_vocab_stage(art, draft)}"]
+    (art / "evaluate" / "h").mkdir(parents=True)
+    (art / "evaluate" / "h" / "result.json").write_text(json.dumps(evaluated))
+    spec = evaluate_spec(sweep={"numSpeculativeTokens": [1, 3]}, concurrencies=[1, 4])
+    manifest = write_manifest(root / "run.yaml", spec)
+    code = run_stage("export", str(manifest), str(art), "export/h", [*inputs, "evaluate=evaluate/h"])
+    output = art / "export" / "h"
+    result = json.loads((output / "result.json").read_text()) if code == 0 else {}
+    return Export(code, output, art / "train" / "checkpoints" / "checkpoint_best", result)
+
+
+def verify_pinned(export: Export, monkeypatch: pytest.MonkeyPatch) -> tuple[int, dict[str, Any]]:
+    """`eagle3 stage verify` of the exported draft, pinned at its path and sha256."""
+    art = export.output.parents[1]
+    termination = art.parent / "termination-log"
+    monkeypatch.setenv("EAGLE3_TERMINATION_LOG", str(termination))
+    spec = evaluate_spec()
+    spec["serving"] = {"pinnedCheckpoint": {"path": "export/h", "sha256": export.result["sha256"]}}
+    manifest = write_manifest(art.parent / "pinned.yaml", spec)
+    code = run_stage("verify", str(manifest), str(art), "verify/h", [])
+    return code, json.loads(termination.read_text())
+
+
+TABLE = SpeculationTable(
+    cells=[
+        SweepCell(num_speculative_tokens=k, concurrency=c, acceptance_length=1.5, output_tokens_per_second=t,
+                  speedup=s)
+        for k, c, t, s in ((1, 1, 30.0, 1.5), (1, 4, 60.0, 0.8), (3, 1, 24.0, 1.2), (3, 4, 50.0, 0.9))
+    ],
+    baselines=[BaselineCell(concurrency=1, output_tokens_per_second=20.0),
+               BaselineCell(concurrency=4, output_tokens_per_second=75.0)],
+)  # fmt: skip
+
+
+def test_the_sweeps_table_travels_through_the_manifest_to_verify(
+    tiny_models: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """evaluate's table goes into the exported manifest; verify reads it back for a pinned draft."""
+    table = TABLE.model_copy(update={"schedule": plan_schedule(TABLE.cells)})
+    document = table.model_dump(mode="json", by_alias=True)
+    assert [r["numSpeculativeTokens"] for r in document["schedule"]] == [1, 0]
+    draft = shared_draft(tiny_models, tmp_path_factory.getbasetemp(), fitted=False)
+    done = export_with_table(tmp_path_factory.mktemp("swept"), draft, {"speculation": document})
+    assert done.code == 0
+    manifest = json.loads((done.output / "manifest.json").read_text())
+    assert manifest["speculation"] == document
+    assert sorted(manifest["files"]) == ["config.json", "config.py", "model.safetensors"]  # as before
+    code, verified = verify_pinned(done, monkeypatch)
+    assert code == 0 and verified["speculation"] == document
+    parsed = VerifyResult.parse(verified)
+    assert parsed is not None and parsed.speculation == table
+    # a manifest edited by hand into a malformed table fails verify, naming it
+    manifest["speculation"] = {
+        "schedule": [{"minBatchSize": 0, "maxBatchSize": 4, "numSpeculativeTokens": 1}]
+    }
+    (done.output / "manifest.json").write_text(json.dumps(manifest))
+    code, failed = verify_pinned(done, monkeypatch)
+    assert code != 0 and "malformed speculation table" in json.dumps(failed)
+
+
+def test_without_a_table_the_manifest_has_none_and_verify_says_null(
+    exported: Export, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run without evaluation.sweep, or a manifest exported before it existed: nothing to serve tuned."""
+    assert "speculation" not in json.loads((exported.output / "manifest.json").read_text())
+    code, verified = verify_pinned(exported, monkeypatch)
+    assert code == 0 and verified["speculation"] is None and verified["manifest"] is True
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +337,7 @@ def test_vllm_accepts_the_export_as_it_accepts_the_full_checkpoint(
     assert exported.code == 0
     art = root / "art"
     data = write_data_stage(art, conversations(vllm_models / DATASET))
-    prompts, _ = held_out_prompts(art / data / "conversations.jsonl", 16)
+    prompts = held_out_prompts(art / data / "conversations.jsonl", 16).prompts
     manifest = load_manifest(write_manifest(root / "run.yaml", evaluate_spec(prompts=16)))
     ctx = StageContext.of_spec(Stage.EVALUATE, manifest.name, manifest.spec, art, art / "evaluate" / "h")
     ctx.begin()

@@ -132,3 +132,28 @@ def test_a_failed_stages_log_is_kept_where_its_message_says(
     assert f"(log: {kept})" in err, err
     assert kept.read_text() == "engine core died: bad flag\n"
     assert not (kept.parent / "rows.bin").exists(), "only the logs are kept, not the partial data"
+
+
+def test_a_long_result_keeps_the_speculation_schedule_in_the_termination_message() -> None:
+    cells = [
+        {"numSpeculativeTokens": k, "concurrency": c, "acceptanceLength": 2.123456, "speedup": 1.234567}
+        for k in range(1, 8)
+        for c in (1, 8, 32)
+    ]
+    schedule = [{"minBatchSize": 1, "maxBatchSize": 2, "numSpeculativeTokens": 3, "concurrency": 1}]
+    baselines = [{"concurrency": c, "outputTokensPerSecond": 100.0 * c} for c in (1, 8, 32)]
+    result = {
+        "acceptanceLength": 2.5,
+        "degenerateExamples": [f"conversation-{i:04d}" for i in range(200)],
+        "speculation": {"cells": cells, "baselines": baselines, "schedule": schedule},
+    }
+    text = stage_main.termination_text(result)
+    assert len(text.encode()) <= stage_main.TERMINATION_LIMIT < len(json.dumps(result))
+    # the cells stay in result.json; the schedule serving needs and the scalars come through
+    assert json.loads(text) == {
+        "acceptanceLength": 2.5,
+        "speculation": {"schedule": schedule, "baselines": baselines},
+    }
+    short = {"acceptanceLength": 2.5, "speculation": {"cells": cells[:2], "schedule": schedule}}
+    assert json.loads(stage_main.termination_text(short)) == short
+    assert json.loads(stage_main.termination_text({"samples": 1, "rows": ["x" * 5000]})) == {"samples": 1}

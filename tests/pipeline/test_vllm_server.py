@@ -13,8 +13,14 @@ from typing import Any
 import pytest
 
 from eagle3_contract.api.spec import Eagle3RunSpec, Verifier
+from eagle3_contract.api.speculation import (
+    SpeculationTable,
+    SweepCell,
+    plan_schedule,
+    tuned_speculative_config,
+)
 from eagle3_contract.stages import Stage
-from eagle3_contract.vllm_command import VllmEngine
+from eagle3_contract.vllm_command import VllmEngine, eagle3_speculative_config
 from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.errors import OutOfMemory, StageError
 from eagle3_pipeline.vllm_server import (
@@ -133,6 +139,76 @@ def test_vllms_own_parser_reads_our_command_line() -> None:
     assert plain["max_model_len"] is None and plain["max_num_batched_tokens"] is None
     assert (plain["trust_remote_code"], plain["enforce_eager"], plain["revision"]) == (False, False, None)
     assert plain["speculative_config"] is None
+
+
+# Parses one `vllm serve` argv as vLLM 0.32's CLI does, then gives the speculative config's schedule to vLLM's
+# own dynamic speculative decoding (vllm/v1/spec_decode/dynamic/utils.py): its normalized ranges and the k it
+# looks up at every batch size up to max-num-seqs.
+DYNAMIC_SD_SCRIPT = """
+import json, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.v1.spec_decode.dynamic.utils import (
+    build_dynamic_sd_schedule_lookup, validate_and_normalize_dynamic_sd_schedule,
+)
+
+argv, max_num_seqs = json.loads(sys.argv[1])
+parser = FlexibleArgumentParser(prog="vllm")
+make_arg_parser(parser.add_subparsers(dest="subparser").add_parser("serve"))
+args = parser.parse_args(argv)
+args.model = args.model_tag or args.model
+validate_parsed_serve_args(args)
+config = args.speculative_config
+schedule = config["num_speculative_tokens_per_batch_size"]
+ranges = validate_and_normalize_dynamic_sd_schedule(schedule)
+lookup = build_dynamic_sd_schedule_lookup(schedule, max_num_seqs, config["num_speculative_tokens"])
+print(json.dumps({"config": config, "ranges": ranges, "lookup": lookup}))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(360)
+def test_vllm_accepts_the_tuned_schedule_and_looks_up_the_tables_k() -> None:
+    """serving.speculationLength tuned: the speculative config with num_speculative_tokens_per_batch_size from
+    a sweep table is one vLLM 0.32's parser reads and its dynamic speculative decoding expands to the k the
+    table chose at each measured concurrency (0 where no k beat the verifier alone)."""
+    vllm = vllm_or_skip()
+
+    def cell(k: int, concurrency: int, speedup: float) -> SweepCell:
+        return SweepCell(
+            num_speculative_tokens=k,
+            concurrency=concurrency,
+            output_tokens_per_second=100 * speedup,
+            speedup=speedup,
+        )
+
+    speedups = {1: (1.4, 1.9, 1.7), 8: (1.3, 1.2, 1.1), 32: (0.9, 0.8, 0.7)}  # k = 1, 2, 3 at each
+    cells = [cell(k, c, s) for c, row in speedups.items() for k, s in enumerate(row, start=1)]
+    table = SpeculationTable(cells=cells, schedule=plan_schedule(cells))
+    chosen = {1: 2, 8: 1, 32: 0}  # the fastest k that beats the baseline at each concurrency
+    config = tuned_speculative_config(eagle3_speculative_config("/artifacts/export/abc", 3), table.schedule)
+    argv = build_serve_argv(
+        vllm, VllmEngine.of(Verifier(model="m"), model="/local/m"), port=9000, seed=0,
+        speculative_config=config, options=["--max-num-seqs", "64"],
+    )  # fmt: skip
+    max_num_seqs = 64
+    python = Path(vllm).with_name("python")
+    proc = subprocess.run(
+        [str(python), "-c", DYNAMIC_SD_SCRIPT, json.dumps([argv[1:], max_num_seqs])],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert parsed["config"] == config  # the argument reaches vLLM as written
+    assert parsed["ranges"] == [[1, 2, 2], [3, 16, 1], [17, 32, 0]]
+    lookup = parsed["lookup"]
+    for concurrency, k in chosen.items():
+        assert lookup[concurrency] == k, concurrency
+    assert lookup[1:] == [2, 2] + [1] * 14 + [0] * 16 + [0] * 32  # vLLM carries the last k to max-num-seqs
 
 
 def test_argv_order_spec_args_then_extra_args() -> None:

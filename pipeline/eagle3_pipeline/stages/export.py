@@ -1,13 +1,16 @@
 """export: the slim serving checkpoint of train's best draft, with a manifest of sha256 digests.
 
-Inputs: `train` (its best checkpoint) and `vocab` (the d2t/t2d the draft must carry). The output directory is
+Inputs: `train` (its best checkpoint), `vocab` (the d2t/t2d the draft must carry) and, with
+`evaluation.sweep`, `evaluate` (its `speculation` table goes into the manifest). The output directory is
 the draft vLLM serves (`--speculative-config '{"method": "eagle3", "model": <output>, ...}'`):
   config.json        the checkpoint's speculators config, the verifier named as `verifier.model` names it
                      (a path on the model cache volume or a Hub id, not the training machine's path), bf16
   config.py          speculators' config class (config.json's auto_map names it)
   model.safetensors  the draft's weights in bf16 with d2t and t2d; no copy of the verifier's embed_tokens
                      (vLLM shares the verifier's), no optimizer or scheduler state
-  manifest.json      sha256 and size of each file; `sha256` is model.safetensors' digest
+  manifest.json      sha256 and size of each file; `sha256` is model.safetensors' digest; with
+                     evaluation.sweep, `speculation`: evaluate's speculation-length table (its cells, the
+                     baselines and the schedule), which verify reads back for a pinned draft
 
 The result's `sha256` and `bytes` (all files but the manifest) become the run's `status.checkpoint`. The stage
 fails when the draft's mapping is not the vocab stage's, when d2t and t2d disagree, or when the checkpoint
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_contract.params import ExportParams, ExportTuning
+from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage
 from eagle3_pipeline.context import StageContext, read_result
 from eagle3_pipeline.draft_checkpoint import (
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+SPECULATION_KEY = "speculation"  # the manifest's copy of evaluate's table (verify reads it back)
 MAX_OVERHEAD = 0.05  # the serving checkpoint may exceed its weights' bf16 bytes + the mapping by this much
 
 
@@ -62,6 +67,7 @@ def run(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
             "verifierRevision": ctx.params.verifier.revision,
             "trainableParameters": weights.trainable_parameters,
             "draftHeadParameters": weights.head_parameters,
+            **speculation_of(ctx),
         },
     )
     ctx.progress.advance()
@@ -86,6 +92,19 @@ def run(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
         "files": sorted(manifest["files"]),
         "seconds": round(time.monotonic() - started, 3),
     }
+
+
+def speculation_of(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
+    """{SPECULATION_KEY: evaluate's speculation-length table} when evaluate is an input (evaluation.sweep)
+    and its result has one; {} otherwise (the manifest then has no such key, as before the sweep)."""
+    if Stage.EVALUATE not in ctx.inputs:
+        return {}
+    evaluated = EvaluateResult.parse(read_result(ctx.input(Stage.EVALUATE)))
+    table = evaluated.speculation if evaluated is not None else None
+    if table is None:
+        logger.warning("export: evaluate's result has no speculation table; the manifest has none")
+        return {}
+    return {SPECULATION_KEY: table.model_dump(mode="json", by_alias=True)}
 
 
 def check_size(manifest: dict[str, Any], weights: ServingWeights) -> float:

@@ -8,7 +8,10 @@ the manifest the rest). A missing file or another digest exits CHECK_FAILED_EXIT
 message naming the reason (CheckpointMissing, ChecksumMismatch), the path and both digests, which the
 operator turns into the run's Failed condition; the Deployment is not rolled.
 
-The result: the path, the weights' sha256, the checkpoint's bytes and each file's digest. The stage reads
+The result: the path, the weights' sha256, the checkpoint's bytes, each file's digest, and the speculation-
+length table export copied into the manifest from evaluate's sweep (`speculation`: what
+`serving.speculationLength: tuned` serves for the pinned draft; null for a manifest without one, as export
+wrote before the sweep, or without a manifest). The stage reads
 the files every time it runs (its output is never reused: a check is about the files as they are now).
 Progress: the files hashed, of the weights and the others the manifest lists.
 """
@@ -21,6 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from eagle3_contract.api.speculation import SpeculationTable
 from eagle3_contract.mounts import draft_path
 from eagle3_contract.params import VerifyParams, VerifyTuning
 from eagle3_contract.reasons import CHECKPOINT_MISSING, CHECKSUM_MISMATCH
@@ -28,6 +34,7 @@ from eagle3_pipeline.context import StageContext
 from eagle3_pipeline.draft_checkpoint import MANIFEST_FILE, WEIGHTS_FILE, sha256_of
 from eagle3_pipeline.errors import CheckFailed, StageError
 from eagle3_pipeline.progress import StageReporter
+from eagle3_pipeline.stages.export import SPECULATION_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +77,28 @@ def run(ctx: StageContext[VerifyParams, VerifyTuning]) -> dict[str, Any]:
         "bytes": sum(int(f["bytes"]) for f in files.values()),
         "files": files,
         "manifest": (directory / MANIFEST_FILE).is_file(),
+        "speculation": manifest_speculation(directory, shown),
         "seconds": round(time.monotonic() - started, 3),
     }
+
+
+def manifest_speculation(directory: Path, shown: str) -> dict[str, Any] | None:
+    """The speculation-length table of the draft's manifest (export's `speculation`), validated; None when
+    there is no manifest or it has none."""
+    manifest_file = directory / MANIFEST_FILE
+    if not manifest_file.is_file():
+        return None
+    value = json.loads(manifest_file.read_text()).get(SPECULATION_KEY)  # check_manifest parsed it already
+    if value is None:
+        return None
+    try:
+        table = SpeculationTable.model_validate(value)
+    except ValidationError as exc:
+        problem = str(exc).splitlines()[0]
+        raise StageError(
+            f"{shown}/{MANIFEST_FILE} has a malformed {SPECULATION_KEY} table ({problem}); {WHAT_TO_DO}"
+        ) from None
+    return table.model_dump(mode="json", by_alias=True)
 
 
 def checksum_mismatch(path: str, expected: str, actual: str) -> CheckFailed:

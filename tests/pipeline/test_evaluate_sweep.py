@@ -1,0 +1,114 @@
+"""evaluate's speculation-length sweep (eagle3_pipeline.evaluate_sweep) without vLLM: the cells' prompts, the
+servers' options, the table and its notes. The sweep on vLLM is tests/pipeline/test_evaluate.py's good run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.api.speculation import BaselineCell, SweepCell
+from eagle3_contract.results import EvaluateResult
+from eagle3_contract.stages import Stage
+from eagle3_pipeline.context import StageContext
+from eagle3_pipeline.evaluate_summary import with_sweep
+from eagle3_pipeline.evaluate_sweep import SpeculationSweep, cell_prompts, prompts_wanted, server_options
+from tests.pipeline.draft_support import evaluate_spec
+from tests.pipeline.manifests import write_manifest
+
+
+def context(tmp_path: Path, **evaluation: Any) -> StageContext[Any, Any]:
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", evaluate_spec(**evaluation)))
+    return StageContext.of_spec(
+        Stage.EVALUATE, manifest.name, manifest.spec, tmp_path, tmp_path / "evaluate" / "h"
+    )
+
+
+def prompts_of(n: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": f"q{i}"}] for i in range(n)]
+
+
+def test_a_cells_prompts_are_the_first_held_out_ones_reused_only_to_fill_the_concurrency() -> None:
+    held_out = prompts_of(5)
+    assert cell_prompts(held_out, 3, 1) == held_out[:3]
+    assert cell_prompts(held_out, 8, 2) == held_out  # capped at the prompts there are
+    assert cell_prompts(held_out, 8, 7) == held_out + held_out[:2]  # 7 in flight: reused cyclically
+
+
+def test_the_sweep_plans_its_cells_and_says_when_it_reuses_prompts(tmp_path: Path) -> None:
+    ctx = context(tmp_path, sweep={"numSpeculativeTokens": [3, 1, 3]}, concurrencies=[16, 1, 4])
+    assert prompts_wanted(ctx.params) == 32  # the largest cell's: 2 x 16
+    sweep = SpeculationSweep.of(ctx, prompts_of(10))
+    assert sweep is not None and sweep.ks == [1, 3]
+    # default max(2 x concurrency, 8) prompts, capped at the 10 held out, but 16 to keep 16 in flight
+    assert {c: len(p) for c, p in sweep.prompts.items()} == {1: 8, 4: 8, 16: 16}
+    assert list(sweep.prompts) == [1, 4, 16]
+    assert sweep.total_prompts == 3 * 32  # two ks and the baseline
+    assert sweep.notes() == [
+        "the sweep reuses the 10 held-out prompts cyclically to keep concurrency 16 in flight"
+    ]
+    no_sweep = context(tmp_path, prompts=3)
+    assert SpeculationSweep.of(no_sweep, prompts_of(10)) is None and prompts_wanted(no_sweep.params) == 0
+    fixed = SpeculationSweep.of(context(tmp_path, sweep={"prompts": 3}, concurrencies=[1, 2]), prompts_of(10))
+    assert fixed is not None and {c: len(p) for c, p in fixed.prompts.items()} == {1: 3, 2: 3}
+    assert fixed.notes() == []
+
+
+def test_prompts_screened_as_degenerate_are_left_out_of_every_cell(tmp_path: Path) -> None:
+    ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1], "prompts": 4}, concurrencies=[1, 2])
+    held_out = prompts_of(6)
+    sweep = SpeculationSweep.of(ctx, held_out)
+    assert sweep is not None and sweep.prompts[1] == held_out[:4]
+    sweep.leave_out([0, 2])  # the screening's indices into the held-out prompts
+    kept = [held_out[i] for i in (1, 3, 4, 5)]
+    assert sweep.prompts == {1: kept, 2: kept} and sweep.total_prompts == 2 * 8
+    assert sweep.notes() == ["the sweep leaves out the 2 prompts screened as degenerate"]
+    everything = SpeculationSweep.of(ctx, held_out)
+    assert everything is not None
+    everything.leave_out(list(range(6)))  # nothing left to measure: the cells keep the prompts there are
+    assert everything.prompts[1] == held_out[:4] and everything.notes() == []
+
+
+def test_only_a_concurrency_above_vllms_defaults_sets_max_num_seqs(tmp_path: Path) -> None:
+    def options(**evaluation: Any) -> list[str]:
+        return server_options(context(tmp_path, **evaluation).params)
+
+    assert options(sweep={}, concurrencies=[1, 8, 32]) == []  # the command stays the Deployment's
+    assert options(sweep={}, concurrencies=[1, 512]) == ["--max-num-seqs", "512"]
+    assert options(concurrencies=[1, 512]) == []  # no sweep: the concurrencies are not read
+
+
+def test_the_table_has_the_speedups_and_the_schedule_they_justify(tmp_path: Path) -> None:
+    ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1, 2]}, concurrencies=[1, 8])
+    sweep = SpeculationSweep.of(ctx, prompts_of(16))
+    assert sweep is not None
+    for k, concurrency, tps in ((2, 1, 30.0), (2, 8, 90.0), (1, 1, 24.0), (1, 8, 120.0)):
+        sweep.cells.append(
+            SweepCell(
+                num_speculative_tokens=k,
+                concurrency=concurrency,
+                acceptance_length=1.5,
+                output_tokens_per_second=tps,
+            )
+        )
+    sweep.baselines += [
+        BaselineCell(concurrency=1, output_tokens_per_second=20.0),
+        BaselineCell(concurrency=8, output_tokens_per_second=100.0),
+    ]
+    table = sweep.table()
+    assert [(c.num_speculative_tokens, c.concurrency, c.speedup) for c in table.cells] == [
+        (1, 1, 1.2), (1, 8, 1.2), (2, 1, 1.5), (2, 8, 0.9),
+    ]  # fmt: skip
+    ranges = [(r.min_batch_size, r.max_batch_size, r.num_speculative_tokens) for r in table.schedule]
+    assert ranges == [(1, 2, 2), (3, 8, 1)]  # k 2 is fastest at 1, k 1 at 8 (k 2 is slower than no draft)
+    result = with_sweep({"message": "measured on 3 held-out prompts"}, sweep)
+    assert result["speculation"]["schedule"][0] == {
+        "minBatchSize": 1, "maxBatchSize": 2, "numSpeculativeTokens": 2, "concurrency": 1, "speedup": 1.5,
+    }  # fmt: skip
+    assert result["message"] == "measured on 3 held-out prompts"
+    parsed = EvaluateResult.model_validate(result)
+    assert parsed.speculation is not None and parsed.speculation.schedule == table.schedule
+    sweep.failures.append("prompt 2: APITimeoutError: timed out")
+    failed = with_sweep({"message": None}, sweep)["message"]
+    assert failed.startswith("1 sweep requests failed") and "APITimeoutError" in failed
+    assert with_sweep({"message": None}, None) == {"message": None, "speculation": None}
