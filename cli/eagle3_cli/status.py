@@ -179,6 +179,32 @@ def headline(title: str, status: Mapping[str, Any]) -> str:
     return line
 
 
+def _ratio(value: Any) -> str:
+    return f"{value:.2f}x" if isinstance(value, int | float) else "-"
+
+
+def prediction_lines(status: Mapping[str, Any]) -> list[str]:
+    """status.plan.prediction in a few lines: a line per acceptance length, the break-even, the verdict."""
+    prediction = (status.get("plan") or {}).get("prediction")
+    if not isinstance(prediction, Mapping) or not prediction.get("lengths"):
+        return []
+    columns = " / ".join(str(c) for c in prediction.get("concurrencies") or [])
+    k = prediction.get("numSpeculativeTokens")
+    lines = [f"predicted speedup ({prediction.get('method')}, k={k}) at concurrency {columns}:"]
+    for row in prediction["lengths"]:
+        speedups = " / ".join(_ratio(x) for x in row.get("speedup") or [])
+        lines.append(
+            f"  acceptance length {row.get('acceptanceLength'):.2f}: {speedups}  ({row.get('source')})"
+        )
+    evens = " / ".join(
+        f"{b:.2f}" if isinstance(b, int | float) else "never" for b in prediction.get("breakEven") or []
+    )
+    lines.append(f"  break-even acceptance length: {evens}")
+    if prediction.get("verdict"):
+        lines.append(f"  {prediction['verdict']}")
+    return lines
+
+
 def finished(status: Mapping[str, Any]) -> bool:
     """Nothing more will happen without a change: a final phase, or Serving and Ready."""
     phase = status.get("phase")
@@ -200,7 +226,7 @@ def plain_table(title: str, status: Mapping[str, Any], now: datetime | None = No
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in table
     ]
-    return "\n".join([headline(title, status), *lines]) + "\n"
+    return "\n".join([headline(title, status), *lines, *prediction_lines(status)]) + "\n"
 
 
 def rich_table(title: str, status: Mapping[str, Any], now: datetime | None = None) -> Any:
@@ -217,7 +243,7 @@ def rich_table(title: str, status: Mapping[str, Any], now: datetime | None = Non
     for row in found:
         cells = astuple(row)
         table.add_row(*(Text(cells[i]) for i in shown))  # Text: messages are no markup
-    return Group(Text(headline(title, status)), table)
+    return Group(Text(headline(title, status)), table, *(Text(line) for line in prediction_lines(status)))
 
 
 def show(read: Reader, watch: bool, interval: float) -> int:

@@ -1,4 +1,4 @@
-"""The pipeline's commands of `eagle3` (`stage`, `produce`, `run`, `tiny`): parsers here, the programs
+"""The pipeline's commands of `eagle3` (`stage`, `produce`, `run`, `plan`, `tiny`): parsers here, the programs
 imported when run (torch is slow to import)."""
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ def _run(args: argparse.Namespace) -> int:
     return run_main(args.file, args.artifacts, args.models, args.vllm, args.until)
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from eagle3_pipeline.plan import main as plan_main
+
+    return plan_main(args.file, args.artifacts, args.models, args.vllm, args.acceptance_length)
+
+
 def local_status_reader(path: str, artifacts: str | None) -> Callable[[], tuple[str, dict[str, Any]]]:
     """`eagle3 status FILE`: a function that reads the local run of manifest `path` (its artifacts, and
     what `eagle3 run` recorded there), titled `local run NAME (ARTIFACTS)`; ValueError for a bad manifest."""
@@ -54,7 +60,7 @@ def _tiny(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register `stage`, `produce`, `run` and `tiny` on the `eagle3` command line."""
+    """Register `stage`, `produce`, `run`, `plan` and `tiny` on the `eagle3` command line."""
     from eagle3_contract.online import PRODUCER_PORT
     from eagle3_contract.stages import ORDER
 
@@ -95,6 +101,22 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="print the stage plan and the estimates (tokens, hidden-state bytes, GPUs); run nothing",
     )
     run.set_defaults(func=_run)
+    plan = sub.add_parser(
+        "plan", help="predict, before training, the speedup a draft would give (runs the predict stage)"
+    )
+    plan.add_argument("file", help="an Eagle3Run manifest")
+    plan.add_argument("--artifacts", help="local artifacts directory (default ./eagle3-artifacts/<run name>)")
+    plan.add_argument("--models", help="local directory standing in for /models (as `eagle3 run`)")
+    plan.add_argument("--vllm", help="the `vllm` executable (as `eagle3 run --vllm`)")
+    plan.add_argument(
+        "--acceptance-length",
+        type=float,
+        action="append",
+        default=[],
+        metavar="L",
+        help="also show the prediction at this acceptance length (repeatable)",
+    )
+    plan.set_defaults(func=_plan)
     tiny = sub.add_parser("tiny", help="build the tiny CPU verifier and example chat dataset (cached)")
     tiny.add_argument("--models", help="where to put them (default the per-user cache); prints the directory")
     tiny.add_argument("--force", action="store_true", help="rebuild even when a complete build is cached")
