@@ -25,6 +25,7 @@ def _operator(args: argparse.Namespace) -> int:
             vllm_image=args.vllm_image,
             image_pull_secrets=tuple(args.image_pull_secret),
             pod_monitor_labels=dict(args.pod_monitor_label),
+            prometheus_url=args.prometheus_url,
         ),
         priority=args.priority,
         resync_seconds=args.resync_seconds,
@@ -38,6 +39,12 @@ def _label(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. release=kube-prometheus-stack)")
     return key, value
+
+
+def _http_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
+    return text
 
 
 def _positive_seconds(text: str) -> float:
@@ -178,6 +185,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="KEY=VALUE",
         help="label of every run's PodMonitors (repeatable), e.g. release=kube-prometheus-stack: the label "
         "your Prometheus selects PodMonitors by",
+    )
+    op.add_argument(
+        "--prometheus-url",
+        type=_http_url,
+        default=os.environ.get("EAGLE3_PROMETHEUS_URL") or None,
+        metavar="URL",
+        help="Prometheus that scrapes the runs' vLLM pods, e.g. "
+        "http://prometheus-operated.monitoring.svc:9090: serving.canary reads both tracks' live figures "
+        "there unless the run sets serving.canary.prometheusUrl (default $EAGLE3_PROMETHEUS_URL)",
     )
     op.add_argument(
         "--priority",

@@ -28,7 +28,8 @@ from eagle3_operator.reconcile.executor import (
     serves_disruption_budgets,
     sweep_ghosts,
 )
-from eagle3_operator.reconcile.observe import blocked_by, slim_deployment, slim_job, slim_pod, slim_run
+from eagle3_operator.reconcile.observe import blocked_by
+from eagle3_operator.reconcile.slim import slim_deployment, slim_job, slim_pod, slim_run
 
 RUN = (GROUP, VERSION, PLURAL)
 MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}

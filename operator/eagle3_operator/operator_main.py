@@ -41,7 +41,8 @@ def run_operator(
     api_timeout_seconds: float | None = None,
 ) -> None:
     """Block running the operator; metrics on `metrics_port`, kopf's liveness probe on `liveness`; runs get
-    the `defaults` they leave unset (eagle3_contract.api.defaults: images, pull secrets, PodMonitor labels);
+    the `defaults` they leave unset (eagle3_contract.api.defaults: images, pull secrets, PodMonitor labels,
+    the Prometheus URL of serving.canary);
     `priority` ranks this operator among its kopf peers (None: the default); every run reconciled (and the
     indexes re-listed) each `resync_seconds`; every API call answered within `api_timeout_seconds` or
     retried."""

@@ -18,6 +18,7 @@ from eagle3_contract.api.defaults import OperatorDefaults, with_operator_default
 from eagle3_contract.stages import plan_stages
 from eagle3_operator.builders import (
     build_artifacts_claim,
+    build_canary_deployment,
     build_deployment,
     build_job,
     build_pod_monitor,
@@ -86,6 +87,7 @@ def tiny_objects(ref: RunRef) -> list[dict[str, Any]]:
         build_artifacts_claim(ref, spec),
         *jobs,
         build_deployment(ref, spec, draft_dir(spec)),
+        build_canary_deployment(ref, spec, draft_dir(spec)),
         build_service(ref),
         build_pod_monitor(ref, spec),
         build_pod_disruption_budget(ref, spec),
@@ -130,7 +132,7 @@ async def test_the_tiny_examples_cpu_objects_pass_a_server_side_dry_run(real):
     ref = RunRef("tiny", cluster.ns, "00000000-0000-0000-0000-000000000003")
     objects = tiny_objects(ref)
     kinds = [o["kind"] for o in objects]
-    assert kinds.count("Job") == 8 and {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"} <= set(
+    assert kinds.count("Job") == 9 and {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"} <= set(
         kinds
     )
     checked = []
@@ -145,7 +147,7 @@ async def test_the_tiny_examples_cpu_objects_pass_a_server_side_dry_run(real):
         assert stored["metadata"]["name"] == body["metadata"]["name"]
         assert not gpu_requests(stored), f"{body['kind']}: the server defaulted a GPU request?"
         checked.append(body["kind"])
-    assert checked.count("Job") == 8 and "Deployment" in checked and "Service" in checked
+    assert checked.count("Job") == 9 and checked.count("Deployment") == 2 and "Service" in checked
 
 
 async def test_the_tiny_run_and_its_models_job_pass_a_server_side_dry_run(real):

@@ -61,7 +61,7 @@ async def test_a_pinned_draft_rolls_only_after_its_sha256_is_verified(backend):
     assert st["checkpoint"] == {"path": DRAFT, "sha256": GOOD}
     assert st["stages"]["verify"]["phase"] == "Succeeded"
     assert {s for s, v in st["stages"].items() if v["phase"] == "Skipped"} == {
-        "prepare", "generate", "extract", "vocab", "train", "evaluate", "export",
+        "predict", "prepare", "generate", "extract", "vocab", "train", "evaluate", "export",
     }  # fmt: skip
     [job] = await backend.cluster.jobs("pinned")
     assert job["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["eagle3", "stage", "verify"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from eagle3_contract.api.base import API_VERSION, PLURAL
+from eagle3_contract.api.speculation import SCHEDULE_KEY, SpeculationTable, schedule_argument
 from eagle3_operator.builders.names import ANNOTATION_SPEC_HASH, LABEL_MANAGED_BY
 from eagle3_operator.metrics import OperatorMetrics
 from tests.harness.cluster import eventually, running_operator
@@ -50,7 +52,10 @@ async def test_run_goes_from_prepare_to_serving(backend):
     assert final["phase"] == "Serving"
     assert final["acceptanceLength"] == 1.6
     assert final["stages"]["prepare"]["result"] == fake_result("prepare")  # the termination message, as is
-    assert final["checkpoint"] == {
+    checkpoint = dict(final["checkpoint"])
+    table = SpeculationTable.model_validate(checkpoint.pop("speculation"))  # evaluate's sweep, for tuned
+    assert table == SpeculationTable.model_validate(fake_result("evaluate")["speculation"])
+    assert checkpoint == {
         "path": final["stages"]["export"]["outputDir"],
         "sha256": fake_result("export")["sha256"],
         "bytes": fake_result("export")["bytes"],
@@ -67,6 +72,10 @@ async def test_run_goes_from_prepare_to_serving(backend):
         deployment["spec"]["template"]["metadata"]["annotations"]["eagle3.dev/draft"]
         == final["checkpoint"]["path"]
     )
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    config = json.loads(args[args.index("--speculative-config") + 1])
+    # serving.speculationLength tuned: vLLM's per-batch-size k, from the table
+    assert config[SCHEDULE_KEY] == schedule_argument(table.schedule)
     assert await cluster.get("v1", "services", "tiny-vllm")
     claim = await cluster.get("v1", "persistentvolumeclaims", "tiny-artifacts")
     assert "ownerReferences" not in claim["metadata"], "the artifacts volume outlives the run by default"

@@ -17,6 +17,11 @@ LABEL_STAGE = "eagle3.dev/stage"
 LABEL_HASH = "eagle3.dev/hash"
 LABEL_ATTEMPT = "eagle3.dev/attempt"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# serving.canary: the canary's vLLM pods carry `eagle3.dev/track: canary`; the PodMonitor labels every vLLM
+# series with `track` (`stable` where the pod has no such label: the incumbent's pods stay as they are).
+LABEL_TRACK = "eagle3.dev/track"
+TRACK_CANARY = "canary"
+TRACK_STABLE = "stable"
 ANNOTATION_TOKEN_BUDGET = "eagle3.dev/token-budget"
 ANNOTATION_SPEC_HASH = "eagle3.dev/spec-hash"
 ANNOTATION_DRAFT = "eagle3.dev/draft"
@@ -90,6 +95,11 @@ def artifacts_claim_name(run: str) -> str:
 
 def serving_name(run: str) -> str:
     return child_name(run, "vllm")
+
+
+def canary_name(run: str) -> str:
+    """The canary vLLM Deployment of serving.canary: `<serving name>-canary`."""
+    return child_name(run, "vllm", TRACK_CANARY)
 
 
 def producers_name(run: str) -> str:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, DEFAULT_VLLM_IMAGE, Eagle3RunSpec
+from eagle3_contract.api.speculation import SpeculationRange, tuned_speculative_config
 from eagle3_contract.mounts import DRAFT_WEIGHTS, draft_path
 from eagle3_contract.stages import content_hash, on_cpu
 from eagle3_contract.vllm_command import Endpoint, VllmEngine, eagle3_speculative_config, vllm_serve_args
@@ -64,16 +65,26 @@ def vllm_image(spec: Eagle3RunSpec) -> str:
     return DEFAULT_VLLM_IMAGE
 
 
-def vllm_args(spec: Eagle3RunSpec, draft_dir: str) -> list[str]:
+def speculative_config(
+    spec: Eagle3RunSpec, draft_dir: str, schedule: Sequence[SpeculationRange] = ()
+) -> dict[str, Any]:
+    """The EAGLE-3 speculative config at serving.numSpeculativeTokens; with serving.speculationLength tuned
+    and a measured `schedule` (the draft's sweep), k per batch-size range as vLLM's
+    num_speculative_tokens_per_batch_size (eagle3_contract.api.speculation)."""
+    base = eagle3_speculative_config(draft_path(draft_dir), spec.serving.num_speculative_tokens)
+    if spec.serving.speculation_length == "tuned" and schedule:
+        return tuned_speculative_config(base, schedule)
+    return base
+
+
+def vllm_args(spec: Eagle3RunSpec, draft_dir: str, schedule: Sequence[SpeculationRange] = ()) -> list[str]:
     """`vllm serve` arguments: the verifier, its engine options and the EAGLE-3 draft (the contract's one
     command builder, as evaluate measured it), then `serving.extraArgs`. On the CPU backend eagerly, as the
     pipeline's servers run without an accelerator."""
     return vllm_serve_args(
         VllmEngine.of(spec.verifier),
         Endpoint(host="0.0.0.0", port=PORT),
-        speculative_config=eagle3_speculative_config(
-            draft_path(draft_dir), spec.serving.num_speculative_tokens
-        ),
+        speculative_config=speculative_config(spec, draft_dir, schedule),
         enforce_eager=on_cpu(spec),
         extra_args=spec.serving.extra_args,
     )
@@ -92,12 +103,18 @@ def _probe(period: int, failures: int | None = None) -> dict[str, Any]:
     return probe
 
 
-def vllm_container(run: RunRef, spec: Eagle3RunSpec, draft_dir: str, shape: PodShape) -> dict[str, Any]:
+def vllm_container(
+    run: RunRef,
+    spec: Eagle3RunSpec,
+    draft_dir: str,
+    shape: PodShape,
+    schedule: Sequence[SpeculationRange] = (),
+) -> dict[str, Any]:
     return {
         "name": CONTAINER,
         "image": vllm_image(spec),
         "command": ["vllm", "serve"],
-        "args": vllm_args(spec, draft_dir),
+        "args": vllm_args(spec, draft_dir, schedule),
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
         "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
         "readinessProbe": _probe(10),
@@ -135,7 +152,11 @@ def draft_check_container(
 
 
 def deployment_spec(
-    run: RunRef, spec: Eagle3RunSpec, draft_dir: str, sha256: str | None = None
+    run: RunRef,
+    spec: Eagle3RunSpec,
+    draft_dir: str,
+    sha256: str | None = None,
+    schedule: Sequence[SpeculationRange] = (),
 ) -> dict[str, Any]:
     shape = PodShape(names.SERVE_STAGE, serving_gpus(spec), uses_vllm=True, serving=True)
     annotations = {
@@ -145,7 +166,7 @@ def deployment_spec(
         names.ANNOTATION_DRAFT: draft_dir,
     }
     init = [draft_check_container(spec, draft_dir, sha256, shape)] if sha256 is not None else []
-    pod = pod_spec(run, spec, shape, vllm_container(run, spec, draft_dir, shape), init)
+    pod = pod_spec(run, spec, shape, vllm_container(run, spec, draft_dir, shape, schedule), init)
     template = pod_template(spec, names.labels(run.name, names.SERVE_STAGE), pod, annotations)
     return {
         "replicas": spec.serving.replicas,
@@ -157,13 +178,18 @@ def deployment_spec(
 
 
 def build_deployment(
-    run: RunRef, spec: Eagle3RunSpec, draft_dir: str, sha256: str | None = None
+    run: RunRef,
+    spec: Eagle3RunSpec,
+    draft_dir: str,
+    sha256: str | None = None,
+    schedule: Sequence[SpeculationRange] = (),
 ) -> dict[str, Any]:
     """vLLM serving the verifier with the draft; `eagle3.dev/spec-hash` hashes the Deployment's spec.
 
     With the draft's `sha256` (pinned in git or computed by export), an init container checks the weights
-    before vLLM starts."""
-    body = deployment_spec(run, spec, draft_dir, sha256)
+    before vLLM starts; with serving.speculationLength tuned, `schedule` is the draft's measured k per
+    batch-size range."""
+    body = deployment_spec(run, spec, draft_dir, sha256, schedule)
     annotations = {names.ANNOTATION_SPEC_HASH: content_hash(body)}
     name = names.serving_name(run.name)
     return {
@@ -172,6 +198,31 @@ def build_deployment(
         "metadata": names.metadata(run, name, names.SERVE_STAGE, annotations=annotations),
         "spec": body,
     }
+
+
+def build_canary_deployment(
+    run: RunRef,
+    spec: Eagle3RunSpec,
+    draft_dir: str,
+    sha256: str | None = None,
+    schedule: Sequence[SpeculationRange] = (),
+) -> dict[str, Any]:
+    """serving.canary: the new draft's vLLM next to the serving Deployment, built as it (image, args,
+    resources, pod settings) with serving.canary.replicas replicas and `eagle3.dev/track: canary` on its pods
+    and in its selector. Its pods keep the labels the run's Service selects, so the Service splits the
+    traffic by replica count."""
+    canary = spec.serving.canary
+    body = deployment_spec(run, spec, draft_dir, sha256, schedule)
+    track = {names.LABEL_TRACK: names.TRACK_CANARY}
+    body["replicas"] = canary.replicas if canary is not None else 1
+    body["selector"] = {"matchLabels": serving_selector(run) | track}
+    template_meta = body["template"]["metadata"]
+    template_meta["labels"] = dict(template_meta["labels"]) | track
+    annotations = {names.ANNOTATION_SPEC_HASH: content_hash(body)}
+    meta = names.metadata(
+        run, names.canary_name(run.name), names.SERVE_STAGE, labels=track, annotations=annotations
+    )
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": body}
 
 
 def build_service(run: RunRef) -> dict[str, Any]:
@@ -194,14 +245,30 @@ def pod_monitor_relabelings() -> list[dict[str, Any]]:
     ]
 
 
+def track_relabelings() -> list[dict[str, Any]]:
+    """`track`: `stable`, or the pod's `eagle3.dev/track` label where it has one (the canary's pods): the
+    incumbent's series read track="stable" with no change to its pods."""
+    return [
+        {"action": "replace", "targetLabel": "track", "replacement": names.TRACK_STABLE},
+        {
+            "action": "replace",
+            "sourceLabels": [pod_label(names.LABEL_TRACK)],
+            "regex": "(.+)",
+            "targetLabel": "track",
+            "replacement": "$1",
+        },
+    ]
+
+
 def build_pod_monitor(run: RunRef, spec: Eagle3RunSpec) -> dict[str, Any]:
-    """A Prometheus Operator PodMonitor scraping vLLM's /metrics, labelling its series with the run; it
-    carries spec.monitoring.podMonitorLabels (the label a Prometheus selects PodMonitors by)."""
+    """A Prometheus Operator PodMonitor scraping vLLM's /metrics, labelling its series with the run and the
+    track (stable or canary); it carries spec.monitoring.podMonitorLabels (the label a Prometheus selects
+    PodMonitors by)."""
     endpoint = {
         "port": PORT_NAME,
         "path": METRICS_PATH,
         "interval": "15s",
-        "relabelings": pod_monitor_relabelings(),
+        "relabelings": [*pod_monitor_relabelings(), *track_relabelings()],
     }
     body = {"selector": {"matchLabels": serving_selector(run)}, "podMetricsEndpoints": [endpoint]}
     return hashed_child(

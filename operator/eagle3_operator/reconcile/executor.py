@@ -8,6 +8,7 @@ API writes in order, the status patch, and the Events on the run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -21,10 +22,15 @@ from eagle3_contract.api.status import RunPhase
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.k8s import ApiError, Kube
+from eagle3_operator.observability.canary_queries import track_scope
+from eagle3_operator.prometheus import PrometheusError, query_track_figures
+from eagle3_operator.reconcile.canary import canary_news
 from eagle3_operator.reconcile.news import progress_news
 from eagle3_operator.reconcile.observe import (
+    CanaryFigures,
     Observed,
     blocked_by,
+    canary_deployment,
     observe_job,
     serving_pods,
     split_deployments,
@@ -94,6 +100,7 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
     return Observed(
         jobs=tuple(observe_job(job, pods) for job in jobs),
         deployment=serving,
+        canary=canary_deployment(deployments),
         objects=frozenset(objects),
         spec_hashes=hashes,
         serving_blocked_by=blocked_by(serving_pods(pods)),
@@ -103,6 +110,31 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
         workload_blocked_by=workloads_blocked_by(pods),
         progress=dict(memo.setdefault("progress", {}).get(key) or {}),
     )
+
+
+async def with_canary_figures(
+    observed: Observed, ref: RunRef, spec: Any, known: Mapping[str, Any], now: str
+) -> Observed:
+    """serving.canary: while a canary is observed (its window started), both tracks' live figures over the
+    window [started, now], read from Prometheus before planning; a Prometheus that cannot answer leaves them
+    unset, with why (the canary keeps being observed and the decision waits)."""
+    last = known.get("canary") or {}
+    serving = (spec.get("serving") or {}) if isinstance(spec, Mapping) else {}
+    canary = serving.get("canary") if isinstance(serving, Mapping) else None
+    started, url = last.get("started"), canary.get("prometheusUrl") if isinstance(canary, Mapping) else None
+    if last.get("phase") != "Observing" or observed.canary is None or not started or not url:
+        return observed
+    window = (datetime.fromisoformat(now) - datetime.fromisoformat(started)).total_seconds()
+    run = names.run_label(ref.name)
+    try:
+        incumbent, candidate = await asyncio.gather(
+            query_track_figures(url, track_scope(ref.namespace, run, names.TRACK_STABLE, int(window))),
+            query_track_figures(url, track_scope(ref.namespace, run, names.TRACK_CANARY, int(window))),
+        )
+    except PrometheusError as err:
+        logger.info("canary of %s/%s: no live figures: %s", ref.namespace, ref.name, err)
+        return dataclasses.replace(observed, canary_figures=CanaryFigures(problem=str(err)))
+    return dataclasses.replace(observed, canary_figures=CanaryFigures(incumbent, candidate))
 
 
 async def serves_disruption_budgets(kube: Kube) -> bool:
@@ -211,6 +243,8 @@ def _post_events(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) 
             kopf.warn(target, reason="PodNotRunning", message=f"stage {stage}: {why.get('message')}"[:1000])
     for reason, message in progress_news(known, plan.status, dict(plan.finished)):
         kopf.info(target, reason=reason, message=message[:1000])
+    for warning, reason, message in canary_news(known, plan.status):
+        (kopf.warn if warning else kopf.info)(target, reason=reason, message=message[:1000])
     if known.get("phase") == plan.phase.value:
         return
     failed = next((c for c in plan.status.get("conditions", []) if c["type"] == "Failed"), None)
@@ -236,6 +270,7 @@ async def reconcile(
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         observed = observe(key, memo, indices)
         spec = with_operator_defaults(body.get("spec"), memo.get("defaults") or OperatorDefaults())
+        observed = await with_canary_figures(observed, ref, spec, known, now)
         plan = plan_run(ref, meta.get("generation"), spec, known, observed, now)
         try:
             await carry_out(memo, ref, key, known, plan, logger)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_contract.api.status import BlockedBy, StagePhase, StageProgress
+from eagle3_contract.api.status import BlockedBy, StagePhase, StageProgress, TrackFigures
 from eagle3_contract.policy import is_out_of_memory, policy_exit_code
 from eagle3_operator.builders import names
 
@@ -75,6 +75,17 @@ class DeploymentView:
     hash: str | None = None  # producers, Mooncake master: the train stage they serve
     available_replicas: int = 0
     spec_configmap: str | None = None
+    track: str | None = None  # `canary`: serving.canary's Deployment (its `eagle3.dev/track` label)
+
+
+@dataclass(frozen=True)
+class CanaryFigures:
+    """serving.canary: both tracks' live figures over the observation window, as the executor read them
+    from Prometheus before planning (eagle3_operator.prometheus); `problem` says why some are missing."""
+
+    incumbent: TrackFigures | None = None
+    canary: TrackFigures | None = None
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,8 @@ class Observed:
     workload_blocked_by: Mapping[str, BlockedBy] = field(default_factory=dict)
     # the live progress of running stage attempts, by JobView.progress_key (live_progress.py)
     progress: Mapping[str, StageProgress] = field(default_factory=dict)
+    canary: DeploymentView | None = None  # serving.canary's Deployment
+    canary_figures: CanaryFigures | None = None  # read while a canary is observed (None: not read)
 
 
 def _int(value: Any) -> int | None:
@@ -291,6 +304,7 @@ def observe_deployment(deployment: Mapping[str, Any]) -> DeploymentView:
         hash=labels.get(names.LABEL_HASH),
         available_replicas=_int(status.get("availableReplicas")) or 0,
         spec_configmap=_spec_configmap(deployment),
+        track=labels.get(names.LABEL_TRACK),
     )
 
 
@@ -298,11 +312,13 @@ def split_deployments(
     deployments: Iterable[Mapping[str, Any]],
 ) -> tuple[DeploymentView | None, dict[str, DeploymentView]]:
     """The serving Deployment (stage `serve`, or no stage label: an older operator's) and the others by
-    stage."""
+    stage; the canary Deployment (canary_deployment) is neither."""
     serving: DeploymentView | None = None
     others: dict[str, DeploymentView] = {}
     for body in deployments:
         view = observe_deployment(body)
+        if view.track == names.TRACK_CANARY:
+            continue
         if view.stage == names.SERVE_STAGE:
             serving = serving or view
         else:
@@ -310,74 +326,7 @@ def split_deployments(
     return serving, others
 
 
-def _pick(body: Mapping[str, Any], *paths: str) -> dict[str, Any]:
-    """A copy of `body` with only the given dotted paths (what the planner reads), to keep indexes small."""
-    out: dict[str, Any] = {}
-    for path in paths:
-        *parents, leaf = path.split(".")
-        src: Any = body
-        dst = out
-        for part in parents:
-            src = src.get(part) if isinstance(src, Mapping) else None
-            dst = dst.setdefault(part, {})
-        if isinstance(src, Mapping) and leaf in src:
-            dst[leaf] = src[leaf]
-    return out
-
-
-def slim_run(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A run without `managedFields` and kopf's bookkeeping: half of a real server's body, kept per run."""
-    out = _pick(
-        body,
-        "apiVersion",
-        "kind",
-        "metadata.name",
-        "metadata.namespace",
-        "metadata.uid",
-        "metadata.generation",
-        "metadata.deletionTimestamp",
-        "spec",
-    )
-    out["status"] = {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"}
-    return out
-
-
-def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
-    return _pick(
-        body,
-        "metadata.name",
-        "metadata.uid",
-        "metadata.labels",
-        "metadata.annotations",
-        "spec.template.spec.volumes",
-        "status",
-    )
-
-
-def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    return _pick(
-        body,
-        "metadata.name",
-        "metadata.uid",
-        "metadata.labels",
-        "status.phase",
-        "status.podIP",
-        "status.conditions",
-        "status.initContainerStatuses",
-        "status.containerStatuses",
-    )
-
-
-def slim_deployment(body: Mapping[str, Any]) -> dict[str, Any]:
-    return _pick(
-        body,
-        "metadata.name",
-        "metadata.uid",
-        "metadata.labels",
-        "metadata.annotations",
-        "spec.replicas",
-        "spec.template.metadata.annotations",
-        "spec.template.spec.volumes",
-        "status.readyReplicas",
-        "status.availableReplicas",
-    )
+def canary_deployment(deployments: Iterable[Mapping[str, Any]]) -> DeploymentView | None:
+    """serving.canary's Deployment (label `eagle3.dev/track: canary`), if the run has one."""
+    views = (observe_deployment(body) for body in deployments)
+    return next((v for v in views if v.track == names.TRACK_CANARY), None)

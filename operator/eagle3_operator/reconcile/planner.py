@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +12,6 @@ from pydantic import ValidationError
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.status import (
     Checkpoint,
-    Condition,
     ConditionType,
     Eagle3RunStatus,
     RunPhase,
@@ -24,7 +22,6 @@ from eagle3_contract.api.status import (
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec, spec_document
 from eagle3_contract.estimates import estimates_from_stages
 from eagle3_contract.progress import eta_text, summary
-from eagle3_contract.reasons import AWAITING_PROMOTION
 from eagle3_contract.results import EvaluateResult, ExportResult
 from eagle3_contract.stages import Stage, StagePlan, content_hash, plan_stages
 from eagle3_operator.builders import names
@@ -33,22 +30,29 @@ from eagle3_operator.builders.configmap import build_spec_configmap
 from eagle3_operator.builders.monitoring import build_stage_pod_monitor
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.actions import Action
+from eagle3_operator.reconcile.canary import plan_canary
 from eagle3_operator.reconcile.conditions import set_condition
 from eagle3_operator.reconcile.observe import Observed
+from eagle3_operator.reconcile.prediction import plan_prediction
 from eagle3_operator.reconcile.producers import plan_producers
 from eagle3_operator.reconcile.progress import Progress, walk_stages
 from eagle3_operator.reconcile.rendezvous import plan_rendezvous
 from eagle3_operator.reconcile.review import (
-    awaiting_message,
     candidate,
     pinned_checkpoint,
     reviewed,
     verified_pin,
-    waiting_note,
     walk_reviewed,
     with_check,
 )
-from eagle3_operator.reconcile.serving import converge, plan_serving
+from eagle3_operator.reconcile.run_conditions import run_conditions, with_canary
+from eagle3_operator.reconcile.serving import (
+    converge,
+    pinned_speculation,
+    plan_serving,
+    schedule_of,
+    tuned_note,
+)
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ def _exported(progress: Progress) -> Checkpoint | None:
         bytes=exported.bytes,
         acceptance_length=figures.acceptance_length,
         acceptance_rate=figures.acceptance_rate,
+        speculation=figures.speculation,
     )
 
 
@@ -171,11 +176,11 @@ def _drafts(
     """automatic: the export (or the verified pin) serves once every stage finished. reviewed (`check`: the
     verify stage's walk, `progress`: the training stages'): the verified pin serves, the export waits."""
     if check is None:
-        checkpoint = _checkpoint(spec, progress, previous)
+        checkpoint = pinned_speculation(spec, progress.stages, _checkpoint(spec, progress, previous))
         return Drafts(checkpoint, rollout=checkpoint if progress.complete else None)
     exported = _exported(progress)
     known = (exported, previous.candidate, previous.checkpoint)
-    checkpoint = pinned_checkpoint(spec, known)
+    checkpoint = pinned_speculation(spec, check.stages, pinned_checkpoint(spec, known))
     serve = checkpoint if verified_pin(spec, check) is not None else None
     return Drafts(checkpoint, candidate(spec, exported), serve)
 
@@ -199,76 +204,6 @@ def _phase(spec: Eagle3RunSpec, progress: Progress, serving: ServingStatus | Non
     if not spec.serving.enabled or (reviewed(spec) and spec.serving.pinned_checkpoint is None):
         return RunPhase.SUCCEEDED  # trained; reviewed: the candidate waits for its promotion
     return RunPhase.RUNNING
-
-
-def _conditions(
-    ref: RunRef,
-    spec: Eagle3RunSpec,
-    progress: Progress,
-    serving: ServingStatus | None,
-    waiting: Checkpoint | None,
-    previous: list[Condition],
-    now: str,
-    generation: int | None,
-) -> list[Condition]:
-    def cond(kind: ConditionType, ok: bool, reason: str, message: str = "") -> Condition:
-        return set_condition(previous, kind, ok, reason, message, now, generation)
-
-    out = [cond(ConditionType.SPEC_VALID, True, "Valid", "the spec passed validation")]
-    if progress.failed:
-        out.append(cond(ConditionType.PROGRESSING, False, "Failed", progress.failed[1]))
-    elif progress.suspended:
-        out.append(cond(ConditionType.PROGRESSING, False, "Suspended", "spec.suspend is true"))
-    elif progress.blocked_at and progress.stalled:
-        message = f"stage {progress.blocked_at}: {progress.stalled.message}"
-        out.append(cond(ConditionType.PROGRESSING, True, "PodNotRunning", message))
-    elif progress.blocked_at:
-        out.append(cond(ConditionType.PROGRESSING, True, "StageRunning", f"stage {progress.blocked_at}"))
-    else:
-        out.append(cond(ConditionType.PROGRESSING, False, "StagesComplete", "every stage has finished"))
-    if (verdict := progress.gate) is not None and (
-        spec.evaluation.min_acceptance_length is not None or not verdict.passed
-    ):
-        out.append(cond(ConditionType.GATE_PASSED, verdict.passed, verdict.reason, verdict.message))
-    out.append(_ready(ref, spec, progress, serving, waiting, cond))
-    if progress.failed:
-        out.append(cond(ConditionType.FAILED, True, *progress.failed))
-    else:
-        out.append(cond(ConditionType.FAILED, False, "NoFailure", "no stage has failed"))
-    return out
-
-
-def _ready(
-    ref: RunRef,
-    spec: Eagle3RunSpec,
-    progress: Progress,
-    serving: ServingStatus | None,
-    waiting: Checkpoint | None,
-    cond: Callable[[ConditionType, bool, str, str], Condition],
-) -> Condition:
-    """Ready: replicas serve (a failure after them, such as a refused draft, leaves the previous draft
-    serving and says so; a candidate waiting for review is named), or why none do."""
-    if serving is not None and serving.ready_replicas > 0:
-        message = f"{serving.ready_replicas} replica(s) serve draft {serving.draft}"
-        if progress.failed:
-            message += f"; the new draft is not rolled out ({progress.failed[0]}: see the Failed condition)"
-        if waiting is not None:
-            message += waiting_note(ref, waiting)
-        return cond(ConditionType.READY, True, "DeploymentReady", message)
-    if progress.failed:
-        return cond(ConditionType.READY, False, progress.failed[0], progress.failed[1])
-    if serving is not None and serving.blocked_by:
-        return cond(ConditionType.READY, False, "PodNotRunning", serving.blocked_by.message)
-    if waiting is not None and spec.serving.enabled and spec.serving.pinned_checkpoint is None:
-        return cond(ConditionType.READY, False, AWAITING_PROMOTION, awaiting_message(ref, waiting))
-    if reviewed(spec) and spec.serving.enabled and spec.serving.pinned_checkpoint is None:
-        why = (
-            "serving.promotion is reviewed and nothing is pinned yet: the draft this run exports past its "
-            "gate waits in status.candidate for `eagle3 promote`"
-        )
-        return cond(ConditionType.READY, False, "NotServing", why)
-    why = "the draft is not ready yet" if spec.serving.enabled else "serving.enabled is false"
-    return cond(ConditionType.READY, False, "NotServing", why)
 
 
 def _headline(
@@ -331,13 +266,20 @@ def plan_run(
     plan_rendezvous(ref, spec, progress, observed)
     drafts = _drafts(spec, progress, check, previous)
     progress = with_check(progress, check) if check is not None else progress
-    rollout = drafts.rollout  # exported past the gate, or pinned and verified
+    # exported past the gate, or pinned and verified; with serving.canary, served once its canary passed
+    canary = plan_canary(ref, spec, observed, drafts.rollout, previous, now, generation)
+    rollout = canary.serve
     serving_actions, serving = plan_serving(
-        ref, spec, observed, rollout.path if rollout else None, rollout.sha256 if rollout else None
+        ref,
+        spec,
+        observed,
+        rollout.path if rollout else None,
+        rollout.sha256 if rollout else None,
+        schedule_of(spec, rollout),
     )
     # the stage pods' PodMonitor lives as long as the run (its pods come and go stage by stage)
     monitor = converge(observed, build_stage_pod_monitor(ref, spec)) if observed.pod_monitors_served else []
-    changes = monitor + online_actions + progress.actions + serving_actions
+    changes = monitor + online_actions + progress.actions + serving_actions + list(canary.actions)
     actions = _storage_actions(ref, spec, observed, spec_hash, changes) + changes
     actions += _stale_configmaps(ref, observed, configmap)
     evaluated = _evaluated(progress)
@@ -350,15 +292,23 @@ def plan_run(
         eta=eta,
         observed_generation=generation,
         acceptance_length=evaluated.acceptance_length if evaluated is not None else None,
-        conditions=_conditions(
-            ref, spec, progress, serving, drafts.candidate, previous.conditions, now, generation
+        conditions=with_canary(
+            run_conditions(
+                ref, spec, progress, serving, drafts.candidate, previous.conditions, now, generation
+            ),
+            canary.condition,
+            tuned_note(spec, rollout or drafts.checkpoint),
         ),
         stages=progress.stages,
         checkpoint=drafts.checkpoint,
         candidate=drafts.candidate,
         serving=serving,
+        canary=canary.status,
         producers=producers,
-        plan=RunPlan(estimates=estimates_from_stages(spec, progress.stages, stage_plans)),
+        plan=RunPlan(
+            estimates=estimates_from_stages(spec, progress.stages, stage_plans),
+            prediction=plan_prediction(progress.stages),
+        ),
     )
     return Plan(
         actions=tuple(actions),

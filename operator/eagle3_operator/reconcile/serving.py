@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from eagle3_contract.api.spec import Eagle3RunSpec
-from eagle3_contract.api.status import ServingStatus
+from pydantic import ValidationError
+
+from eagle3_contract.api.spec import Eagle3RunSpec, SpeculationLength
+from eagle3_contract.api.speculation import SpeculationRange, SpeculationTable
+from eagle3_contract.api.status import Checkpoint, ServingStatus, StageStatus
+from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.disruption import PDB_API, PDB_KIND, build_pod_disruption_budget
 from eagle3_operator.builders.names import RunRef
@@ -34,6 +39,43 @@ def _merge_patch(desired: dict[str, Any]) -> dict[str, Any]:
     for key in OPTIONAL_POD_KEYS:
         pod.setdefault(key, None)
     return patch
+
+
+def schedule_of(spec: Eagle3RunSpec, checkpoint: Checkpoint | None) -> list[SpeculationRange]:
+    """serving.speculationLength tuned: the draft's measured k per batch-size range (its sweep), if any."""
+    if spec.serving.speculation_length != SpeculationLength.TUNED or checkpoint is None:
+        return []
+    return list(checkpoint.speculation.schedule) if checkpoint.speculation is not None else []
+
+
+def pinned_speculation(
+    spec: Eagle3RunSpec, stages: Mapping[str, StageStatus], checkpoint: Checkpoint | None
+) -> Checkpoint | None:
+    """A pinned draft's sweep table from the verify stage's result (its export manifest's), when the
+    checkpoint does not carry one already; a table this operator cannot read is left out."""
+    verify, pin = stages.get(Stage.VERIFY.value), spec.serving.pinned_checkpoint
+    if checkpoint is None or checkpoint.speculation is not None or verify is None or pin is None:
+        return checkpoint
+    table = (verify.result or {}).get("speculation")
+    if checkpoint.path != pin.path or not isinstance(table, dict):
+        return checkpoint
+    try:
+        return checkpoint.model_copy(update={"speculation": SpeculationTable.model_validate(table)})
+    except ValidationError:
+        return checkpoint
+
+
+def tuned_note(spec: Eagle3RunSpec, checkpoint: Checkpoint | None) -> str:
+    """The Ready condition's note when serving.speculationLength is tuned but the draft has no schedule."""
+    if spec.serving.speculation_length != SpeculationLength.TUNED or checkpoint is None:
+        return ""
+    if schedule_of(spec, checkpoint):
+        return ""
+    return (
+        f"; serving.speculationLength is tuned but draft {checkpoint.path} has no measured schedule "
+        f"(evaluate's sweep, evaluation.sweep): it serves serving.numSpeculativeTokens "
+        f"({spec.serving.num_speculative_tokens}) at every batch size"
+    )
 
 
 def _teardown(ref: RunRef, observed: Observed) -> list[Action]:
@@ -74,13 +116,19 @@ def converge(observed: Observed, desired: dict[str, Any]) -> list[Action]:
 
 
 def plan_serving(
-    ref: RunRef, spec: Eagle3RunSpec, observed: Observed, draft: str | None, sha256: str | None = None
+    ref: RunRef,
+    spec: Eagle3RunSpec,
+    observed: Observed,
+    draft: str | None,
+    sha256: str | None = None,
+    schedule: Sequence[SpeculationRange] = (),
 ) -> tuple[list[Action], ServingStatus | None]:
     """Actions for the Deployment, Service, PodMonitor and PodDisruptionBudget, and the serving status.
 
     `draft` is the directory of a draft that may serve now (exported and past the gate, or pinned and
     verified); None keeps whatever Deployment exists untouched, so a draft that fails its gate or its checksum
-    never replaces the one serving. `sha256`, when known, is checked again by the pods before vLLM starts.
+    never replaces the one serving. `sha256`, when known, is checked again by the pods before vLLM starts;
+    `schedule` is the draft's k per batch-size range (serving.speculationLength tuned, schedule_of).
     """
     if not spec.serving.enabled:
         return _teardown(ref, observed), None
@@ -88,7 +136,7 @@ def plan_serving(
     current = observed.deployment
     actions: list[Action] = []
     if draft is not None:
-        desired = build_deployment(ref, spec, draft, sha256)
+        desired = build_deployment(ref, spec, draft, sha256, schedule)
         wanted = desired["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH]
         if current is None:
             actions.append(Action("create", desired))

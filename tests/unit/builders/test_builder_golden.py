@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from eagle3_contract.api.speculation import SpeculationRange
+from eagle3_contract.api.validation import parse_spec
 from eagle3_contract.stages import Stage
 from eagle3_operator.builders import (
     build_artifacts_claim,
@@ -23,10 +25,12 @@ from eagle3_operator.builders import (
     build_service,
     build_spec_configmap,
 )
+from eagle3_operator.builders.serving import build_canary_deployment
 from tests.unit.builders.builder_cases import (
     KIMI_RUN,
     PINNED_SHA256,
     TINY_RUN,
+    TINY_SPEC,
     configmap_name,
     customised_spec,
     draft_dir,
@@ -55,6 +59,17 @@ def _online(index: int) -> Callable[[], dict[str, Any]]:
     return lambda: online_objects(KIMI_RUN, kimi_online_spec())[index]
 
 
+CANARY_SCHEDULE = [
+    SpeculationRange(min_batch_size=1, max_batch_size=2, num_speculative_tokens=3),
+    SpeculationRange(min_batch_size=3, max_batch_size=4, num_speculative_tokens=0),
+]
+
+
+def canary_tuned_spec() -> Any:
+    canary = {"replicas": 1, "duration": "10m", "prometheusUrl": "http://prometheus.monitoring.svc:9090"}
+    return parse_spec(TINY_SPEC | {"serving": {"speculationLength": "tuned", "canary": canary}})
+
+
 CASES: dict[str, Callable[[], dict[str, Any]]] = {
     "job_extract_tiny": lambda: _job(tiny_spec, TINY_RUN, Stage.EXTRACT),
     "job_prepare_tiny": lambda: _job(tiny_spec, TINY_RUN, Stage.PREPARE),
@@ -69,6 +84,10 @@ CASES: dict[str, Callable[[], dict[str, Any]]] = {
     "claim": lambda: build_artifacts_claim(KIMI_RUN, kimi_spec()),
     "claim_owned_tiny": lambda: build_artifacts_claim(TINY_RUN, tiny_spec()),
     "job_verify_pinned": lambda: _job(pinned_spec, TINY_RUN, Stage.VERIFY),
+    # serving.canary's Deployment of a new draft, with serving.speculationLength tuned's schedule
+    "deployment_canary_tuned": lambda: build_canary_deployment(
+        TINY_RUN, canary_tuned_spec(), "export/3f0c2a9d41be", PINNED_SHA256, CANARY_SCHEDULE
+    ),
     "deployment_pinned_checked": lambda: build_deployment(
         TINY_RUN, pinned_spec(), "export/3f0c2a9d41be", PINNED_SHA256
     ),

@@ -183,7 +183,11 @@ def test_every_training_stage_has_a_job_when_regenerating() -> None:
     assert [p.stage.value for p, _ in stage_jobs(KIMI_RUN, kimi_spec())] == STAGES
     without = parse_spec(derive(TINY_SPEC, regeneration={"enabled": False}))
     assert [p.stage.value for p, _ in stage_jobs(TINY_RUN, without)] == [s for s in STAGES if s != "generate"]
-    assert [p.stage.value for p in plan_stages(tiny_spec())] == [*STAGES, "verify"]  # verify: pinned drafts
+    assert [p.stage.value for p in plan_stages(tiny_spec())] == [
+        "predict",
+        *STAGES,
+        "verify",
+    ]  # skipped: predict, verify
 
 
 def test_a_pinned_draft_with_a_sha256_has_only_the_verify_job() -> None:

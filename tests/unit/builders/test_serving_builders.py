@@ -186,9 +186,10 @@ def test_serving_url() -> None:
 def test_the_pod_monitor_labels_vllm_series_with_the_run_and_namespace() -> None:
     """Prometheus sees pod label `eagle3.dev/run` as `__meta_kubernetes_pod_label_eagle3_dev_run`."""
     [endpoint] = build_pod_monitor(KIMI_RUN, kimi_spec())["spec"]["podMetricsEndpoints"]
-    targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    targets = {r["targetLabel"]: r.get("sourceLabels") for r in endpoint["relabelings"]}
     assert targets == {
         "run": ["__meta_kubernetes_pod_label_eagle3_dev_run"],
         "namespace": ["__meta_kubernetes_namespace"],
+        "track": ["__meta_kubernetes_pod_label_eagle3_dev_track"],  # after a constant `stable` (canary)
     }
     assert all(r["action"] == "replace" for r in endpoint["relabelings"])

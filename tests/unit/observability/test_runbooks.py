@@ -19,7 +19,7 @@ import yaml
 from eagle3_contract import gate, reasons
 from eagle3_operator.observability import alerts, generate
 from eagle3_operator.observability.alerts import ALL_ALERTS, RUNBOOK_BASE_URL, build_rule_groups
-from eagle3_operator.reconcile import planner
+from eagle3_operator.reconcile import canary, planner, run_conditions
 
 ROOT = generate.REPO_ROOT
 DOC = ROOT / "docs" / "troubleshooting.md"
@@ -58,6 +58,8 @@ def condition_reasons() -> set[str]:
     return (
         constants
         | literal_reasons(planner, {"cond", "set_condition"})
+        | literal_reasons(run_conditions, {"cond", "set_condition"})
+        | {canary.PROMOTED, canary.ROLLED_BACK, canary.INCONCLUSIVE, canary.OBSERVING}
         | literal_reasons(gate, {"GateVerdict"})
         | JOB_REASONS
     )

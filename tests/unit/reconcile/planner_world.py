@@ -22,6 +22,7 @@ from eagle3_operator.reconcile.actions import Action
 from eagle3_operator.reconcile.observe import (
     Observed,
     blocked_by,
+    canary_deployment,
     observe_deployment,
     observe_job,
     serving_pods,
@@ -37,8 +38,11 @@ EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 # The tiny example without regeneration (the operator scenarios' run) and without its evaluation section, so
-# without a gate (gate tests here set their own).
-TINY: dict[str, Any] = tiny_spec.tiny(regeneration={"enabled": False}, evaluation=None)
+# without a gate (gate tests here set their own) and without the sweep its tuned speculation length needs
+# (serving takes the fixed numSpeculativeTokens; the tuned tests set both).
+TINY: dict[str, Any] = tiny_spec.tiny(
+    regeneration={"enabled": False}, evaluation=None, serving={"speculationLength": None}
+)
 
 
 def ts(seconds: float) -> str:
@@ -149,7 +153,13 @@ class World:
             pod_monitors_served=self.pod_monitors_served,
             disruption_budgets_served=self.disruption_budgets_served,
             serving_blocked_by=blocked_by(serving_pods(pods)),
-            workloads={view.stage: view for view in (observe_deployment(d) for d in self.workloads.values())},
+            workloads={
+                view.stage: view
+                for view in (observe_deployment(d) for d in self.workloads.values())
+                if view.track != names.TRACK_CANARY
+            },
+            # serving.canary's Deployment, as the executor observes it
+            canary=canary_deployment(self.workloads.values()),
             workload_blocked_by=workloads_blocked_by(pods),
             progress=dict(self.progress),
         )

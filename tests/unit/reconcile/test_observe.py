@@ -23,10 +23,8 @@ from eagle3_operator.reconcile.observe import (
     blocked_by,
     observe_deployment,
     observe_job,
-    slim_deployment,
-    slim_job,
-    slim_pod,
 )
+from eagle3_operator.reconcile.slim import slim_deployment, slim_job, slim_pod
 from tests.unit.builders.builder_cases import TINY_RUN, specs, stage_jobs, tiny_spec
 from tests.unit.reconcile.planner_world import condition, job_status, pod_of, terminated, ts
 
@@ -237,7 +235,7 @@ def test_slim_copies_of_sparse_objects() -> None:
 
 
 def test_slim_run_keeps_identity_spec_and_status_but_not_managed_fields_or_kopf() -> None:
-    from eagle3_operator.reconcile.observe import slim_run
+    from eagle3_operator.reconcile.slim import slim_run
 
     body = {
         "apiVersion": "eagle3.dev/v1alpha1",

@@ -79,7 +79,9 @@ def test_a_fresh_run_creates_the_claim_the_spec_configmap_and_the_prepare_job_in
     assert status["stages"]["generate"]["phase"] == "Skipped"
     assert status["stages"]["verify"]["phase"] == "Skipped"  # it checks pinned drafts only
     assert "export computed" in status["stages"]["verify"]["message"]
-    others = {s["phase"] for k, s in status["stages"].items() if k not in ("prepare", "generate", "verify")}
+    assert status["stages"]["predict"]["phase"] == "Skipped"  # evaluation.predict is off by default
+    skipped = ("prepare", "generate", "verify", "predict")
+    others = {s["phase"] for k, s in status["stages"].items() if k not in skipped}
     assert others == {"Pending"}
     assert condition_of(status, "SpecValid")["status"] == "True"
     assert condition_of(status, "Progressing")["reason"] == "StageRunning"
@@ -466,7 +468,7 @@ def test_a_service_and_pod_monitor_from_an_older_operator_are_patched_once() -> 
     plan = world.step()
     assert keys(plan) == [("patch", "Service", vllm), ("patch", "PodMonitor", vllm)]
     [endpoint] = world.objects[("PodMonitor", vllm)]["spec"]["podMetricsEndpoints"]
-    assert {r["targetLabel"] for r in endpoint["relabelings"]} == {"run", "namespace"}
+    assert {r["targetLabel"] for r in endpoint["relabelings"]} == {"run", "namespace", "track"}
     assert keys(world.step()) == [], "converged: nothing more to write"
 
 

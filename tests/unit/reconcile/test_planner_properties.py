@@ -162,7 +162,8 @@ def test_a_fresh_run_plans_its_first_stage(doc: dict[str, Any], run: str) -> Non
     if spec.suspend and (pinned is None or checked):
         assert plan.actions == () and plan.phase == RunPhase.SUSPENDED
     else:
-        assert stages == ["prepare"] * (trains and not spec.suspend) + ["verify"] * checked
+        first = "predict" if spec.evaluation.predict else "prepare"  # the prediction comes before training
+        assert stages == [first] * (trains and not spec.suspend) + ["verify"] * checked
         assert ("Deployment" in kinds) == (pinned is not None and not checked)  # unchecked: served at once
     assert all(a.verb == "create" for a in plan.actions)
 

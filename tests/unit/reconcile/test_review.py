@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3_contract.api.speculation import SpeculationTable
 from eagle3_contract.api.status import RunPhase
 from eagle3_contract.reasons import AWAITING_PROMOTION
 from eagle3_operator.builders import names
 from eagle3_operator.reconcile.news import CANDIDATE_READY, progress_news
 from eagle3_operator.reconcile.planner import Plan
 from eagle3_operator.reconcile.run_report import ServingDraft, rolled_out_before, unix_time
-from tests.harness.results import CHECKPOINT_BYTES, EXPORT_SHA256
+from tests.harness.results import CHECKPOINT_BYTES, EXPORT_SHA256, fake_result
 from tests.unit.reconcile.planner_world import RUN, World, condition_of, creates, keys, tiny, ts
 
 VLLM = names.serving_name(RUN.name)
@@ -60,6 +61,11 @@ def train(world: World, results: dict[str, Any] | None = None) -> Plan:
     raise AssertionError("training did not end")
 
 
+def table(document: dict[str, Any]) -> SpeculationTable:
+    """A speculation table as a model: status leaves out the fields a result writes as null."""
+    return SpeculationTable.model_validate(document)
+
+
 def export_dir(world: World) -> str:
     return str(world.status["stages"]["export"]["outputDir"]) if world.status else ""
 
@@ -68,7 +74,9 @@ def test_without_a_pin_the_exported_draft_waits_and_nothing_serves() -> None:
     world = reviewed()
     plan = train(world)
     assert world.deployment is None and deployment_changes(plan) == []
-    candidate = plan.status["candidate"]
+    candidate = dict(plan.status["candidate"])
+    # the sweep's table travels with the candidate, to tune the serving it gets once promoted
+    assert table(candidate.pop("speculation")) == table(fake_result("evaluate")["speculation"])
     assert candidate == {
         "path": export_dir(world), "sha256": EXPORT_SHA256, "bytes": CHECKPOINT_BYTES,
         "acceptanceLength": 1.6, "acceptanceRate": 0.2,
@@ -127,7 +135,9 @@ def test_a_pin_serves_once_verified_while_the_run_trains_its_candidate() -> None
     assert deployment_changes(plan) == [] and served(world) == OLD["path"]
     assert plan.status["serving"]["draft"] == OLD["path"]
     assert plan.status["candidate"]["path"] == export_dir(world) != OLD["path"]
-    assert plan.status["checkpoint"] == OLD and plan.phase == RunPhase.SERVING
+    checkpoint = dict(plan.status["checkpoint"])
+    assert table(checkpoint.pop("speculation")) == table(fake_result("verify")["speculation"])  # the pin's
+    assert checkpoint == OLD and plan.phase == RunPhase.SERVING
     ready = condition_of(plan.status, "Ready")
     assert ready["status"] == "True" and ready["reason"] == "DeploymentReady"
     assert f"serve draft {OLD['path']}" in ready["message"]

@@ -73,7 +73,7 @@ def test_a_pinned_sha256_is_verified_before_any_deployment() -> None:
     assert plan.phase == RunPhase.RUNNING and plan.status["currentStage"] == "verify"
     assert plan.status["checkpoint"] == {"path": PATH, "sha256": GOOD}
     assert {k for k, s in plan.status["stages"].items() if s["phase"] == "Skipped"} == {
-        "prepare", "generate", "extract", "vocab", "train", "evaluate", "export",
+        "predict", "prepare", "generate", "extract", "vocab", "train", "evaluate", "export",
     }  # fmt: skip
     world.start("verify")
     assert deployment_changes(world.step()) == [], "no rollout while verify runs"

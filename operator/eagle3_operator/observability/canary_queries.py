@@ -1,0 +1,57 @@
+"""PromQL of serving.canary: each track's live figures over a window, as pure functions of a `Scope`.
+
+The run's PodMonitor labels every vLLM series with `track`: `canary` on the canary Deployment's pods,
+`stable` on the incumbent's (builders/serving.py). The operator reads one track at a time over the
+observation window (`track_scope`: namespace, run and track matchers, a window of N seconds); a dashboard
+passes its own Scope and groups by TRACK_BY to draw the tracks side by side.
+
+  mean acceptance length    = 1 + accepted tokens / drafts
+  output tokens/s (request) = 1 / vLLM's mean time per output token of a request: its histogram's
+                              count / sum. A per-request speed, so it does not depend on how the Service
+                              splits the traffic between the tracks (a total tokens/s would).
+  finished requests         = increase of vllm:request_success_total (every finish reason)
+"""
+
+from __future__ import annotations
+
+from eagle3_operator.observability.queries import ACCEPTED, DRAFTS, Scope, selector
+
+TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"
+REQUEST_SUCCESS = "vllm:request_success_total"
+TRACK_LABEL = "track"  # the PodMonitor's target label (eagle3.dev/track of the pod, else `stable`)
+TRACK_BY = "namespace, run, track"
+
+
+def track_matchers(namespace: str, run: str, track: str) -> str:
+    """The vLLM matchers of one run's track (values as the PodMonitor writes them)."""
+    return f'namespace="{_quoted(namespace)}", run="{_quoted(run)}", {TRACK_LABEL}="{_quoted(track)}"'
+
+
+def track_scope(namespace: str, run: str, track: str, window_seconds: int) -> Scope:
+    """One track of one run over the last `window_seconds` (the canary's observation window)."""
+    return Scope(vllm=track_matchers(namespace, run, track), window=f"{max(1, int(window_seconds))}s")
+
+
+def _quoted(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _sum(function: str, metric: str, s: Scope, by: str) -> str:
+    return f"sum by ({by}) ({function}({selector(metric, s.vllm)}[{s.window}]))"
+
+
+def acceptance_length(s: Scope, by: str = TRACK_BY) -> str:
+    """Mean acceptance length over the window: 1 + accepted tokens / drafts."""
+    return f"1 + {_sum('increase', ACCEPTED, s, by)} / {_sum('increase', DRAFTS, s, by)}"
+
+
+def output_tokens_per_second(s: Scope, by: str = TRACK_BY) -> str:
+    """Output tokens per second of a request while it decodes: 1 / the mean time per output token."""
+    count = _sum("rate", f"{TIME_PER_OUTPUT_TOKEN}_count", s, by)
+    total = _sum("rate", f"{TIME_PER_OUTPUT_TOKEN}_sum", s, by)
+    return f"{count} / {total}"
+
+
+def finished_requests(s: Scope, by: str = TRACK_BY) -> str:
+    """Requests finished over the window (every finish reason)."""
+    return _sum("increase", REQUEST_SUCCESS, s, by)

@@ -1,0 +1,289 @@
+"""serving.canary: a new draft served as a canary next to the incumbent, promoted or rolled back on live
+figures. Pure: the executor reads the figures from Prometheus before planning (Observed.canary_figures).
+
+While a canary is observed the serving Deployment keeps the incumbent's draft (plan_serving gets no draft);
+the canary Deployment serves the new one behind the same Service. Once serving.canary.duration has passed
+since its first ready replica, it finished serving.canary.minRequests requests and both tracks have figures,
+it is promoted when its mean acceptance length and output tokens/s per request are each at least
+(1 - tolerance) x the incumbent's, else rolled back; with no decision by serving.canary.timeout (counted from
+the canary's creation, the Canary condition's transition) it is rolled back as inconclusive. A rolled-back
+draft is not tried again while it stays the rollout: a new draft path in the spec is a new canary.
+
+No requeue of its own: the operator's resync (--resync-seconds, 60 s by default) reconciles every run, so
+a decision comes at most one resync after its conditions hold, far within a duration of minutes; a canary
+pod's events reconcile the run sooner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from eagle3_contract.api.fields import duration_seconds
+from eagle3_contract.api.spec import Canary, Eagle3RunSpec
+from eagle3_contract.api.status import (
+    CanaryPhase,
+    CanaryStatus,
+    Checkpoint,
+    Condition,
+    ConditionType,
+    Eagle3RunStatus,
+    TrackFigures,
+)
+from eagle3_operator.builders import names
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.serving import build_canary_deployment
+from eagle3_operator.reconcile.actions import Action, object_ref
+from eagle3_operator.reconcile.observe import CanaryFigures, Observed
+
+PROMOTED = "Promoted"
+ROLLED_BACK = "RolledBack"
+INCONCLUSIVE = "CanaryInconclusive"
+OBSERVING = "Observing"
+
+
+@dataclass(frozen=True)
+class CanaryPlan:
+    """The canary's writes, the draft the serving Deployment may roll out now (None: keep the incumbent),
+    status.canary and the Canary condition."""
+
+    actions: tuple[Action, ...] = ()
+    serve: Checkpoint | None = None
+    status: CanaryStatus | None = None
+    condition: Condition | None = None
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The canary being observed: its status so far and when its Canary condition went Unknown."""
+
+    status: CanaryStatus
+    since: str  # the canary's creation (timeout counts from here)
+    now: str
+
+
+def plan_canary(
+    ref: RunRef,
+    spec: Eagle3RunSpec,
+    observed: Observed,
+    rollout: Checkpoint | None,
+    previous: Eagle3RunStatus,
+    now: str,
+    generation: int | None = None,
+) -> CanaryPlan:
+    """What to do with a new draft that may serve (`rollout`): roll it out at once (no canary configured, no
+    incumbent serving another draft), or canary it, or keep the decision already taken."""
+    last = previous.canary
+    history = _history(previous)
+    deletes = _delete(ref, observed)
+    if not spec.serving.enabled or rollout is None or spec.serving.canary is None:
+        return CanaryPlan(deletes, rollout, *history)  # canary removed mid-way: roll out directly
+    if last is not None and last.draft == rollout.path and last.phase != CanaryPhase.OBSERVING:
+        serve = rollout if last.phase == CanaryPhase.PROMOTED else None
+        return CanaryPlan(deletes, serve, *history)
+    incumbent = observed.deployment
+    if incumbent is None or incumbent.draft in (None, rollout.path):
+        return CanaryPlan(deletes, rollout, *history)  # the first rollout, or the draft already serves
+    return _observe(ref, spec, spec.serving.canary, observed, rollout, previous, now, generation)
+
+
+def _history(previous: Eagle3RunStatus) -> tuple[CanaryStatus | None, Condition | None]:
+    """A decided canary's status and condition, kept as they are; an observed one's dropped (its draft
+    no longer is the rollout, or the canary left the spec)."""
+    last = previous.canary
+    if last is None or last.phase == CanaryPhase.OBSERVING:
+        return None, None
+    return last, next((c for c in previous.conditions if c.type == ConditionType.CANARY.value), None)
+
+
+def _delete(ref: RunRef, observed: Observed) -> tuple[Action, ...]:
+    if observed.canary is None:
+        return ()
+    return (Action("delete", object_ref("apps/v1", "Deployment", observed.canary.name, ref)),)
+
+
+def _observe(
+    ref: RunRef,
+    spec: Eagle3RunSpec,
+    canary: Canary,
+    observed: Observed,
+    rollout: Checkpoint,
+    previous: Eagle3RunStatus,
+    now: str,
+    generation: int | None,
+) -> CanaryPlan:
+    """Create (or update) the canary Deployment, then observe it, promote it or roll it back."""
+    last = previous.canary
+    same = last is not None and last.phase == CanaryPhase.OBSERVING and last.draft == rollout.path
+    before = next((c for c in previous.conditions if c.type == ConditionType.CANARY.value), None)
+    since = before.last_transition_time if same and before is not None and before.status == "Unknown" else now
+    schedule = rollout.speculation.schedule if rollout.speculation is not None else []
+    desired = build_canary_deployment(ref, spec, rollout.path, rollout.sha256, schedule)
+    view = observed.canary
+    actions: tuple[Action, ...] = ()
+    if view is None:
+        actions = (Action("create", desired),)
+    elif view.spec_hash != desired["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH]:
+        actions = (Action("patch", desired),)
+    ready = view.ready_replicas if view is not None else 0
+    started = last.started if same and last is not None and last.started else (now if ready else None)
+    figures = (observed.canary_figures or CanaryFigures()) if started else CanaryFigures()
+    status = CanaryStatus(
+        phase=CanaryPhase.OBSERVING,
+        deployment=names.canary_name(ref.name),
+        draft=rollout.path,
+        sha256=rollout.sha256,
+        incumbent_draft=observed.deployment.draft if observed.deployment is not None else None,
+        replicas=canary.replicas,
+        ready_replicas=ready,
+        started=started,
+        incumbent=figures.incumbent,
+        canary=figures.canary,
+    )
+    return _decide(canary, _Window(status, since, now), figures, rollout, actions, ref, observed, generation)
+
+
+def _decide(
+    canary: Canary,
+    window: _Window,
+    figures: CanaryFigures,
+    rollout: Checkpoint,
+    actions: tuple[Action, ...],
+    ref: RunRef,
+    observed: Observed,
+    generation: int | None,
+) -> CanaryPlan:
+    status, now = window.status, window.now
+    waits = waiting_for(canary, status, figures, now)
+    if not waits:
+        promote, message = compare(canary.tolerance, status)
+        phase, reason = (
+            (CanaryPhase.PROMOTED, PROMOTED) if promote else (CanaryPhase.ROLLED_BACK, ROLLED_BACK)
+        )
+    elif _seconds(window.since, now) >= duration_seconds(canary.timeout):
+        promote, phase, reason = False, CanaryPhase.ROLLED_BACK, INCONCLUSIVE
+        message = (
+            f"canary draft {status.draft}: no decision within serving.canary.timeout {canary.timeout} "
+            f"({'; '.join(waits)}); {figures_text(status)}: rolled back"
+        )
+    else:
+        message = (
+            f"observing canary draft {status.draft} next to incumbent {status.incumbent_draft}: "
+            f"waiting for {'; '.join(waits)} (rolled back if undecided by {canary.timeout} after its start)"
+        )
+        observing = status.model_copy(update={"message": message})
+        cond = canary_condition("Unknown", OBSERVING, message, window.since, generation)
+        return CanaryPlan(actions, None, observing, cond)
+    decided = status.model_copy(
+        update={
+            "phase": phase,
+            "replicas": 0,
+            "decided": now,
+            "seconds_to_decision": _seconds(status.started, now) if status.started else None,
+            "message": message,
+        }
+    )
+    cond = canary_condition("True" if promote else "False", reason, message, now, generation)
+    return CanaryPlan(_delete(ref, observed), rollout if promote else None, decided, cond)
+
+
+def waiting_for(canary: Canary, status: CanaryStatus, figures: CanaryFigures, now: str) -> list[str]:
+    """What the decision still waits for (empty: it can be taken)."""
+    waits = []
+    if canary.prometheus_url is None:
+        waits.append(
+            "a Prometheus to read the figures from: set serving.canary.prometheusUrl or the operator's "
+            "--prometheus-url (the chart's prometheusUrl)"
+        )
+    if status.started is None:
+        return [*waits, f"a ready canary replica (0/{canary.replicas} ready)"]
+    left = duration_seconds(canary.duration) - _seconds(status.started, now)
+    if left > 0:
+        waits.append(f"{_clock(left)} of serving.canary.duration {canary.duration}")
+    requests = status.canary.requests if status.canary is not None else None
+    if requests is None or requests < canary.min_requests:
+        waits.append(f"{requests or 0}/{canary.min_requests} canary requests")
+    missing = [
+        track
+        for track, fig in (("incumbent", status.incumbent), ("canary", status.canary))
+        if not _complete(fig)
+    ]
+    if figures.problem:
+        waits.append(f"figures: {figures.problem}")
+    elif missing and canary.prometheus_url is not None:
+        waits.append(f"live figures of the {' and the '.join(missing)} (none in Prometheus yet)")
+    return waits
+
+
+def _complete(fig: TrackFigures | None) -> bool:
+    return fig is not None and fig.acceptance_length is not None and fig.output_tokens_per_second is not None
+
+
+def compare(tolerance: float, status: CanaryStatus) -> tuple[bool, str]:
+    """Promote (True) when the canary's figures are each at least (1 - tolerance) x the incumbent's; the
+    message names both tracks' figures."""
+    inc, can = status.incumbent, status.canary
+    assert inc is not None and can is not None and _complete(inc) and _complete(can)
+    assert inc.acceptance_length is not None and inc.output_tokens_per_second is not None
+    assert can.acceptance_length is not None and can.output_tokens_per_second is not None
+    floor = 1.0 - tolerance
+    ok = (
+        can.acceptance_length >= floor * inc.acceptance_length
+        and can.output_tokens_per_second >= floor * inc.output_tokens_per_second
+    )
+    verdict = "promoted" if ok else "rolled back"
+    return ok, f"canary draft {status.draft}: {figures_text(status)} (tolerance {tolerance:.0%}): {verdict}"
+
+
+def figures_text(status: CanaryStatus) -> str:
+    """`mean acceptance length 1.00 vs incumbent 1.52, 41.2 vs 40.8 output tokens/s per request`."""
+    inc, can = status.incumbent or TrackFigures(), status.canary or TrackFigures()
+
+    def num(value: float | None, digits: int) -> str:
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    return (
+        f"mean acceptance length {num(can.acceptance_length, 2)} vs incumbent "
+        f"{num(inc.acceptance_length, 2)}, {num(can.output_tokens_per_second, 1)} vs "
+        f"{num(inc.output_tokens_per_second, 1)} output tokens/s per request, {can.requests or 0} canary "
+        f"and {inc.requests or 0} incumbent requests"
+    )
+
+
+def canary_condition(value: str, reason: str, message: str, since: str, generation: int | None) -> Condition:
+    return Condition(
+        type=ConditionType.CANARY.value,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+
+
+def _seconds(start: str, end: str) -> float:
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds + 0.999), 60)
+    return f"{minutes}m{secs:02d}s left" if minutes else f"{secs}s left"
+
+
+def canary_news(known: Mapping[str, Any], status: Mapping[str, Any]) -> list[tuple[bool, str, str]]:
+    """The Events of a canary's transitions between the last written status and the new one: (warning,
+    reason, message) once when a canary starts, is promoted or is rolled back; none while it is observed."""
+    old, new = known.get("canary") or {}, status.get("canary") or {}
+    if not new or (old.get("phase"), old.get("draft")) == (new.get("phase"), new.get("draft")):
+        return []
+    if new.get("phase") == CanaryPhase.OBSERVING.value:
+        message = (
+            f"canary {new.get('deployment')} serves draft {new.get('draft')} with {new.get('replicas')} "
+            f"replica(s) next to incumbent draft {new.get('incumbentDraft')}"
+        )
+        return [(False, "CanaryStarted", message)]
+    if new.get("phase") == CanaryPhase.PROMOTED.value:
+        return [(False, "CanaryPromoted", str(new.get("message") or ""))]
+    return [(True, "CanaryRolledBack", str(new.get("message") or ""))]
