@@ -10,8 +10,9 @@ counters at zero (as Prometheus expects of a restart), never counts an old failu
 Per-run gauges are read from the status each reconcile writes, so a restart rebuilds them: the run's phase
 (`eagle3_run_phase`, 1 for the current phase and 0 for the others, as kube-state-metrics does) and the
 evaluated figures (acceptance by `sampling`: greedy, and sampled at evaluation.sampling when the run has it;
-per draft position; the speedup). A run has a bounded set of series (its phases, its stages, k positions) and
-loses every one when it is deleted (`forget_run`).
+per draft position; the speedup), and the canary's and the sweep's (speculation_metrics). A run has a bounded
+set of series (its phases, its stages, k positions, sweep cells) and loses every one when it is deleted
+(`forget_run`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ from eagle3_operator.reconcile.run_report import (
     running_stages,
     serving_draft,
     stage_results,
+)
+from eagle3_operator.speculation_metrics import (
+    CANARY_SLOTS,
+    SWEEP_SLOTS,
+    Sample,
+    SpeculationGauges,
+    canary_samples,
+    sweep_samples,
 )
 
 STAGE_BUCKETS = (10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 172800, float("inf"))
@@ -82,6 +91,7 @@ class OperatorMetrics:
             "DeadlineExceeded or Error.", [*RUN, "stage", "reason"], registry=r,
         )  # fmt: skip
         self._run_gauges(r)
+        self.speculation = SpeculationGauges(r)
 
     def _run_gauges(self, r: CollectorRegistry) -> None:
         def gauge(name: str, doc: str, *labels: str) -> Gauge:
@@ -145,6 +155,9 @@ class OperatorMetrics:
         self._running(report, memory)
         self._blocked(report, memory)
         self._serving(report, memory, first)
+        ns, run, status = report.namespace, report.run, report.status
+        self._samples(memory, CANARY_SLOTS, canary_samples(self.speculation, ns, run, status))
+        self._samples(memory, SWEEP_SLOTS, sweep_samples(self.speculation, ns, run, report.model, status))
 
     def forget_run(self, namespace: str, name: str) -> None:
         """A deleted run: every series with its `run` label goes, and it leaves its phase."""
@@ -249,9 +262,20 @@ class OperatorMetrics:
         if result.speedup is not None:
             self._series(memory, "speedup", self.speedup, ns, run, model).set(result.speedup)
             kept.add("speedup")
-        evaluated = ("acceptance_length/", "acceptance_rate/", "acceptance_position/", "speedup")
-        for slot in [s for s in memory.series if s.startswith(evaluated) and s not in kept]:
+        self._keep_only(
+            memory, ("acceptance_length/", "acceptance_rate/", "acceptance_position/", "speedup"), kept
+        )
+
+    def _keep_only(self, memory: RunMemory, prefixes: tuple[str, ...], kept: set[str]) -> None:
+        """Drop the run's series of slots starting with one of `prefixes` that are not in `kept`."""
+        for slot in [s for s in memory.series if s.startswith(prefixes) and s not in kept]:
             self._drop(memory, slot)
+
+    def _samples(self, memory: RunMemory, prefix: str, samples: list[Sample]) -> None:
+        """Set `samples`; the run's other series under slots starting with `prefix` go."""
+        for sample in samples:
+            self._series(memory, sample.slot, sample.gauge, *sample.labels).set(sample.value)
+        self._keep_only(memory, (prefix,), {sample.slot for sample in samples})
 
     def _running(self, report: RunReport, memory: RunMemory) -> None:
         """Started and expected seconds of the running stages; the series of the others go."""

@@ -1,32 +1,38 @@
 """The Grafana dashboard, built with grafana-foundation-sdk from the panels of `panels`.
 
 `build_dashboard()` returns the dashboard's JSON model as a dict; `generate` writes it to
-`observability/grafana/eagle3-dashboard.json`. Five rows: live speculative decoding (vLLM), serving latency
-and load (vLLM), the training pipeline (the operator), and from the running stages' own pods the training
-(train) and every stage's throughput. Template variables: the Prometheus data source,
+`observability/grafana/eagle3-dashboard.json`. Seven rows: live speculative decoding (vLLM), serving latency
+and load (vLLM), a canary's incumbent vs canary (vLLM by track, and the operator's decision), evaluate's
+speculation-length sweep, the training pipeline (the operator), and from the running stages' own pods the
+training (train) and every stage's throughput. Template variables: the Prometheus data source,
 namespace, model and run; annotations: draft rollouts.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.builders import table
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard
 
 from eagle3_operator.observability import panels as p
 from eagle3_operator.observability import progress_panels as pp
 from eagle3_operator.observability import queries as q
+from eagle3_operator.observability import speculation_panels as sp
 
 UID = "eagle3-acceptance"
 TITLE = "EAGLE-3: speculative decoding and training pipeline"
 
-ROWS: tuple[tuple[str, tuple[Callable[[], list[p.Panel]], ...]], ...] = (
+AnyPanel = p.Panel | table.Panel
+ROWS: tuple[tuple[str, tuple[Callable[[], Sequence[AnyPanel]], ...]], ...] = (
     ("Speculative decoding (live, vLLM)", (p.acceptance_stats, p.acceptance_graphs, p.throughput_panels)),
     ("Serving latency and load (vLLM)", (p.serving_panels,)),
+    ("Canary: incumbent vs canary (vLLM live, operator's decision)", (sp.canary_live, sp.canary_decision)),
+    ("Speculation length (evaluate's sweep)", (sp.sweep_panels,)),
     ("Training pipeline (operator)", (p.stage_panels, p.result_panels)),
     ("Training (train stage, live)", (pp.training_stats, pp.training_graphs)),
     ("Stage throughput (stage pods, live)", (pp.throughput_panels,)),

@@ -29,6 +29,9 @@ VLLM_METRICS = frozenset(
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
+        "vllm:request_time_per_output_token_seconds_count",
+        "vllm:request_time_per_output_token_seconds_sum",
+        "vllm:request_success_total",
     }
 )
 # The operator's series and the labels each has (besides those of a histogram bucket: le).
@@ -53,8 +56,20 @@ OPERATOR_LABELS: dict[str, frozenset[str]] = {
     "eagle3_run_pod_blocked": frozenset({"namespace", "run", "stage", "reason"}),
     "eagle3_serving_draft_info": frozenset({"namespace", "run", "model", "checkpoint", "sha256"}),
     "eagle3_serving_draft_rollout_timestamp_seconds": frozenset({"namespace", "run", "sha256"}),
+    "eagle3_run_canary_phase": frozenset({"namespace", "run", "phase"}),
+    "eagle3_run_canary_acceptance_length": frozenset({"namespace", "run", "track"}),
+    "eagle3_run_canary_output_tokens_per_second": frozenset({"namespace", "run", "track"}),
+    "eagle3_run_canary_requests": frozenset({"namespace", "run", "track"}),
+    "eagle3_run_canary_decision_seconds": frozenset({"namespace", "run"}),
+    "eagle3_run_sweep_acceptance_length": frozenset({"namespace", "run", "model", "k", "concurrency"}),
+    "eagle3_run_sweep_output_tokens_per_second": frozenset({"namespace", "run", "model", "k", "concurrency"}),
+    "eagle3_run_sweep_speedup": frozenset({"namespace", "run", "model", "k", "concurrency"}),
+    "eagle3_run_speculation_length": frozenset(
+        {"namespace", "run", "model", "min_batch_size", "max_batch_size"}
+    ),
 }
-VLLM_LABELS = frozenset({"namespace", "run", "model_name", "engine"})
+# `track`: the canary's PodMonitor label (stable: the incumbent's pods, canary: the canary Deployment's)
+VLLM_LABELS = frozenset({"namespace", "run", "model_name", "engine", "track"})
 # The stage pods' series (eagle3_contract.progress): the labels their PodMonitor gives every one, plus each
 # metric's own. `up` is Prometheus's, per target.
 STAGE_TARGET_LABELS = frozenset({"namespace", "run", "stage", "pod"})

@@ -8,6 +8,7 @@ import pytest
 
 from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
+from eagle3_operator.observability import speculation_queries as sq
 from eagle3_operator.observability.dashboard import build_dashboard
 from tests.unit.observability.obs_support import dashboard, panels
 
@@ -52,6 +53,26 @@ REQUIRED: dict[str, tuple[str, str, list[str]]] = {
     "Stage tokens/s": ("timeseries", "tps", [pq.stage_tokens_per_second()]),
     "Stage failed rows and requests": ("timeseries", "short", [pq.stage_row_failures()]),
     "Stage ETA": ("timeseries", "s", [pq.stage_eta_seconds()]),
+    # the canary row: incumbent vs canary live, by track, then what the operator decided on
+    "Canary vs incumbent: mean acceptance length": ("timeseries", "none", [sq.track_acceptance_length()]),
+    "Canary vs incumbent: output tokens/s per request": (
+        "timeseries",
+        "tps",
+        [sq.track_output_tokens_per_second()],
+    ),
+    "Canary vs incumbent: finished requests/s": ("timeseries", "reqps", [sq.track_requests_per_second()]),
+    "Canary phase": ("stat", "none", [sq.canary_phase()]),
+    "Canary decision: acceptance length": ("stat", "none", [sq.canary_figure(sq.CANARY_LENGTH)]),
+    "Canary decision: output tokens/s": ("stat", "tps", [sq.canary_figure(sq.CANARY_SPEED)]),
+    "Canary decision: requests": ("stat", "short", [sq.canary_figure(sq.CANARY_REQUESTS)]),
+    "Canary time to decision": ("stat", "s", [sq.canary_decision_seconds()]),
+    # the speculation-length row: evaluate's sweep and the schedule it justifies
+    "Speculation sweep: k x concurrency": (
+        "table",
+        "none",
+        [sq.sweep_cells(m) for m in (sq.SWEEP_SPEED, sq.SWEEP_LENGTH, sq.SWEEP_SPEEDUP)],
+    ),
+    "Tuned speculation length by batch size": ("table", "none", [sq.speculation_schedule()]),
 }
 
 
@@ -110,6 +131,8 @@ def test_rows_and_layout() -> None:
     assert rows == [
         "Speculative decoding (live, vLLM)",
         "Serving latency and load (vLLM)",
+        "Canary: incumbent vs canary (vLLM live, operator's decision)",
+        "Speculation length (evaluate's sweep)",
         "Training pipeline (operator)",
         "Training (train stage, live)",
         "Stage throughput (stage pods, live)",
@@ -157,6 +180,26 @@ def test_the_elapsed_panel_uses_the_live_eta_before_the_operators_expected_time(
     assert target["expr"].index(q.ETA) < target["expr"].index(
         " or max by (namespace, run, stage) (eagle3_run_stage_"
     )
+
+
+def test_the_canary_panels_put_the_tracks_side_by_side() -> None:
+    """Every canary panel is by track (stable: the incumbent, canary), named so in its legend."""
+    for title in [t for t in REQUIRED if t.startswith(("Canary vs", "Canary decision"))]:
+        (target,) = by_title()[title]["targets"]
+        assert "by (namespace, run, track)" in target["expr"], title
+        assert target["legendFormat"].startswith("{{track}}"), title
+    (live,) = by_title("timeseries")["Canary vs incumbent: mean acceptance length"]["targets"]
+    assert 'track!=""' in live["expr"]  # runs without a canary have no track: not shown as one
+
+
+def test_the_sweep_table_merges_its_three_figures_into_one_row_per_cell() -> None:
+    panel = by_title("table")["Speculation sweep: k x concurrency"]
+    assert all(t["instant"] and t["format"] == "table" for t in panel["targets"])
+    merge, organize = panel["transformations"]
+    assert merge["id"] == "merge" and organize["id"] == "organize"
+    renamed = organize["options"]["renameByName"]
+    assert renamed == {"Value #A": "output tokens/s", "Value #B": "acceptance length", "Value #C": "speedup"}
+    assert organize["options"]["excludeByName"] == {"Time": True}
 
 
 def test_the_stage_panels_name_each_stage_in_their_legends() -> None:

@@ -1,0 +1,165 @@
+"""The canary's and evaluate's sweep's per-run gauges (docs/metrics.md), read from the run's status.
+
+`SpeculationGauges` holds the gauges; `canary_samples` and `sweep_samples` turn one status into the samples a
+run has now, each under a slot that `OperatorMetrics` (metrics.py) remembers, so that a sample a new status no
+longer has drops its series. The canary's come from `status.canary` (its phase, both tracks' live figures over
+its observation window, the time to its decision); the sweep's from `status.checkpoint.speculation` (each k by
+concurrency cell, the verifier alone as k 0, and the tuned schedule): at most 17 k by 16 concurrencies a run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Gauge
+from pydantic import ValidationError
+
+from eagle3_contract.api.speculation import SpeculationTable
+from eagle3_contract.api.status import CanaryPhase, CanaryStatus, TrackFigures
+
+logger = logging.getLogger(__name__)
+RUN = ("namespace", "run")
+STABLE, CANARY = "stable", "canary"  # the `track` of the incumbent's and the canary's pods (the PodMonitor's)
+BASELINE_K = "0"  # the sweep's `k` of the verifier alone (as in the schedule: k 0 = speculation off)
+CANARY_SLOTS, SWEEP_SLOTS = "canary_", "sweep_"
+P = TypeVar("P", CanaryStatus, SpeculationTable)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One series of a run: the memory slot that owns it, its gauge, its labels and its value."""
+
+    slot: str
+    gauge: Gauge
+    labels: tuple[str, ...]
+    value: float
+
+
+class SpeculationGauges:
+    """The canary's and the sweep's gauges, in the operator's registry."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(name, doc, [*RUN, *labels], registry=r)
+
+        cell = ("model", "k", "concurrency")
+        self.canary_phase = gauge(
+            "eagle3_run_canary_phase",
+            "1 for the canary's phase (status.canary.phase), 0 for the others.",
+            "phase",
+        )
+        self.canary_length = gauge(
+            "eagle3_run_canary_acceptance_length", "Live mean acceptance length over the canary's window, "
+            "by track: stable (the incumbent) or canary.", "track",
+        )  # fmt: skip
+        self.canary_speed = gauge(
+            "eagle3_run_canary_output_tokens_per_second", "Output tokens per second of one request over the "
+            "canary's window (1 / mean time per output token), by track.", "track",
+        )  # fmt: skip
+        self.canary_requests = gauge(
+            "eagle3_run_canary_requests", "Requests finished in the canary's window, by track.", "track"
+        )
+        self.canary_decision = gauge(
+            "eagle3_run_canary_decision_seconds", "From the start of the canary's window to its decision."
+        )
+        self.sweep_length = gauge(
+            "eagle3_run_sweep_acceptance_length", "evaluate's sweep: mean acceptance length at k speculative "
+            "tokens and a concurrency.", *cell,
+        )  # fmt: skip
+        self.sweep_speed = gauge(
+            "eagle3_run_sweep_output_tokens_per_second", "evaluate's sweep: output tokens per second of all "
+            "requests at k and a concurrency (k 0: the verifier alone).", *cell,
+        )  # fmt: skip
+        self.sweep_speedup = gauge(
+            "eagle3_run_sweep_speedup", "evaluate's sweep: output tokens/s at k / the verifier alone's at "
+            "the same concurrency (k 0: 1).", *cell,
+        )  # fmt: skip
+        self.speculation_length = gauge(
+            "eagle3_run_speculation_length", "The best k per batch-size range (0: speculation off), from "
+            "evaluate's sweep.", "model", "min_batch_size", "max_batch_size",
+        )  # fmt: skip
+
+
+def status_part(document: Mapping[str, Any], key: str, model: type[P]) -> P | None:
+    """document[key] as `model`; None when absent or malformed (a figure is left out, never a crash)."""
+    raw = document.get(key)
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        logger.warning("Ignoring a malformed status %s for the metrics: %s", key, err)
+        return None
+
+
+def canary_samples(g: SpeculationGauges, namespace: str, run: str, status: Mapping[str, Any]) -> list[Sample]:
+    """status.canary: its phase (one-hot), both tracks' known figures, the seconds to its decision."""
+    canary = status_part(status, "canary", CanaryStatus)
+    if canary is None:
+        return []
+    out = [
+        Sample(
+            f"{CANARY_SLOTS}phase/{p.value}",
+            g.canary_phase,
+            (namespace, run, p.value),
+            float(p == canary.phase),
+        )
+        for p in CanaryPhase
+    ]
+    for track, figures in ((STABLE, canary.incumbent), (CANARY, canary.canary)):
+        for name, gauge, value in _track_figures(g, figures):
+            out.append(Sample(f"{CANARY_SLOTS}{name}/{track}", gauge, (namespace, run, track), value))
+    if canary.seconds_to_decision is not None:
+        out.append(
+            Sample(f"{CANARY_SLOTS}decision", g.canary_decision, (namespace, run), canary.seconds_to_decision)
+        )
+    return out
+
+
+def _track_figures(g: SpeculationGauges, figures: TrackFigures | None) -> list[tuple[str, Gauge, float]]:
+    """(slot name, gauge, value) of one track's figures that are known."""
+    if figures is None:
+        return []
+    found = (
+        ("length", g.canary_length, figures.acceptance_length),
+        ("speed", g.canary_speed, figures.output_tokens_per_second),
+        ("requests", g.canary_requests, figures.requests),
+    )
+    return [(name, gauge, float(value)) for name, gauge, value in found if value is not None]
+
+
+def sweep_samples(
+    g: SpeculationGauges, namespace: str, run: str, model: str | None, status: Mapping[str, Any]
+) -> list[Sample]:
+    """status.checkpoint.speculation: each cell's figures, the baselines as k 0, the schedule's k by range."""
+    table = status_part(status.get("checkpoint") or {}, "speculation", SpeculationTable)
+    if table is None or model is None:
+        return []
+    labels = (namespace, run, model)
+    cells: list[tuple[str, str, int, Gauge, float | None]] = []
+    for c in table.cells:
+        k = str(c.num_speculative_tokens)
+        cells += [
+            ("length", k, c.concurrency, g.sweep_length, c.acceptance_length),
+            ("speed", k, c.concurrency, g.sweep_speed, c.output_tokens_per_second),
+            ("speedup", k, c.concurrency, g.sweep_speedup, c.speedup),
+        ]
+    for b in table.baselines:
+        if b.output_tokens_per_second is not None:
+            cells += [
+                ("speed", BASELINE_K, b.concurrency, g.sweep_speed, b.output_tokens_per_second),
+                ("speedup", BASELINE_K, b.concurrency, g.sweep_speedup, 1.0),
+            ]
+    out = [
+        Sample(f"{SWEEP_SLOTS}{name}/{k}/{concurrency}", gauge, (*labels, k, str(concurrency)), value)
+        for name, k, concurrency, gauge, value in cells
+        if value is not None
+    ]
+    for r in table.schedule:
+        bounds = (str(r.min_batch_size), str(r.max_batch_size))
+        slot = f"{SWEEP_SLOTS}schedule/{'-'.join(bounds)}"
+        out.append(Sample(slot, g.speculation_length, (*labels, *bounds), float(r.num_speculative_tokens)))
+    return out
