@@ -55,6 +55,7 @@ STUCK_DEADLINE_S = 2
 LIVE_RUNS = ("training", "hung")  # runs whose running stage is a real stage program (stage_stack)
 RUNNING_S = 3.0  # how long `bad`'s OOM Job runs first: Prometheus (1 s scrapes) sees its counters at 0 first
 CALL_TIMEOUT_S = 60.0
+RESYNC_S = 2.0  # a canary under observation is reconciled (its figures read) this often (canary_stack)
 LAST_FAILURE = "eagle3_run_stage_last_failure_timestamp_seconds"
 
 
@@ -119,7 +120,9 @@ class OperatorStack:
         )
         self.cluster = Cluster(session, str(mock.url))
         self.player = JobPlayer(self.cluster)
-        await self.stack.enter_async_context(running_operator(str(mock.url), self.metrics))
+        await self.stack.enter_async_context(
+            running_operator(str(mock.url), self.metrics, resync_seconds=RESYNC_S)
+        )
 
     def close(self) -> None:
         """Stop the metrics endpoint, the operator and the mock, then the loop and its thread."""

@@ -19,13 +19,19 @@ from typing import Any
 
 import pytest
 
+from eagle3_operator.builders.names import ANNOTATION_DRAFT, TRACK_CANARY, TRACK_STABLE
+from eagle3_operator.observability import canary_queries as cq
+from eagle3_operator.reconcile.run_report import unix_time
 from eagle3_pipeline.spec_metrics import Acceptance
+from tests.harness.cluster import eventually
 from tests.observability import expressions as ex
+from tests.observability.canary_stack import INCUMBENT, NEW
+from tests.observability.canary_stack import RUNS as RUNS_WITH_CANARY
 from tests.observability.operator_stack import NAMESPACE
 from tests.observability.prometheus import PromQLError, wait_for
 from tests.observability.render import main_panels, panel_data, render
 from tests.observability.stage_stack import HUNG_ROWS, RISING_AT
-from tests.observability.tier import TRAIN_WAIT_S, Tier
+from tests.observability.tier import TRAIN_WAIT_S, WAVE_PROMPTS, WAVES, Tier
 from tests.observability.vllm_stack import MODEL
 from tests.pipeline.conftest import BUILD_TIMEOUT_S
 
@@ -34,7 +40,7 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.vllm, pytest.mark.timeout(BUIL
 
 ROOT = Path(__file__).resolve().parents[2]
 RATE_INTERVAL = "1m"  # covers all the traffic at `end`
-RUNS = ("good", "bad", "stuck", "broken", "training", "hung")
+RUNS = ("good", "bad", "stuck", "broken", "training", "hung", "promote", "rollback")
 ALL_SELECTED = {"namespace": ex.ALL, "model": ex.ALL, "run": ex.ALL}
 # What Grafana sends with concrete selections (a multi-value variable becomes a regex alternation): a
 # variable applied to a label its series do not have matches nothing here, while ".*" would hide it.
@@ -64,7 +70,7 @@ def test_prometheus_scrapes_the_operator_both_vllm_servers_and_the_stage_program
     health = tier.prometheus.targets_up()
     assert len(health) == 5 and set(health.values()) == {"up"}, health
     runs = tier.prometheus.query('count by (run) (vllm:num_requests_running{namespace="e3"})', at=tier.end)
-    assert sorted(r["metric"]["run"] for r in runs) == ["bad", "good"]
+    assert sorted(r["metric"]["run"] for r in runs) == ["bad", "good", "promote", "rollback"]
     by = "namespace, run, stage, pod"
     stages = tier.prometheus.query(f"count by ({by}) (eagle3_stage_units_done)", at=tier.end)
     found = sorted(tuple(r["metric"][label] for label in by.split(", ")) for r in stages)
@@ -312,3 +318,103 @@ def test_the_elapsed_panel_reads_the_live_eta_where_a_stage_reports_one(
         expected = tier.scalar(f'eagle3_run_stage_expected_seconds{{run="{run}"}}')
         assert got[run] == pytest.approx(elapsed(run) / expected, rel=1e-9), run
     assert not tier.prometheus.query('eagle3_stage_eta_seconds{run="hung"}', at=tier.end)
+
+
+# --- serving.canary (canary_stack): the operator decides from this Prometheus -------------------------------
+
+
+def canary_status(tier: Tier, run: str) -> dict[str, Any]:
+    assert tier.canaries is not None
+    status = tier.canaries.decided[run]
+    canary: dict[str, Any] = status["canary"]
+    return canary
+
+
+def canary_condition(tier: Tier, run: str) -> dict[str, Any]:
+    assert tier.canaries is not None
+    found: list[dict[str, Any]] = [
+        c for c in tier.canaries.decided[run]["conditions"] if c["type"] == "Canary"
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def draft_of(deployment: dict[str, Any]) -> str:
+    """The draft a Deployment's pods serve (its pod template's annotation)."""
+    return str(deployment["spec"]["template"]["metadata"]["annotations"][ANNOTATION_DRAFT])
+
+
+def test_the_bad_canary_is_rolled_back_with_both_figures(tier: Tier) -> None:
+    assert tier.canaries is not None
+    canary = canary_status(tier, "rollback")
+    assert (
+        canary["phase"] == "RolledBack" and canary["draft"] == NEW and canary["incumbentDraft"] == INCUMBENT
+    )
+    assert canary["canary"]["acceptanceLength"] == 1.0  # the muted draft: nothing accepted
+    assert canary["incumbent"]["acceptanceLength"] > 1.3
+    cond = canary_condition(tier, "rollback")
+    assert (cond["status"], cond["reason"]) == ("False", "RolledBack")
+    for figure in (canary["canary"]["acceptanceLength"], canary["incumbent"]["acceptanceLength"]):
+        assert f"{figure:.2f}" in cond["message"], cond["message"]
+    deployments = tier.operator.call(tier.canaries.deployments("rollback"))
+    assert deployments["canary"] is None, "the canary Deployment is deleted"
+    serving = deployments["serving"]
+    assert serving is not None and draft_of(serving) == INCUMBENT
+
+
+def test_the_good_canary_is_promoted_and_serves(tier: Tier) -> None:
+    assert tier.canaries is not None
+    canary = canary_status(tier, "promote")
+    assert canary["phase"] == "Promoted", canary
+    assert canary["canary"]["acceptanceLength"] > 1.3 and canary["incumbent"]["acceptanceLength"] == 1.0
+    cond = canary_condition(tier, "promote")
+    assert (cond["status"], cond["reason"]) == ("True", "Promoted")
+
+    async def promoted() -> dict[str, Any] | None:
+        assert tier.canaries is not None
+        found = await tier.canaries.deployments("promote")
+        serving = found["serving"]
+        if found["canary"] is None and serving is not None:
+            return serving if draft_of(serving) == NEW else None
+        return None
+
+    tier.operator.call(eventually(promoted, what="promote's serving Deployment on the new draft, no canary"))
+
+
+def test_the_canary_figures_in_status_are_prometheus_answers(tier: Tier) -> None:
+    """The same queries, over the same window, at the decision: the traffic had ended, so the counters are
+    those the operator read (its minRequests is all the traffic), up to the status's rounding and to
+    Prometheus' extrapolation at the window's edges (the operator asked a moment before `decided`, over
+    its own whole seconds)."""
+    for run in RUNS_WITH_CANARY:
+        canary = canary_status(tier, run)
+        started, decided = unix_time(canary["started"]), unix_time(canary["decided"])
+        assert started is not None and decided is not None
+        assert canary["secondsToDecision"] == pytest.approx(decided - started, abs=1)
+        # the figure docs/benchmarks.md records (shown with pytest -s)
+        print(f"canary {run}: {canary['phase']} {canary['secondsToDecision']} s after its first ready pod")
+        for track, key in ((TRACK_STABLE, "incumbent"), (TRACK_CANARY, "canary")):
+            scope = cq.track_scope(NAMESPACE, run, track, int(decided - started))
+            length = tier.prometheus.query(cq.acceptance_length(scope), at=decided)
+            speed = tier.prometheus.query(cq.output_tokens_per_second(scope), at=decided)
+            requests = tier.prometheus.query(cq.finished_requests(scope), at=decided)
+            figures = canary[key]
+            assert figures["acceptanceLength"] == pytest.approx(float(length[0]["value"][1]), rel=1e-2)
+            assert figures["outputTokensPerSecond"] == pytest.approx(float(speed[0]["value"][1]), rel=1e-2)
+            assert figures["requests"] == pytest.approx(float(requests[0]["value"][1]), abs=2)
+            assert figures["requests"] >= WAVES * WAVE_PROMPTS - 1, (run, track, figures)
+
+
+def test_the_operator_exports_the_canary_and_the_sweep(tier: Tier) -> None:
+    for run, phase in (("promote", "Promoted"), ("rollback", "RolledBack")):
+        assert tier.scalar(f'eagle3_run_canary_phase{{run="{run}", phase="{phase}"}}') == 1
+        canary = canary_status(tier, run)
+        length = tier.scalar(f'eagle3_run_canary_acceptance_length{{run="{run}", track="canary"}}')
+        assert length == canary["canary"]["acceptanceLength"]
+    speedup = tier.scalar('eagle3_run_sweep_speedup{run="good", k="3", concurrency="1"}')
+    assert speedup == pytest.approx(52.0 / 40.0)
+    schedule = tier.prometheus.query('eagle3_run_speculation_length{run="good"}', at=tier.end)
+    got = {
+        (r["metric"]["min_batch_size"], r["metric"]["max_batch_size"]): float(r["value"][1]) for r in schedule
+    }
+    assert got == {("1", "2"): 3.0, ("3", "4"): 0.0}

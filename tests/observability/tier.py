@@ -11,7 +11,10 @@
 3. "Evaluation": held-out prompts to `good`'s server; the acceptance its counters show (before/after, as the
    evaluate stage measures) becomes the evaluate result of `good` and of `bad`, whose export then ships the
    muted draft. Both runs roll out and reach Serving.
-4. Live traffic to both servers in a few waves. Then `hung` has been stalled (a rate of 0), and the train
+   Meanwhile the canary runs (canary_stack) serve their incumbent; Prometheus scrapes both servers again as
+   their tracks. Their canaries start just before:
+4. Live traffic to both servers in a few waves; then the canaries are decided (after the traffic: their
+   minRequests is all of it). Then `hung` has been stalled (a rate of 0), and the train
    stage starts, a target too; once it has finished the epochs whose validation loss rose twice in a row,
    the raw counters, once settled, and the moment `end` at which Prometheus holds a sample of exactly those
    counters. Instant queries are evaluated at `end`.
@@ -28,11 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
 from eagle3_pipeline.draft_checkpoint import sha256_of
 from eagle3_pipeline.spec_metrics import ACCEPTED, DRAFTS, GENERATION_TOKENS, Acceptance, SpecDecodeCounters
 from tests.observability import vllm_stack
+from tests.observability.canary_stack import DECISION_TIMEOUT_S, CanaryRuns, canary_targets
 from tests.observability.operator_stack import NAMESPACE, OperatorStack
-from tests.observability.prometheus import PrometheusServer, Target, every_second, wait_for
+from tests.observability.prometheus import (
+    SCRAPE_INTERVAL_S,
+    PrometheusServer,
+    Target,
+    every_second,
+    wait_for,
+)
 from tests.observability.stage_stack import RISING_AT, STALL_WAIT_S, StageStack
 from tests.observability.vllm_stack import MODEL, Served
 
@@ -44,6 +55,24 @@ log = logging.getLogger(__name__)
 STAGE_ALERTS = ("Eagle3StageStalled", "Eagle3ValidationLossRising")
 TRAIN_WAIT_S = 300.0  # the train stage's start (imports, the trainer) and its first epochs, on a busy machine
 OPERATOR_NAMESPACE = "eagle3-system"
+# evaluate's sweep as the tier's evaluate results carry it (status.checkpoint.speculation, the dashboard's
+# sweep table): fixed figures, not measured here (the sweep itself is measured in tests/pipeline), so the
+# operator's sweep series and the table's queries have data: k 3 pays at concurrency 1, nothing at 4.
+SWEEP_CELLS = [
+    SweepCell(num_speculative_tokens=k, concurrency=c, acceptance_length=al, output_tokens_per_second=t,
+              speedup=t / base)
+    for c, base, rows in (
+        (1, 40.0, ((1, 1.4, 46.0), (3, 1.5, 52.0))),
+        (4, 120.0, ((1, 1.4, 110.0), (3, 1.5, 90.0))),
+    )
+    for k, al, t in rows
+]  # fmt: skip
+SWEEP = SpeculationTable(
+    cells=SWEEP_CELLS,
+    baselines=[BaselineCell(concurrency=1, output_tokens_per_second=40.0), BaselineCell(concurrency=4,
+               output_tokens_per_second=120.0)],
+    schedule=plan_schedule(SWEEP_CELLS),
+).model_dump(mode="json", by_alias=True, exclude_none=True)  # fmt: skip
 
 
 @dataclass
@@ -58,6 +87,7 @@ class Tier:
     serving_since: float = 0.0  # unix time the vLLM targets were first scraped
     end: float = 0.0  # unix time at which Prometheus's latest samples are the raw counters
     timings: dict[str, float] = field(default_factory=dict)
+    canaries: CanaryRuns | None = None
 
     def scalar(self, expr: str) -> float:
         """An instant query at `end` that must return exactly one series."""
@@ -88,6 +118,7 @@ def evaluate(tier: Tier, models: Path) -> dict[str, Any]:
         "acceptanceByPosition": list(acceptance.by_position),
         "drafts": delta.drafts,
         "outputTokens": good.completion_tokens - tokens_before,
+        "speculation": SWEEP,
     }
 
 
@@ -178,18 +209,28 @@ def tier_stack(
         )
         prometheus.add_targets([target])  # the other runs' series are seen before they exist
         started = time.time()
+        assert operator.cluster is not None and operator.player is not None
+        canaries = CanaryRuns(operator.cluster, operator.player, MODEL, prometheus.url, WAVES * WAVE_PROMPTS)
         scenario = operator.submit(operator.before_evaluation(MODEL))  # while the vLLM servers start
+        incumbents = operator.submit(canaries.serving())
         servers = stack.enter_context(vllm_stack.serving(drafts, work / "vllm"))
         scenario.result(timeout=60)
+        incumbents.result(timeout=60)
         marks["vllm"] = time.monotonic()
-        tier = Tier(prometheus, operator, servers, stages, started=started)
+        tier = Tier(prometheus, operator, servers, stages, started=started, canaries=canaries)
         wait_for(stages.hung.serving, SCRAPE_WAIT_S, "hung's generate serving its metrics")
-        prometheus.add_targets([*vllm_targets(servers), stages.hung.target])
+        prometheus.add_targets(
+            [*vllm_targets(servers), *canary_targets(servers, NAMESPACE), stages.hung.target]
+        )
         tier.serving_since = time.time()
         evaluation = evaluate(tier, models)
         operator.call(operator.to_serving({"good": evaluation, "bad": evaluation}, exports(servers)))
+        operator.call(canaries.start())
+        time.sleep(2 * SCRAPE_INTERVAL_S)  # the window starts on a scrape before the traffic
         live_traffic(tier, models)
         marks["traffic"] = time.monotonic()
+        operator.call(canaries.decide(), timeout=DECISION_TIMEOUT_S + 10)
+        marks["canary"] = time.monotonic()
         live_stages(tier)
         settle(tier)
         marks["stages"] = time.monotonic()
@@ -197,7 +238,8 @@ def tier_stack(
             "drafts_s": marks["drafts"] - marks["start"],
             "vllm_start_s": marks["vllm"] - marks["drafts"],
             "traffic_s": marks["traffic"] - marks["vllm"],
-            "stages_s": marks["stages"] - marks["traffic"],
+            "canary_after_traffic_s": marks["canary"] - marks["traffic"],
+            "stages_s": marks["stages"] - marks["canary"],
         }
         log.info("tier timings: %s", {k: round(v, 1) for k, v in tier.timings.items()})
         yield tier
