@@ -59,6 +59,7 @@ from eagle3_pipeline.live_progress import (
     display_for,
     metrics_url,
     summary_table,
+    sweep_table,
 )
 from eagle3_pipeline.live_progress import StageOutcome as StageOutcome  # re-exported: tests use it
 from eagle3_pipeline.stage_process import StageProcess
@@ -373,5 +374,7 @@ def main(path: str, artifacts: str | None, models: str | None, vllm: str | None,
         return 1
     if table:
         console.print(summary_table(outcomes))
+        if (sweep := sweep_table(outcomes)) is not None:
+            console.print(sweep)
     console.print(f"artifacts: {options.artifacts.resolve()}", highlight=False, markup=False)
     return 0

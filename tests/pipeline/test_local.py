@@ -326,6 +326,29 @@ def test_the_summary_table_shows_notes_verbatim() -> None:
     assert "[/oops] key [bold]loud" in console.export_text()
 
 
+def test_the_sweep_table_shows_each_cell_against_the_verifier_alone_and_the_tuned_k() -> None:
+    from rich.console import Console
+
+    from eagle3_pipeline.live_progress import StageOutcome, sweep_table
+    from tests.harness.results import fake_model
+
+    evaluate = fake_model("evaluate")
+    assert sweep_table([StageOutcome("prepare", "done")]) is None  # no sweep: no table
+    console = Console(record=True, width=200)
+    console.print(sweep_table([StageOutcome("evaluate", "done", result=evaluate)]))
+    text = console.export_text()
+    table = evaluate.speculation
+    assert table is not None
+    for cell in table.cells:
+        assert cell.output_tokens_per_second is not None
+        assert f"{cell.output_tokens_per_second:.4g} ({cell.acceptance_length:.2f}," in text
+    rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") > 2}
+    assert [str(r.num_speculative_tokens) in rows["tuned k"] for r in table.schedule] == [True] * len(
+        table.schedule
+    )
+    assert "alone" in rows
+
+
 # sysfs refuses mkdir to every user, root included: an artifacts directory nobody can write
 UNWRITABLE = "/sys/eagle3-not-writable/art"
 

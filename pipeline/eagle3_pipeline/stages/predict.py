@@ -151,7 +151,10 @@ def serve(
             out.acceptance_length.append(
                 acceptance(server, before, run_.output_tokens) if config is not None else None
             )
-            logger.info("%s at concurrency %d: %s tokens/s", label, concurrency, run_.tokens_per_second)
+            logger.info(
+                "%s at concurrency %d: %d prompts, %.1f output tokens/s",
+                label, concurrency, len(cell), run_.tokens_per_second or 0.0,
+            )  # fmt: skip
     return out
 
 
