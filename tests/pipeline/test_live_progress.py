@@ -135,14 +135,15 @@ def test_off_a_terminal_each_stage_leaves_its_lines_and_one_final_line(tmp_path:
     options = LocalOptions(artifacts=tmp_path / "art", until="prepare", python=str(fake_python(tmp_path)))
     out = io.StringIO()
     run_local(manifest, options, PlainDisplay(out))
-    lines = out.getvalue().splitlines()
+    skipped, *lines = out.getvalue().splitlines()
+    assert skipped.startswith("predict   skipped: evaluation.predict is false"), skipped  # off by default
     assert lines[0].startswith("==> stage prepare (prepare/")
     assert lines[1:3] == ["stage x: 20/40 rows", "stage x: 40/40 rows"]
     assert lines[3].startswith("prepare   done in ") and lines[3].endswith("s  40/40 rows"), lines[3]
     assert len(lines) == 4
     again = io.StringIO()
     run_local(manifest, options, PlainDisplay(again))
-    assert again.getvalue().startswith("prepare   reused (prepare/"), again.getvalue()
+    assert again.getvalue().splitlines()[1].startswith("prepare   reused (prepare/"), again.getvalue()
 
 
 def test_on_a_terminal_one_live_line_per_stage_ends_with_its_outcome(

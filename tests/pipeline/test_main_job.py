@@ -69,6 +69,13 @@ def test_the_tiny_example_trains_a_draft_vllm_accepts(demo: tuple[Path, str], ti
     assert evaluate["acceptanceLength"] >= MIN_ACCEPTANCE_LENGTH, evaluate
     assert judge_evaluation(EvaluateResult.parse(evaluate), MIN_ACCEPTANCE_LENGTH).passed
     assert evaluate["outputsMatchingBaseline"] == evaluate["prompts"]
+    # the example's sweep (serving.speculationLength tuned): every k at every concurrency, and a schedule
+    asked = yaml.safe_load(EXAMPLE.read_text())["spec"]["evaluation"]
+    table = EvaluateResult.parse(evaluate).speculation
+    assert table is not None and table.schedule, evaluate
+    measured = {(c.num_speculative_tokens, c.concurrency) for c in table.cells if c.output_tokens_per_second}
+    ks, concurrencies = asked["sweep"]["numSpeculativeTokens"], asked["concurrencies"]
+    assert measured == {(k, c) for k in ks for c in concurrencies}
     [export] = results(art, "export")
     assert len(export["sha256"]) == 64 and export["ratio"] <= 1.05
     second = run(EXAMPLE, art, tiny_models, vllm)

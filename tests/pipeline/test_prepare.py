@@ -234,6 +234,11 @@ def test_dataset_revision_is_hashed_only_when_set(tmp_path: Path, verifier: Path
     assert all(a.hash != b.hash for a, b in zip(before, after, strict=True) if not a.skipped)
 
 
+def prepare_of(outcomes: list[Any]) -> Any:
+    """prepare's outcome of a local run (predict, skipped by default, comes first)."""
+    return next(o for o in outcomes if o.stage == "prepare")
+
+
 def test_eagle3_run_warns_when_a_cached_prepare_was_made_from_other_files(
     tmp_path: Path, verifier: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -243,13 +248,13 @@ def test_eagle3_run_warns_when_a_cached_prepare_was_made_from_other_files(
     source = write_jsonl(tmp_path / "data.jsonl", [chat(i) for i in range(5)])
     manifest = load_manifest(write_manifest(tmp_path / "run.yaml", base_spec(verifier, source)))
     options = LocalOptions(artifacts=tmp_path / "art", until="prepare")
-    first = run_local(manifest, options)[0]
+    first = prepare_of(run_local(manifest, options))
     assert first.status == "done" and first.result is not None
     assert getattr(first.result, "dataset_fingerprint", None)
     caplog.set_level("WARNING")
-    assert run_local(manifest, options)[0].status == "cached"
+    assert prepare_of(run_local(manifest, options)).status == "cached"
     assert "dataset.revision" not in caplog.text
     write_jsonl(source, [chat(i) for i in range(50)])
-    assert run_local(manifest, options)[0].status == "cached"
+    assert prepare_of(run_local(manifest, options)).status == "cached"
     assert "changed since prepare/" in caplog.text
     assert "Set dataset.revision to a new label" in caplog.text
