@@ -138,12 +138,15 @@ class PrometheusServer:
     def _write_config(self) -> None:
         self.config_file.write_text(yaml.safe_dump(config(self.targets, self.rule_files), sort_keys=False))
 
-    def add_targets(self, targets: list[Target], timeout: float = 30.0) -> None:
-        """Add scrape targets: rewrite the config, reload it (SIGHUP), wait until each target is up."""
+    def add_targets(self, targets: list[Target], timeout: float = 30.0, wait: bool = True) -> None:
+        """Add scrape targets: rewrite the config, reload it (SIGHUP), wait until each target is up (unless
+        not `wait`: a target that starts serving later, scraped from its first second)."""
         assert self.process is not None
         self.targets = [*self.targets, *targets]
         self._write_config()
         self.process.send_signal(signal.SIGHUP)
+        if not wait:
+            return
         urls = {f"http://{t.address}/metrics" for t in targets}
 
         def all_up() -> bool:

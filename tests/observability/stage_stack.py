@@ -22,6 +22,7 @@ import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ class StageProcess:
         return Target(f"stage-{self.run}", f"{HOST}:{self.port}", labels)
 
     def start(self) -> subprocess.Popen[bytes]:
-        self.port = free_port()
+        self.port = self.port or free_port()  # chosen beforehand: Prometheus may know the target already
         env = os.environ | self.env | {ENV_METRICS_PORT: str(self.port), ENV_METRICS_HOST: HOST}
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
@@ -237,11 +238,15 @@ class StageStack:
                 self._upstream_error = f"stage {stage} ended with {code}: {step.tail()}"
                 return
 
-    def train(self) -> StageProcess:
-        """Start the train stage once its inputs are done; returns when it serves its metrics."""
+    def train(self, before_start: Callable[[StageProcess], None] = lambda process: None) -> StageProcess:
+        """Start the train stage once its inputs are done; returns when it serves its metrics. Its port is
+        chosen first and handed to `before_start` (so Prometheus scrapes it from its first second: a tiny
+        epoch can end before a target added afterwards is first scraped)."""
         self._upstream.join(UPSTREAM_TIMEOUT_S)
         assert not self._upstream.is_alive(), "the training's upstream stages did not finish"
         assert self._upstream_error is None, self._upstream_error
+        self.training.port = free_port()
+        before_start(self.training)
         self.training.start()
         wait_for(self.training.serving, 120, "the train stage serving its metrics")
         return self.training

@@ -168,8 +168,10 @@ def live_stages(tier: Tier) -> None:
         return bool(tier.prometheus.query('eagle3_stage_units_per_second{run="hung"} == 0'))
 
     wait_for(stalled, STALL_WAIT_S, "hung's rate at 0 (the reporter's rate window after its failed row)")
-    training = tier.stages.train()
-    tier.prometheus.add_targets([training.target])
+    # its target before it starts: its first epochs can end within a scrape interval of its start
+    training = tier.stages.train(lambda process: tier.prometheus.add_targets([process.target], wait=False))
+    url = f"http://{training.target.address}/metrics"
+    wait_for(lambda: tier.prometheus.targets_up().get(url) == "up", SCRAPE_WAIT_S, f"a scrape of {url}")
 
     def rising() -> bool:
         assert training.process is not None and training.process.poll() is None, training.tail()

@@ -124,12 +124,14 @@ async def with_canary_figures(
     started, url = last.get("started"), canary.get("prometheusUrl") if isinstance(canary, Mapping) else None
     if last.get("phase") != "Observing" or observed.canary is None or not started or not url:
         return observed
-    window = (datetime.fromisoformat(now) - datetime.fromisoformat(started)).total_seconds()
+    end = datetime.fromisoformat(now)
+    window = int((end - datetime.fromisoformat(started)).total_seconds())
     run = names.run_label(ref.name)
+    at = end.timestamp()  # evaluated at `now`, as status says: the figures can be asked again and agree
     try:
         incumbent, candidate = await asyncio.gather(
-            query_track_figures(url, track_scope(ref.namespace, run, names.TRACK_STABLE, int(window))),
-            query_track_figures(url, track_scope(ref.namespace, run, names.TRACK_CANARY, int(window))),
+            query_track_figures(url, track_scope(ref.namespace, run, names.TRACK_STABLE, window), at),
+            query_track_figures(url, track_scope(ref.namespace, run, names.TRACK_CANARY, window), at),
         )
     except PrometheusError as err:
         logger.info("canary of %s/%s: no live figures: %s", ref.namespace, ref.name, err)
