@@ -6,6 +6,7 @@ from typing import Any
 
 import kmock
 
+from eagle3_operator.builders import names
 from tests import tiny_spec
 from tests.harness.cluster import MERGE, Cluster, Player, eventually
 from tests.harness.results import fake_result
@@ -24,6 +25,17 @@ async def status(cluster: Cluster, run: str) -> dict[str, Any]:
     body = await cluster.run(run)
     result: dict[str, Any] = body.get("status") or {}
     return result
+
+
+async def deployment(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    """The Deployment called `name` (a run's serving or canary one), None while there is none."""
+    found = [d for d in await cluster.list_objects("apps/v1", "deployments") if d["metadata"]["name"] == name]
+    return found[0] if found else None
+
+
+def draft_of(body: dict[str, Any]) -> str:
+    """The draft a serving Deployment's pods serve (its pod template's annotation)."""
+    return str(body["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT])
 
 
 async def wait_phase(cluster: Cluster, run: str, phase: str, timeout: float = 10.0) -> dict[str, Any]:

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 
-from eagle3_operator.builders.names import ANNOTATION_DRAFT, TRACK_CANARY, TRACK_STABLE
+from eagle3_operator.builders.names import TRACK_CANARY, TRACK_STABLE
 from eagle3_operator.observability import canary_queries as cq
 from eagle3_operator.reconcile.run_report import unix_time
 from eagle3_pipeline.spec_metrics import Acceptance
 from tests.harness.cluster import eventually
+from tests.harness.scenario import draft_of
 from tests.observability import expressions as ex
 from tests.observability.canary_stack import INCUMBENT, NEW
 from tests.observability.canary_stack import RUNS as RUNS_WITH_CANARY
@@ -337,11 +338,6 @@ def canary_condition(tier: Tier, run: str) -> dict[str, Any]:
     ]
     assert len(found) == 1, found
     return found[0]
-
-
-def draft_of(deployment: dict[str, Any]) -> str:
-    """The draft a Deployment's pods serve (its pod template's annotation)."""
-    return str(deployment["spec"]["template"]["metadata"]["annotations"][ANNOTATION_DRAFT])
 
 
 def test_the_bad_canary_is_rolled_back_with_both_figures(tier: Tier) -> None:

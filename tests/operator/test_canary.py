@@ -29,7 +29,7 @@ from tests.harness.cluster import (
     eventually,
     running_operator,
 )
-from tests.harness.scenario import status, tiny
+from tests.harness.scenario import deployment, draft_of, status, tiny
 
 pytestmark = pytest.mark.operator
 OLD, NEW = "export/0000000000aa", "export/0000000000bb"
@@ -86,15 +86,6 @@ def run_spec(draft: str, url: str) -> dict[str, Any]:
     canary = {"replicas": 1, "duration": "2s", "minRequests": 100, "tolerance": 0.05, "prometheusUrl": url}
     serving = {"pinnedCheckpoint": {"path": draft}, "canary": canary, "speculationLength": "fixed"}
     return tiny(serving=serving)
-
-
-async def deployment(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    found = [d for d in await cluster.list_objects("apps/v1", "deployments") if d["metadata"]["name"] == name]
-    return found[0] if found else None
-
-
-def draft_of(body: dict[str, Any]) -> str:
-    return str(body["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT])
 
 
 async def canary_phase(cluster: Cluster, phase: str) -> dict[str, Any]:

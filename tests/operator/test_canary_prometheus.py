@@ -32,7 +32,7 @@ from eagle3_operator.builders import names
 from eagle3_operator.observability import canary_queries
 from eagle3_operator.observability.queries import ACCEPTED, DRAFTS
 from tests.harness.cluster import Cluster, eventually, running_operator
-from tests.harness.scenario import status, tiny, wait_phase
+from tests.harness.scenario import deployment, draft_of, status, tiny, wait_phase
 from tests.observability.prometheus import PrometheusServer, Target, prometheus_or_skip
 
 pytestmark = [pytest.mark.operator, pytest.mark.prometheus]
@@ -189,15 +189,6 @@ def run_spec(draft: str, prometheus_url: str) -> dict[str, Any]:
     }
     serving = {"pinnedCheckpoint": {"path": draft}, "canary": canary, "speculationLength": "fixed"}
     return tiny(serving=serving)
-
-
-async def deployment(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    found = [d for d in await cluster.list_objects("apps/v1", "deployments") if d["metadata"]["name"] == name]
-    return found[0] if found else None
-
-
-def draft_of(body: dict[str, Any]) -> str:
-    return str(body["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT])
 
 
 def condition(st: dict[str, Any], kind: str) -> dict[str, Any]:
