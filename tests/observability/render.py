@@ -5,7 +5,9 @@
     render(data, Path("docs/dashboard.png"), "EAGLE-3 ...")
 
 Each panel keeps its dashboard title, its unit (percentunit, s, tps, ...) and its targets' legend formats;
-stat panels are drawn as time series too (a picture of a moment says less).
+stat panels are drawn as time series too (a picture of a moment says less); table panels (instant queries
+merged on their labels, as Grafana's merge and organize transformations show them) as a table of each label
+set's last values.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ MAIN_PANELS: tuple[tuple[str, ...], ...] = (
     ("train and validation loss",),
     ("stage progress",),
     ("stage rate",),
+    ("canary vs incumbent: mean acceptance length",),
+    ("canary vs incumbent: output tokens/s",),
+    ("speculation sweep",),
 )
 LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 COLUMNS = 3
@@ -48,10 +53,20 @@ class Series:
 
 
 @dataclass(frozen=True)
+class Table:
+    """A table panel's rows: one per label set (`keys`' values), a column per target (`columns`)."""
+
+    keys: list[str]
+    columns: list[str]
+    rows: dict[tuple[str, ...], dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PanelData:
     title: str
     unit: str
     series: list[Series] = field(default_factory=list)
+    table: Table | None = None
 
 
 def main_panels(
@@ -81,12 +96,37 @@ def legend(fmt: str, metric: Mapping[str, str]) -> str:
     return LEGEND.sub(lambda m: metric.get(m.group(1), ""), fmt)
 
 
+def table_of(panel: Mapping[str, Any]) -> Table | None:
+    """A table panel's shape from its organize transformation: the label columns it shows (namespace aside)
+    and each target's column name (`Value #<refId>` renamed); None for any other panel."""
+    if panel.get("type") != "table":
+        return None
+    organize: Mapping[str, Any] = {}
+    for transformation in panel.get("transformations") or []:
+        if transformation.get("id") == "organize":
+            organize = transformation.get("options") or {}
+    renamed = organize.get("renameByName") or {}
+    shown = [t for t in panel.get("targets") or [] if t.get("expr") and not t.get("hide")]  # panel_queries'
+    columns = [str(renamed.get(f"Value #{t.get('refId')}", t.get("refId"))) for t in shown]
+    order = organize.get("indexByName") or {}
+    keys = [k for k in sorted(order, key=order.get) if k not in columns and k != "namespace"]
+    return Table(keys, columns)
+
+
+def _tabulate(table: Table, column: str, result: Mapping[str, Any]) -> None:
+    values = [float(v) for _, v in result.get("values", []) if math.isfinite(float(v))]
+    if values:
+        metric = result.get("metric", {})
+        table.rows.setdefault(tuple(str(metric.get(k, "")) for k in table.keys), {})[column] = values[-1]
+
+
 def panel_data(panel: Mapping[str, Any], fetch: Fetch) -> PanelData:
-    """The panel's targets through `fetch`, one Series per result series (NaN and Inf samples dropped)."""
+    """The panel's targets through `fetch`, one Series per result series (NaN and Inf samples dropped); a
+    table panel's also as its Table's rows (each series' last value)."""
     unit = str(((panel.get("fieldConfig") or {}).get("defaults") or {}).get("unit") or "")
-    out = PanelData(str(panel.get("title", "")), unit)
+    out = PanelData(str(panel.get("title", "")), unit, table=table_of(panel))
     targets = panel_queries(panel)
-    for query in targets:
+    for column, query in enumerate(targets):
         for result in fetch(query.expr):
             points = [(float(t), float(v)) for t, v in result.get("values", [])]
             points = [(t, v) for t, v in points if math.isfinite(v)]
@@ -94,6 +134,8 @@ def panel_data(panel: Mapping[str, Any], fetch: Fetch) -> PanelData:
             if len(targets) > 1 and not query.legend:
                 label = f"{query.where.rsplit(' ', 1)[-1]}: {label}"
             out.series.append(Series(label, [t for t, _ in points], [v for _, v in points]))
+            if out.table is not None:
+                _tabulate(out.table, out.table.columns[column], result)
     return out
 
 
@@ -110,10 +152,44 @@ def _format_axis(ax: Any, unit: str) -> None:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}/s"))
 
 
+def _draw_table(ax: Any, table: Table) -> None:
+    ax.axis("off")
+    if not table.rows:
+        ax.text(0.5, 0.5, "No data", ha="center", va="center", transform=ax.transAxes, color="#8e8e8e")
+        return
+    cells = [
+        [*key, *(f"{row[c]:.2f}" if c in row else "" for c in table.columns)]
+        for key, row in sorted(table.rows.items(), key=lambda kv: [_sortable(k) for k in kv[0]])
+    ]
+    height = min(1.0, 0.1 * (len(cells) + 1))  # a tenth of the panel a row, the header included, at most all
+    labels = [*table.keys, *table.columns]
+    chars = [max(len(text) for text in column) + 2 for column in zip(labels, *cells, strict=True)]
+    widths = [c / sum(chars) for c in chars]  # each column as wide as its longest text
+    bbox = (0.0, 1.0 - height, 1.0, height)
+    drawn = ax.table(cellText=cells, colLabels=labels, colWidths=widths, bbox=bbox)
+    drawn.auto_set_font_size(False)
+    drawn.set_fontsize(9)
+    for (row, _), cell in drawn.get_celld().items():
+        cell.set_facecolor("#22252b" if row == 0 else "#181b1f")
+        cell.set_edgecolor("#2c3235")
+        cell.get_text().set_color("#d8d9da")
+
+
+def _sortable(value: str) -> tuple[int, float, str]:
+    """Numbers in numeric order (k 1 before k 10), then text."""
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
+
+
 def _draw(ax: Any, panel: PanelData, span: tuple[float, float] | None) -> None:
     from matplotlib.dates import DateFormatter
 
     ax.set_title(panel.title, fontsize=11, loc="left", color="#d8d9da")
+    if panel.table is not None:
+        _draw_table(ax, panel.table)
+        return
     drawn = 0
     for series in panel.series:
         if series.times:
