@@ -6,6 +6,10 @@ its own bound to exactly `eagle3_operator.rbac.RULES`, so any call those rules f
 Kubernetes 1.20 knows no CEL rules: the CRD is installed without its `x-kubernetes-validations` (the operator
 checks the same rules itself). With `EAGLE3_TEST_KUBECONFIG` set, that cluster is used instead.
 A started server comes with a `ServerControl`: fault tests stop, restart or freeze its components.
+The controller manager runs the controllers the tests rely on, pvc-protection among them: without it the
+runs' PVCs keep their `kubernetes.io/pvc-protection` finalizer, every deleted test namespace stays
+Terminating, and the namespace controller re-scans them several times a second for the rest of the session
+(about 70% of a core taken from the pipeline tiers that follow).
 """
 
 from __future__ import annotations
@@ -263,7 +267,8 @@ def _start(bins: dict[str, str], work: Path) -> ServerControl:
     kubeconfig = write_kubeconfig(work / "kubeconfig", url, ADMIN_TOKEN)
     control.spawn("kube-controller-manager", [
         bins["kube-controller-manager"], f"--kubeconfig={kubeconfig}", "--leader-elect=false",
-        "--controllers=job,deployment,replicaset,garbagecollector,namespace", "--port=0", "--secure-port=0",
+        "--controllers=job,deployment,replicaset,garbagecollector,namespace,pvc-protection", "--port=0",
+        "--secure-port=0",
         "--use-service-account-credentials=false",
     ])  # fmt: skip
     return control
