@@ -47,7 +47,7 @@ async def wait_phase(cluster: Cluster, run: str, phase: str, timeout: float = 10
     return result
 
 
-async def wait_job(cluster: Cluster, run: str, stage: str) -> dict[str, Any]:
+async def wait_job(cluster: Cluster, run: str, stage: str, timeout: float = 10.0) -> dict[str, Any]:
     """The Job of `stage` that has not finished yet, once the operator created it."""
 
     async def check() -> dict[str, Any] | None:
@@ -55,7 +55,7 @@ async def wait_job(cluster: Cluster, run: str, stage: str) -> dict[str, Any]:
         unfinished = [j for j in jobs if not (j.get("status") or {}).get("conditions")]
         return unfinished[0] if unfinished else None
 
-    job: dict[str, Any] = await eventually(check, what=f"an unfinished {stage} job of {run}")
+    job: dict[str, Any] = await eventually(check, timeout, f"an unfinished {stage} job of {run}")
     return job
 
 

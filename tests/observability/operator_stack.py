@@ -55,6 +55,9 @@ STUCK_DEADLINE_S = 2
 LIVE_RUNS = ("training", "hung")  # runs whose running stage is a real stage program (stage_stack)
 RUNNING_S = 3.0  # how long `bad`'s OOM Job runs first: Prometheus (1 s scrapes) sees its counters at 0 first
 CALL_TIMEOUT_S = 60.0
+# how long the next stage's Job may take to appear: the operator shares 2 cores with two vLLM servers and
+# Prometheus here (10 s once ran out after evaluate, with export's Job not yet created)
+JOB_WAIT_S = 30.0
 RESYNC_S = 2.0  # a canary under observation is reconciled (its figures read) this often (canary_stack)
 LAST_FAILURE = "eagle3_run_stage_last_failure_timestamp_seconds"
 
@@ -169,7 +172,7 @@ class OperatorStack:
 
     async def _succeed(self, run: str, stage: str, result: dict[str, Any]) -> None:
         assert self.cluster is not None and self.player is not None
-        job = await wait_job(self.cluster, run, stage)
+        job = await wait_job(self.cluster, run, stage, JOB_WAIT_S)
         await self._start_job(job)
         await self.player.succeed(job, result)
 
@@ -188,12 +191,12 @@ class OperatorStack:
         assert self.cluster is not None
         for stage in done:
             await self._succeed(run, stage, fake_result(stage))
-        await self._start_job(await wait_job(self.cluster, run, running))
+        await self._start_job(await wait_job(self.cluster, run, running, JOB_WAIT_S))
 
     async def _bad_until_evaluate(self) -> None:
         assert self.cluster is not None and self.player is not None
         await self._succeed("bad", "prepare", fake_result("prepare"))
-        first = await wait_job(self.cluster, "bad", "extract")
+        first = await wait_job(self.cluster, "bad", "extract", JOB_WAIT_S)
         await self._start_job(first)
         await asyncio.sleep(RUNNING_S)
         await self.player.fail(
@@ -204,14 +207,14 @@ class OperatorStack:
 
     async def _stuck(self) -> None:
         assert self.cluster is not None and self.player is not None
-        job = await wait_job(self.cluster, "stuck", "prepare")
+        job = await wait_job(self.cluster, "stuck", "prepare", JOB_WAIT_S)
         await self.player.stall(
             job, "ImagePullBackOff", 'Back-off pulling image "eagle3-operator/pipeline:0.1.0"'
         )
 
     async def _broken(self) -> None:
         assert self.cluster is not None and self.player is not None
-        job = await wait_job(self.cluster, "broken", "prepare")
+        job = await wait_job(self.cluster, "broken", "prepare", JOB_WAIT_S)
         await self._start_job(job)  # and fails at once (see the module doc)
         await self.player.fail(
             job, "Traceback (most recent call last):\nValueError: row 17 has no assistant turn"
