@@ -113,11 +113,10 @@ def table_of(panel: Mapping[str, Any]) -> Table | None:
     return Table(keys, columns)
 
 
-def _tabulate(table: Table, column: str, result: Mapping[str, Any]) -> None:
-    values = [float(v) for _, v in result.get("values", []) if math.isfinite(float(v))]
-    if values:
-        metric = result.get("metric", {})
-        table.rows.setdefault(tuple(str(metric.get(k, "")) for k in table.keys), {})[column] = values[-1]
+def _tabulate(table: Table, column: str, metric: Mapping[str, str], series: Series) -> None:
+    if series.values:
+        key = tuple(str(metric.get(k, "")) for k in table.keys)
+        table.rows.setdefault(key, {})[column] = series.values[-1]
 
 
 def panel_data(panel: Mapping[str, Any], fetch: Fetch) -> PanelData:
@@ -133,9 +132,10 @@ def panel_data(panel: Mapping[str, Any], fetch: Fetch) -> PanelData:
             label = legend(query.legend, result.get("metric", {}))
             if len(targets) > 1 and not query.legend:
                 label = f"{query.where.rsplit(' ', 1)[-1]}: {label}"
-            out.series.append(Series(label, [t for t, _ in points], [v for _, v in points]))
+            series = Series(label, [t for t, _ in points], [v for _, v in points])
+            out.series.append(series)
             if out.table is not None:
-                _tabulate(out.table, out.table.columns[column], result)
+                _tabulate(out.table, out.table.columns[column], result.get("metric", {}), series)
     return out
 
 

@@ -8,50 +8,38 @@ the namespace controller re-scans it several times a second for the rest of the 
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-import urllib.error
 
+import aiohttp
 import pytest
 
-from tests.operator.apiserver import ServerAccess, _request
+from tests.harness.cluster import Cluster, eventually
+from tests.operator.apiserver import ServerAccess
 
 pytestmark = pytest.mark.apiserver
 GONE_WITHIN_S = 30.0
-
-
-def _exists(url: str, token: str) -> bool:
-    try:
-        _request(url, token)
-    except urllib.error.HTTPError as err:
-        if err.code == 404:
-            return False
-        raise
-    return True
+PVC = {
+    "apiVersion": "v1",
+    "kind": "PersistentVolumeClaim",
+    "metadata": {"name": "tiny-artifacts"},
+    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+}
 
 
 async def test_a_deleted_namespace_with_a_pvc_is_gone(server: ServerAccess) -> None:
     if server.control is None:
         pytest.skip("an external cluster runs its own controllers")
-    token = server.token
-    assert token is not None
     name = f"e3-{os.getpid()}-cleanup"
-    ns_url = f"{server.url}/api/v1/namespaces/{name}"
-    await asyncio.to_thread(
-        _request, f"{server.url}/api/v1/namespaces", token, "POST",
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-    )  # fmt: skip
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "tiny-artifacts"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
-    made = await asyncio.to_thread(_request, f"{ns_url}/persistentvolumeclaims", token, "POST", pvc)
-    assert "kubernetes.io/pvc-protection" in made["metadata"].get("finalizers", []), made["metadata"]
-    await asyncio.to_thread(_request, ns_url, token, "DELETE")
-    deadline = time.monotonic() + GONE_WITHIN_S
-    while await asyncio.to_thread(_exists, ns_url, token):
-        assert time.monotonic() < deadline, f"{name} still there {GONE_WITHIN_S:.0f} s after its deletion"
-        await asyncio.sleep(0.5)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        cluster = Cluster(session, server.url, namespace=name, token=server.token)
+        await server.create_namespace(cluster, name)
+        made = await cluster.create("v1", "persistentvolumeclaims", PVC)
+        assert "kubernetes.io/pvc-protection" in made["metadata"].get("finalizers", []), made["metadata"]
+        await server.delete_namespace(cluster, name)
+
+        async def gone() -> bool:
+            url = f"{server.url}/api/v1/namespaces/{name}"
+            async with session.get(url, headers=cluster.headers, ssl=False) as resp:
+                return resp.status == 404
+
+        await eventually(gone, GONE_WITHIN_S, f"namespace {name} gone after its deletion")
