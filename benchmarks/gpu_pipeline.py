@@ -64,6 +64,7 @@ from gpu_roofline import (
     roofline_tokens_per_s,
 )
 from gpu_train_bench import (
+    Progress,
     TrainFigures,
     ratios,
     recording_steps,
@@ -274,7 +275,7 @@ def train_ours(ctx: Context) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     inputs = [f"prepare={PREPARE}", f"extract={EXTRACT}", f"vocab={VOCAB}"]
     started = time.perf_counter()
-    with recording_steps() as recorder:
+    with recording_steps(Progress("ours", started)) as recorder:
         result = stage("train", ctx.spec, ctx.root, TRAIN, inputs)
     peak = torch.cuda.max_memory_allocated() if cuda else None
     ctx.ours = summarize(recorder.steps, ctx.warmup, started, time.perf_counter(), peak)
@@ -321,12 +322,16 @@ class Context:
         self.ours: TrainFigures | None = None
         self.report: dict[str, Any] = {"phases": {}}
 
-    def phase(self, name: str, run: Callable[[], Any]) -> Any:
+    def phase(self, name: str, run: Callable[[], Any], key: str | None = None) -> Any:
+        """Run one phase, its time (and its value, under `key`) saved at once: a run cut short by a time
+        limit keeps what it measured."""
         say(f"{name} ...")
         started = time.perf_counter()
         value = run()
         self.report["phases"][name] = round(time.perf_counter() - started, 2)
-        self.save()  # after every phase: a run cut short by a time limit keeps what it measured
+        if key is not None:
+            self.report[key] = value
+        self.save()
         return value
 
     def save(self) -> None:
@@ -359,16 +364,12 @@ def run(ctx: Context) -> dict[str, Any]:
     report.update(ctx.phase("describe", lambda: describe(ctx)))
     ctx.phase("build", lambda: build_verifier(ctx.shape, ctx.model, ctx.device, args.seq_len))
     train_rows, val_rows, lengths = plan_rows(args.steps, args.epochs, args.seq_len)
-    report["data"] = ctx.phase(
-        "data", lambda: write_data(ctx.root, ctx.shape.vocab, train_rows, val_rows, lengths)
-    )
+    ctx.phase("data", lambda: write_data(ctx.root, ctx.shape.vocab, train_rows, val_rows, lengths), "data")
     write_spec(ctx.spec, ctx.model, ctx.shape, args)
-    report["vocab"] = ctx.phase(
-        "vocab", lambda: stage("vocab", ctx.spec, ctx.root, VOCAB, [f"prepare={PREPARE}"])
-    )
+    ctx.phase("vocab", lambda: stage("vocab", ctx.spec, ctx.root, VOCAB, [f"prepare={PREPARE}"]), "vocab")
     if args.compare in ("all", "stock"):
-        report["extraction"] = ctx.phase("extract", lambda: extraction(ctx))
-        report["training"] = ctx.phase("train", lambda: train_ours(ctx))
+        ctx.phase("extract", lambda: extraction(ctx), "extraction")
+        ctx.phase("train", lambda: train_ours(ctx), "training")
         report["training"].update(ctx.phase("stock", lambda: train_stock(ctx)))
     if args.compare in ("all", "online"):
         online_comparison(ctx)

@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_pipeline.sh [--wheels DIR] [--timeout SECONDS] [gpu_pipeline.py options]
 #     --wheels DIR   wheels to install missing packages from (env EAGLE3_WHEELS); no network is used
 #     --timeout S    the limit for everything, checks and installs included (env TIMEOUT; default 480)
+#     --install-only the checks and installs alone, no benchmark (benchmarks/gpu_session.sh, for the tier)
 #     --device cpu   (a gpu_pipeline.py option) skips the GPU checks: the smoke run, with --size tiny
 #     --compare online --vllm PATH   (gpu_pipeline.py options) online against offline hidden states; without a
 #                    vLLM for the GPU it is recorded as skipped (docs/gpu.md)
@@ -33,14 +34,16 @@ OUT=${OUT:-.}
 SITE=${EAGLE3_GPU_PREFIX:-${TMPDIR:-/tmp}/eagle3-gpu}/site-packages
 WORKDIR=${WORKDIR:-${TMPDIR:-/tmp}}
 DEVICE=cuda
+INSTALL_ONLY=0
 ARGS=()
 while (($#)); do
     case "$1" in
     --wheels) WHEELS=$2; shift 2 ;;
     --timeout) LIMIT=$2; shift 2 ;;
+    --install-only) INSTALL_ONLY=1; shift ;;
     --device) DEVICE=$2; ARGS+=("$1" "$2"); shift 2 ;;
     --device=*) DEVICE=${1#--device=}; ARGS+=("$1"); shift ;;
-    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
     esac
 done
@@ -132,6 +135,8 @@ import eagle3_pipeline.stage_main, eagle3_pipeline.train_draft  # noqa: F401
 print(f"speculators {md.version('speculators')}, hs-connectors {md.version('hs-connectors')}, "
       f"datasets {datasets.__version__}")
 EOF
+
+((INSTALL_ONLY)) && exit 0
 
 # --- the benchmark, within what is left of the limit -------------------------------------------------------
 LEFT=$((LIMIT - SECONDS))

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 METRICS_LOGGER = "speculators.metrics"
+PROGRESS_S = 15.0  # at most one progress line per run this often: a run cut short shows how far it got
 PEAK_PREFIX = "EAGLE3_BENCH_PEAK_BYTES="
 # Wide enough for a step record on one line (about 1000 characters); rich pads every line to this width.
 CONSOLE_COLUMNS = 2000
@@ -50,7 +51,9 @@ _FIELDS = {
 }
 
 # The stock command, in a `python -c` wrapper only to read the CUDA allocator's peak at exit (and, without an
-# accelerator, to apply eagle3_pipeline.speculators_cpu's adaptation: speculators 0.9.0 trains on CUDA only).
+# accelerator, to apply eagle3_pipeline.speculators_cpu's adaptation: speculators 0.9.0 trains on CUDA only;
+# with one, the stage's workaround for the fused loss kernels, eagle3_pipeline.fused_loss_kernels, without
+# which it fails on torch 2.11 as the stage would).
 STOCK_WRAPPER = """\
 import atexit, contextlib, sys
 import torch
@@ -63,6 +66,8 @@ def _peak():
 atexit.register(_peak)
 sys.argv = ["speculators", *sys.argv[1:]]
 if torch.accelerator.is_available():
+    from eagle3_pipeline.fused_loss_kernels import separate_autotune_configs
+    separate_autotune_configs()  # as the stage does: torch 2.11 cannot trace the fused loss otherwise
     adapted = contextlib.nullcontext()
 else:
     from eagle3_pipeline.speculators_cpu import cpu_adapted
@@ -123,11 +128,32 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float | str) and value != "" else None
 
 
+class Progress:
+    """A line on stderr at most every PROGRESS_S seconds while steps arrive: the step, its time, its loss."""
+
+    def __init__(self, label: str, started: float) -> None:
+        self.label, self.started, self.last = label, started, started
+
+    def step(self, steps: list[Step]) -> None:
+        at = steps[-1].at
+        if len(steps) > 1 and at - self.last < PROGRESS_S:
+            return
+        self.last = at
+        first, now = steps[0].at - self.started, at - self.started
+        print(
+            f"  {self.label}: step {steps[-1].step} at {now:.1f}s (first step at {first:.1f}s), "
+            f"{steps[-1].step_ms:.1f} ms/step, loss {steps[-1].loss}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 class ConsoleReader:
     """speculators' console, line by line: a record's lines joined (rich wraps long ones), its step read."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Progress | None = None) -> None:
         self.steps: list[Step] = []
+        self.progress = progress
         self.peak: int | None = None
         self._record: list[str] = []
 
@@ -142,24 +168,29 @@ class ConsoleReader:
         if "global_step=" in line and (step := step_from_line(" ".join(self._record), at)):
             self.steps.append(step)
             self._record = []
+            if self.progress:
+                self.progress.step(self.steps)
 
 
 class StepRecorder(logging.Handler):
     """Notes every training-step record of speculators' metric logger, with its arrival time."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Progress | None = None) -> None:
         super().__init__(logging.INFO)
         self.steps: list[Step] = []
+        self.progress = progress
 
     def emit(self, record: logging.LogRecord) -> None:
         if isinstance(record.msg, Mapping) and (step := step_from_record(record.msg, time.perf_counter())):
             self.steps.append(step)
+            if self.progress:
+                self.progress.step(self.steps)
 
 
 @contextmanager
-def recording_steps() -> Iterator[StepRecorder]:
+def recording_steps(progress: Progress | None = None) -> Iterator[StepRecorder]:
     """A StepRecorder on speculators' metric logger for the block (the train stage sets its level)."""
-    recorder = StepRecorder()
+    recorder = StepRecorder(progress)
     metrics = logging.getLogger(METRICS_LOGGER)
     metrics.addHandler(recorder)
     try:
@@ -220,8 +251,8 @@ def stock_env(pythonpath: list[Path], threads: int | None) -> dict[str, str]:
 
 def run_stock(argv: list[str], env: dict[str, str], cwd: Path, log: Path, warmup: int) -> TrainFigures:
     """Run the stock command: its steps (read as they come), wall time and CUDA peak, summarized."""
-    reader = ConsoleReader()
     started = time.perf_counter()
+    reader = ConsoleReader(Progress("stock", started))
     with log.open("w") as sink:
         proc = subprocess.Popen(
             argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1

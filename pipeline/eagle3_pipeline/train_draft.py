@@ -33,6 +33,7 @@ import torch
 from eagle3_contract.api.spec import Scheduler
 from eagle3_contract.params import TrainParams
 from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.fused_loss_kernels import separate_autotune_configs
 from eagle3_pipeline.log_format import configure_logging
 from eagle3_pipeline.speculators_cpu import cpu_adapted, setup_distributed
 from eagle3_pipeline.train_metrics import recording
@@ -266,6 +267,7 @@ def train(cfg: Any, metrics: Path, info: Path, progress: TrainSink | None = None
     if int(os.environ.get("RANK", "0")) == 0:
         keep_complete_epochs(Path(args.save_path), metrics)
     setup_distributed()
+    separate_autotune_configs()  # torch 2.11's Dynamo cannot trace the fused loss otherwise (see its module)
 
     def is_writer() -> bool:
         return bool(get_rank() == 0)

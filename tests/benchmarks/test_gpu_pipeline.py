@@ -183,6 +183,7 @@ def test_the_benchmark_runs_on_the_cpu_with_the_tiny_verifier(tmp_path: Path) ->
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=280)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "| ratio ours / stock |" in done.stdout and "in cpu_adapted()" in done.stdout
+    assert "  ours: step 0 at " in done.stderr and "  stock: step 0 at " in done.stderr  # progress lines
     report = json.loads(out.read_text())
     x = report["extraction"]
     assert x["tokens"] == report["data"]["tokens"] > 0

@@ -1,7 +1,9 @@
-"""Shared by the GPU tests: the module-level skip without CUDA, and the tiny verifier's run manifests."""
+"""Shared by the GPU tests: the skips without CUDA or a GPU vLLM, and the tiny verifier's run manifests."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,17 @@ def require_cuda() -> None:
     """Skip the calling test module, at import, on a machine without a CUDA device."""
     if not torch.cuda.is_available():
         pytest.skip(NO_GPU, allow_module_level=True)
+
+
+def gpu_vllm() -> str:
+    """vLLM built for the GPU ($EAGLE3_VLLM, else `vllm` on PATH); without one the calling module skips."""
+    found = os.environ.get("EAGLE3_VLLM") or shutil.which("vllm")
+    if not found or not os.access(found, os.X_OK):
+        pytest.skip(
+            "needs vLLM for the GPU: set $EAGLE3_VLLM to its bin/vllm or put `vllm` on PATH (docs/gpu.md)",
+            allow_module_level=True,
+        )
+    return found
 
 
 def tiny_manifest(models: Path, path: Path, samples: int, **training: Any) -> str:

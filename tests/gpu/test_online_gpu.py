@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.gpu.gpu_support import require_cuda
+from tests.gpu.gpu_support import gpu_vllm, require_cuda
 
 require_cuda()
 pytestmark = pytest.mark.gpu
@@ -30,16 +29,6 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tiny" / "eagle3run.yaml"
 SOURCE_DIRS = ("contract", "operator", "pipeline", "cli")
 SAMPLES = 200  # rows of the tiny chat data: about a minute of producing and training
-
-
-def gpu_vllm() -> str:
-    found = os.environ.get("EAGLE3_VLLM") or shutil.which("vllm")
-    if not found or not os.access(found, os.X_OK):
-        pytest.skip(
-            "needs vLLM for the GPU: set $EAGLE3_VLLM to its bin/vllm or put `vllm` on PATH (docs/gpu.md)",
-            allow_module_level=True,
-        )
-    return found
 
 
 VLLM = gpu_vllm()

@@ -9,11 +9,11 @@ import pytest
 import yaml
 
 from eagle3_pipeline.plan import run_plan
-from tests.gpu.gpu_support import require_cuda
-from tests.pipeline.test_vllm_server import vllm_or_skip
+from tests.gpu.gpu_support import gpu_vllm, require_cuda
 
 require_cuda()
 pytestmark = pytest.mark.gpu
+VLLM = gpu_vllm()
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny" / "eagle3run.yaml"
 
 
@@ -21,7 +21,6 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny" / "eagle3run
 def test_synthetic_prediction_grows_with_the_acceptance_length(
     tiny_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    vllm = vllm_or_skip()
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["nodePool"]["device"] = "gpu"
     doc["spec"]["evaluation"].update(
@@ -30,7 +29,7 @@ def test_synthetic_prediction_grows_with_the_acceptance_length(
     manifest = tmp_path / "run.yaml"
     manifest.write_text(yaml.safe_dump(doc))
     monkeypatch.setenv("EAGLE3_MODELS_ROOT", str(tiny_models))
-    result = run_plan(str(manifest), str(tmp_path / "art"), str(tiny_models), vllm)
+    result = run_plan(str(manifest), str(tmp_path / "art"), str(tiny_models), VLLM)
     assert result.method == "synthetic" and result.measured_acceptance_length is None
     assert result.server_start_seconds and len(result.server_start_seconds) == 1 + len(
         {a.acceptance_length for a in result.acceptance_lengths or []}
