@@ -28,7 +28,13 @@ from tests.observability.vllm_stack import Served
 RUNS = {"promote": ("bad", "good"), "rollback": ("good", "bad")}  # run -> (incumbent's, canary's server)
 INCUMBENT, NEW = "export/incumbent0001", "export/candidate0002"
 DURATION = "20s"
-TOLERANCE = 0.1
+# What decides here is the acceptance length, which greedy decoding makes the same in every run (good 1.61,
+# bad 1.0): any tolerance under 1 - 1/1.61 = 0.38 rolls `bad` back on it. The per-request speed is the
+# load's: the two servers share two cores with the operator, Prometheus and the tier's stage programs. Here
+# good ran at 18.5 to 28.5 tokens/s and bad at 8.6 to 10.3; in one CI run the good one came out under 0.9x
+# the bad one and was rolled back at a tolerance of 0.1. 0.3 keeps the speed check in (a canary at under
+# 0.7x the incumbent's speed is still rolled back) without betting the tier on the machine's noise.
+TOLERANCE = 0.3
 DECISION_TIMEOUT_S = 180.0
 
 

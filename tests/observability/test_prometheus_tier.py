@@ -26,7 +26,7 @@ from eagle3_pipeline.spec_metrics import Acceptance
 from tests.harness.cluster import eventually
 from tests.harness.scenario import draft_of
 from tests.observability import expressions as ex
-from tests.observability.canary_stack import INCUMBENT, NEW
+from tests.observability.canary_stack import INCUMBENT, NEW, TOLERANCE
 from tests.observability.canary_stack import RUNS as RUNS_WITH_CANARY
 from tests.observability.operator_stack import NAMESPACE
 from tests.observability.prometheus import PromQLError, wait_for
@@ -347,7 +347,8 @@ def test_the_bad_canary_is_rolled_back_with_both_figures(tier: Tier) -> None:
         canary["phase"] == "RolledBack" and canary["draft"] == NEW and canary["incumbentDraft"] == INCUMBENT
     )
     assert canary["canary"]["acceptanceLength"] == 1.0  # the muted draft: nothing accepted
-    assert canary["incumbent"]["acceptanceLength"] > 1.3
+    # rolled back on the acceptance length alone: 1.0 is under (1 - tolerance) x the incumbent's
+    assert canary["incumbent"]["acceptanceLength"] * (1 - TOLERANCE) > 1.0, canary.get("message")
     cond = canary_condition(tier, "rollback")
     assert (cond["status"], cond["reason"]) == ("False", "RolledBack")
     for figure in (canary["canary"]["acceptanceLength"], canary["incumbent"]["acceptanceLength"]):
@@ -361,7 +362,7 @@ def test_the_bad_canary_is_rolled_back_with_both_figures(tier: Tier) -> None:
 def test_the_good_canary_is_promoted_and_serves(tier: Tier) -> None:
     assert tier.canaries is not None
     canary = canary_status(tier, "promote")
-    assert canary["phase"] == "Promoted", canary
+    assert canary["phase"] == "Promoted", canary.get("message")  # the message names both tracks' figures
     assert canary["canary"]["acceptanceLength"] > 1.3 and canary["incumbent"]["acceptanceLength"] == 1.0
     cond = canary_condition(tier, "promote")
     assert (cond["status"], cond["reason"]) == ("True", "Promoted")
@@ -379,8 +380,9 @@ def test_the_good_canary_is_promoted_and_serves(tier: Tier) -> None:
 
 def test_the_canary_figures_in_status_are_prometheus_answers(tier: Tier) -> None:
     """The same queries, over the same window, at the decision (the operator evaluates them at the time its
-    status names): the traffic had ended, so the counters are those the operator read (its minRequests is
-    all the traffic), up to the status's rounding."""
+    status names), up to the status's rounding. The canary's count is all its traffic (its minRequests); the
+    incumbent's server may still be finishing its last wave then, since the decision waits on the canary's
+    requests only."""
     for run in RUNS_WITH_CANARY:
         canary = canary_status(tier, run)
         started, decided = unix_time(canary["started"]), unix_time(canary["decided"])
@@ -388,6 +390,7 @@ def test_the_canary_figures_in_status_are_prometheus_answers(tier: Tier) -> None
         assert canary["secondsToDecision"] == pytest.approx(decided - started, abs=1)
         # the figure docs/benchmarks.md records (shown with pytest -s)
         print(f"canary {run}: {canary['phase']} {canary['secondsToDecision']} s after its first ready pod")
+        print(f"  incumbent {canary['incumbent']}, canary {canary['canary']}")
         for track, key in ((TRACK_STABLE, "incumbent"), (TRACK_CANARY, "canary")):
             scope = cq.track_scope(NAMESPACE, run, track, int(decided - started))
             length = tier.prometheus.query(cq.acceptance_length(scope), at=decided)
@@ -397,7 +400,8 @@ def test_the_canary_figures_in_status_are_prometheus_answers(tier: Tier) -> None
             assert figures["acceptanceLength"] == pytest.approx(float(length[0]["value"][1]), rel=1e-3)
             assert figures["outputTokensPerSecond"] == pytest.approx(float(speed[0]["value"][1]), rel=1e-3)
             assert figures["requests"] == pytest.approx(float(requests[0]["value"][1]), abs=2)
-            assert figures["requests"] >= WAVES * WAVE_PROMPTS - 1, (run, track, figures)
+            least = WAVES * WAVE_PROMPTS - 1 - (WAVE_PROMPTS if track == TRACK_STABLE else 0)
+            assert figures["requests"] >= least, (run, track, figures)
 
 
 def test_the_operator_exports_the_canary_and_the_sweep(tier: Tier) -> None:

@@ -116,7 +116,7 @@ def evaluate(tier: Tier, models: Path) -> dict[str, Any]:
         "acceptanceLength": acceptance.length,
         "acceptanceRate": acceptance.rate,
         "acceptanceByPosition": list(acceptance.by_position),
-        "drafts": delta.drafts,
+        "drafts": int(delta.drafts),  # as the evaluate stage writes it (the contract is strict)
         "outputTokens": good.completion_tokens - tokens_before,
         "speculation": SWEEP,
     }
