@@ -10,18 +10,17 @@ are left and the three processes' CPU over a window, in % of one core:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import time
 from pathlib import Path
 
-from tests.operator.apiserver import ServerAccess, _request, start_server
+import aiohttp
+from tests.harness.cluster import Cluster
+from tests.harness.scenario import artifacts_claim
+from tests.operator.apiserver import ServerAccess, start_server
 
-PVC = {
-    "apiVersion": "v1",
-    "kind": "PersistentVolumeClaim",
-    "metadata": {"name": "artifacts"},
-    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-}
+PREFIX = "idle-"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -34,14 +33,29 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICKS
 
 
-def churn(server: ServerAccess, count: int) -> None:
-    assert server.token is not None
-    for i in range(count):
-        ns = f"{server.url}/api/v1/namespaces/idle-{i}"
-        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"idle-{i}"}}
-        _request(f"{server.url}/api/v1/namespaces", server.token, "POST", body)
-        _request(f"{ns}/persistentvolumeclaims", server.token, "POST", PVC)
-        _request(ns, server.token, "DELETE")
+async def churn(server: ServerAccess, count: int) -> None:
+    """Create `count` namespaces holding a run's artifacts PVC each, then delete them, as tests do."""
+    async with aiohttp.ClientSession() as session:
+        cluster = Cluster(session, server.url, token=server.token)
+        for i in range(count):
+            name = f"{PREFIX}{i}"
+            await server.create_namespace(cluster, name)
+            await Cluster(session, server.url, name, server.token).create(
+                "v1", "persistentvolumeclaims", artifacts_claim(name)
+            )
+            await server.delete_namespace(cluster, name)
+
+
+async def left(server: ServerAccess, count: int) -> int:
+    """How many of the churned namespaces the server still has."""
+    found = 0
+    async with aiohttp.ClientSession() as session:
+        headers = Cluster(session, server.url, token=server.token).headers
+        for i in range(count):
+            url = f"{server.url}/api/v1/namespaces/{PREFIX}{i}"
+            async with session.get(url, headers=headers, ssl=False) as resp:
+                found += resp.status != 404
+    return found
 
 
 def main() -> None:
@@ -51,16 +65,15 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=30.0, help="seconds the CPU is measured over")
     args = parser.parse_args()
     server = start_server()
-    assert server.control is not None and server.token is not None
-    churn(server, args.namespaces)
+    assert server.control is not None
+    asyncio.run(churn(server, args.namespaces))
     time.sleep(args.wait)
-    items = _request(f"{server.url}/api/v1/namespaces", server.token)["items"]
-    left = [i["metadata"]["name"] for i in items if i["metadata"]["name"].startswith("idle-")]
+    remaining = asyncio.run(left(server, args.namespaces))
     pids = [proc.pid for proc in server.control.procs.values()]
     before = cpu_seconds(pids)
     time.sleep(args.window)
     share = (cpu_seconds(pids) - before) / args.window
-    print(f"{len(left)} of {args.namespaces} deleted namespaces left after {args.wait:.0f} s")
+    print(f"{remaining} of {args.namespaces} deleted namespaces left after {args.wait:.0f} s")
     print(f"etcd, kube-apiserver, kube-controller-manager: {share:.1%} of a core over {args.window:.0f} s")
 
 

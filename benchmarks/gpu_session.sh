@@ -48,12 +48,11 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 say() { echo "gpu_session.sh [$(date -u +%H:%M:%S) ${SECONDS}s]: $*"; }
 
-SITE=${EAGLE3_GPU_PREFIX:-${TMPDIR:-/tmp}/eagle3-gpu}/site-packages
+# gpu_pipeline.sh checks the GPU and the packages (and prints their versions), and installs what is missing
+# into $EAGLE3_GPU_PREFIX/site-packages, which the tier then imports from
 export PYTHONUNBUFFERED=1 EAGLE3_GPU_PREFIX=${EAGLE3_GPU_PREFIX:-${TMPDIR:-/tmp}/eagle3-gpu}
+SITE=$EAGLE3_GPU_PREFIX/site-packages
 [[ -n $MODELS ]] && export EAGLE3_MODELS_ROOT=$(cd "$MODELS" && pwd)
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-"$PYTHON" -c 'import sys, torch, transformers, triton; print(sys.version.split()[0], "torch", torch.__version__,
-    "transformers", transformers.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available())'
 
 status=0
 if ((BENCH)); then

@@ -6,7 +6,9 @@ from typing import Any
 
 import kmock
 
+from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_operator.builders import names
+from eagle3_operator.builders.claim import build_artifacts_claim
 from tests import tiny_spec
 from tests.harness.cluster import MERGE, Cluster, Player, eventually
 from tests.harness.results import fake_result
@@ -19,6 +21,12 @@ ORDER = ("prepare", "extract", "vocab", "train", "evaluate", "export")
 def tiny(**sections: Any) -> dict[str, Any]:
     """TINY with `sections` merge-patched in (see tests.tiny_spec.derive)."""
     return tiny_spec.derive(TINY, **sections)
+
+
+def artifacts_claim(namespace: str, run: str = "tiny") -> dict[str, Any]:
+    """The artifacts PVC the operator creates for a tiny run (not owned by it: it outlives the run)."""
+    ref = names.RunRef(run, namespace, f"uid-{run}")
+    return build_artifacts_claim(ref, Eagle3RunSpec.model_validate(tiny()))
 
 
 async def status(cluster: Cluster, run: str) -> dict[str, Any]:

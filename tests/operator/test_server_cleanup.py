@@ -14,16 +14,11 @@ import aiohttp
 import pytest
 
 from tests.harness.cluster import Cluster, eventually
+from tests.harness.scenario import artifacts_claim
 from tests.operator.apiserver import ServerAccess
 
 pytestmark = pytest.mark.apiserver
 GONE_WITHIN_S = 30.0
-PVC = {
-    "apiVersion": "v1",
-    "kind": "PersistentVolumeClaim",
-    "metadata": {"name": "tiny-artifacts"},
-    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-}
 
 
 async def test_a_deleted_namespace_with_a_pvc_is_gone(server: ServerAccess) -> None:
@@ -33,7 +28,7 @@ async def test_a_deleted_namespace_with_a_pvc_is_gone(server: ServerAccess) -> N
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         cluster = Cluster(session, server.url, namespace=name, token=server.token)
         await server.create_namespace(cluster, name)
-        made = await cluster.create("v1", "persistentvolumeclaims", PVC)
+        made = await cluster.create("v1", "persistentvolumeclaims", artifacts_claim(name))
         assert "kubernetes.io/pvc-protection" in made["metadata"].get("finalizers", []), made["metadata"]
         await server.delete_namespace(cluster, name)
 
