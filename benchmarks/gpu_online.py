@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -36,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +286,51 @@ def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 row[key + "Within5Percent"] = abs(a - b) <= 0.05 * b
         out[label] = row
     return out
+
+
+def comparison(ctx: Any, prepare: Path, vocab: Path, say: Callable[[str], None]) -> None:
+    """gpu_pipeline.py's step 5 on its Context (`args`, `root`, `spec`, `report`, `phase`, `save`) and its
+    prepare and vocab outputs: offline (vLLM extraction) against online (volume, mooncake) by `eagle3 run`,
+    and the producer alone; every part that cannot run is recorded under `skipped` with the reason."""
+    args = ctx.args
+    online: dict[str, Any] = {"runs": {}, "skipped": {}, "timeoutSeconds": args.online_timeout}
+    ctx.report["online"] = online
+    vllm, why = find_vllm(args.vllm)
+    if vllm is None:
+        online["skipped"]["all"] = why
+        say(f"online comparison skipped: {why}")
+        ctx.save()
+        return
+    online["vllm"], online["eager"] = vllm, not args.online_compile
+    art = ctx.root / ARTIFACTS
+    logs = args.json.parent if args.json else ctx.root
+    until = "evaluate" if args.online_evaluate else "train"
+    if args.online_evaluate:
+        conversations(prepare, EVAL_PROMPTS)
+    modes = {
+        "offline": {"mode": "offline", "backend": "vllm"},
+        "volume": {"mode": "online", "transfer": "volume"},
+        "mooncake": {"mode": "online", "transfer": "mooncake"},
+    }
+    specs: dict[str, Path] = {}
+    for label, fields in modes.items():
+        problem = mooncake_problem() if label == "mooncake" else None
+        if problem:
+            online["skipped"][label] = problem
+            say(f"online {label} skipped: {problem}")
+            continue
+        spec = specs[label] = manifest(
+            ctx.spec, ctx.root, label, fields, evaluate=args.online_evaluate, eager=not args.online_compile
+        )
+        seed(art, spec, {"prepare": prepare, "vocab": vocab})
+        run = functools.partial(run_mode, label, spec, art, vllm, until, args.online_timeout, logs)
+        online["runs"][label] = figures = ctx.phase(f"online-{label}", run)
+        if "error" in figures:
+            say(f"online {label}: {figures['error']} (see {logs / figures['log']})")
+    if "trainTokensPerSecond" in online["runs"].get("volume", {}):
+        throughput = functools.partial(producer_throughput, specs["volume"], art, vllm, dataset_rows(prepare))
+        online["producer"] = ctx.phase("producer", throughput)
+    else:
+        online["skipped"]["producer"] = "the online (volume) run did not finish"
+    online["ratio"] = compare(online["runs"])
+    ctx.save()

@@ -2,8 +2,9 @@
 our train stage against the stock `speculators train` on the same data and the same run.yaml.
 
     python benchmarks/gpu_pipeline.py [--size 1b|3b|tiny] [--device cuda|cpu] [--steps 300] [--epochs 1]
-        [--seq-len N] [--token-budget N] [--warmup N] [--peak-tflops T] [--json out.json] [--workdir DIR]
-        [--compare all|stock|online] [--vllm PATH] [--online-timeout S] [--online-evaluate]
+        [--seq-len N] [--token-budget N] [--warmup N] [--stop-after-steps N] [--budget PHASE=S ...]
+        [--peak-tflops T] [--json out.json] [--workdir DIR] [--compare all|stock|online] [--vllm PATH]
+        [--online-timeout S] [--online-evaluate] [--plan-only]
 
 (PYTHONPATH=contract:operator:pipeline:cli; `benchmarks/gpu_pipeline.sh` runs it on a GPU machine with a time
 limit.)
@@ -18,9 +19,12 @@ limit.)
 4. `eagle3 stage train` runs in this process with the settings it picks for the device (on a GPU the stock
    ones: flex attention, the fused Triton loss, 12 loader workers), then `speculators train --config
    <that run.yaml> --save-path <elsewhere>` as a subprocess; both are measured from speculators' own step
-   records (gpu_train_bench.py). The stock run comes second: Triton and inductor caches are warm for it,
-   which only its time to the first step shows. Without an accelerator it runs inside
-   eagle3_pipeline.speculators_cpu.cpu_adapted() (speculators 0.9.0 trains on CUDA only).
+   records (gpu_train_bench.py): the rates after the warm-up, and apart from them the seconds the compiling
+   steps took (`compile_s`) and the time to the first step. The stock run comes second: Triton and inductor
+   caches are warm for it, which its compile seconds and time to the first step show. Without an
+   accelerator it runs inside eagle3_pipeline.speculators_cpu.cpu_adapted() (speculators 0.9.0 trains on
+   CUDA only). `--stop-after-steps N` stops each run once it has logged N steps (no checkpoint, no
+   validation: the train stage's output stays uncommitted, so it has no result).
 5. Online against offline (gpu_online.py; needs a vLLM for the device, `--vllm`, else every part is recorded
    as skipped with the reason): `eagle3 run` on the same prepare and vocab outputs, offline (vLLM
    extraction) and online (`eagle3 produce`, volume transfer; mooncake where it is installed): train tokens/s
@@ -28,21 +32,20 @@ limit.)
    and 32, and the acceptance length (the train stage's validation estimate; `--online-evaluate`: vLLM's).
 
 `--compare stock` runs 1-4, `--compare online` 1-3 (vocab only) and 5, `--compare all` (the default) all.
+`--budget PHASE=SECONDS` limits a phase (gpu_budget.py): a training phase past it keeps the steps it logged,
+any other ends the run with what was measured so far. `--plan-only` prints the settings and budgets and exits
+(benchmarks/gpu_session.sh --dry-run).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
-import gc
 import io
 import json
 import logging
-import math
 import os
 import platform
-import random
 import shutil
 import signal
 import sys
@@ -52,12 +55,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-from gpu_online import SOURCE_DIRS
+from gpu_budget import StopRun, deadline, parse_budgets
+from gpu_inputs import (
+    build_verifier,
+    forward_rate,
+    gib,
+    peak_bytes,
+    peak_reset,
+    plan_rows,
+    release,
+    write_data,
+    write_spec,
+)
+from gpu_online import SOURCE_DIRS, comparison
 from gpu_report import markdown
 from gpu_roofline import (
     SIZES,
-    LlamaShape,
     fraction,
     peak_flops,
     prefill_flops_per_token,
@@ -65,6 +78,7 @@ from gpu_roofline import (
 )
 from gpu_train_bench import (
     Progress,
+    Step,
     TrainFigures,
     ratios,
     recording_steps,
@@ -81,8 +95,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 PREPARE, EXTRACT, VOCAB, TRAIN = "prepare/bench", "extract/bench", "vocab/bench", "train/bench"
 RUN_YAML = "checkpoints/run.yaml"  # in the train stage's output
-VAL_FRACTION = 0.05
-PACKING = 0.9  # assumed fill of speculators' packed training rows, to size the dataset for --steps
+PHASES = ("describe", "build", "data", "vocab", "extract", "train", "stock")  # those --budget may limit
+COMPILE_OFF = ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE")  # set to 1: torch.compile runs nothing
 STARTED = time.perf_counter()
 
 
@@ -101,95 +115,6 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_verifier(shape: LlamaShape, path: Path, device: torch.device, max_len: int) -> None:
-    """Random Llama weights made on `device` (bf16 on a GPU, fp32 on the CPU) and a tokenizer, saved."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from eagle3_pipeline.tiny.corpus import sample
-    from eagle3_pipeline.tiny.tokenizer import save_tokenizer, train_tokenizer, training_texts
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        max_position_embeddings=max(4096, 2 * max_len),
-        tie_word_embeddings=False,
-    )
-    llama: Any = LlamaForCausalLM  # untyped for mypy
-    with device:  # initialized where it will run: seconds on a GPU for 1B parameters
-        model = llama(config)
-    if device.type == "cuda":
-        model = model.to(torch.bfloat16)
-    model.save_pretrained(path)
-    del model
-    save_tokenizer(train_tokenizer(training_texts(sample(0, 200)), 512), path, max_len)
-
-
-def plan_rows(steps: int, epochs: int, seq_len: int) -> tuple[int, int, tuple[int, int]]:
-    """(train rows, validation rows, length range) for about `steps` packed steps over `epochs` epochs."""
-    lengths = (max(2, seq_len // 8), seq_len // 2)
-    mean = sum(lengths) / 2
-    train = max(4, math.ceil(steps / epochs * seq_len * PACKING / mean))
-    return train, max(2, round(train * VAL_FRACTION)), lengths
-
-
-def write_data(root: Path, vocab: int, train: int, val: int, lengths: tuple[int, int]) -> dict[str, Any]:
-    """A prepare output of random rows, written with the prepare stage's own functions."""
-    import torch
-
-    from eagle3_pipeline.masking import Tokenized
-    from eagle3_pipeline.prepared import (
-        DATA_DIR,
-        TOKEN_FREQ_FILE,
-        TRAIN,
-        VAL,
-        save_dataset,
-        token_frequencies,
-    )
-
-    rng = random.Random(0)
-    rows = []
-    for i in range(train + val):
-        n = rng.randint(*lengths)
-        ids = [rng.randrange(vocab) for _ in range(n)]
-        conv = {"id": str(i), "split": TRAIN if i < train else VAL}
-        rows.append((conv, Tokenized(ids, [0] * (n // 4) + [1] * (n - n // 4))))
-    out = root / PREPARE
-    save_dataset(out / DATA_DIR, rows)
-    torch.save(dict(token_frequencies(rows)), out / TOKEN_FREQ_FILE)
-    tokens = sum(len(t.input_ids) for _, t in rows)
-    result = {"samples": len(rows), "train": train, "validation": val, "trainRatio": train / len(rows)}
-    (out / "result.json").write_text(json.dumps({**result, "tokens": tokens}) + "\n")
-    return {**result, "tokens": tokens, "meanLength": round(tokens / len(rows), 1), "lengths": list(lengths)}
-
-
-def write_spec(path: Path, model: Path, shape: LlamaShape, args: argparse.Namespace) -> Path:
-    spec = {
-        "verifier": {"model": str(model)},
-        "dataset": {
-            "source": "random",
-            "maxSequenceLength": args.seq_len,
-            "validationFraction": VAL_FRACTION,
-        },
-        "extraction": {
-            "backend": "transformers",
-            "layers": list(shape.aux_layers),
-            "tokenBudget": args.token_budget,
-            "dtype": "bfloat16",
-        },
-        "draft": {"vocabSize": shape.draft_vocab},
-        "training": {"epochs": args.epochs, "sequenceLength": args.seq_len},
-    }
-    doc = {"apiVersion": "eagle3.dev/v1alpha1", "kind": "Eagle3Run", "metadata": {"name": "bench-gpu"}}
-    path.write_text(yaml.safe_dump({**doc, "spec": spec}, sort_keys=False))
-    return path
-
-
 def stage(name: str, spec: Path, root: Path, output: str, inputs: list[str]) -> dict[str, Any]:
     """`eagle3 stage <name>` in this process; its result (SystemExit when it fails)."""
     from eagle3_pipeline.stage_main import run_stage
@@ -202,51 +127,19 @@ def stage(name: str, spec: Path, root: Path, output: str, inputs: list[str]) -> 
     return result
 
 
-def synchronize(device: torch.device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def release(device: torch.device) -> None:
-    import torch
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def forward_rate(model_dir: Path, root: Path, shape: LlamaShape, budget: int, device: torch.device) -> float:
-    """Tokens/s of the extractor's forward passes (layer capture included) over the stage's batches."""
-    from eagle3_pipeline import extract_transformers as tf
-    from eagle3_pipeline.extract_rows import PreparedRows
-    from eagle3_pipeline.hidden_states import Layout, plan_batches
-
-    rows = PreparedRows.load(root / PREPARE, shape.vocab)
-    layout = Layout(shape.aux_layers, shape.layers, shape.hidden, "bfloat16")
-    batches = [rows.token_ids(b) for b in plan_batches(list(enumerate(rows.seq_lens)), budget)]
-    extractor = tf.TransformersExtractor(
-        tf.load_verifier(tf.VerifierRef(str(model_dir), None, False), device), layout
-    )
-    extractor.forward(batches[0])  # warm-up: kernels chosen, allocator grown
-    synchronize(device)
-    started = time.perf_counter()
-    for batch in batches:
-        extractor.forward(batch)
-    synchronize(device)
-    seconds = time.perf_counter() - started
-    del extractor
-    release(device)
-    return sum(len(ids) for batch in batches for ids in batch) / seconds
+def compiled(device: torch.device) -> bool:
+    """Whether training compiles (speculators compiles on CUDA only, and not with COMPILE_OFF set)."""
+    return device.type == "cuda" and not any(os.environ.get(name) == "1" for name in COMPILE_OFF)
 
 
 def extraction(ctx: Context) -> dict[str, Any]:
+    peak_reset(ctx.device)
     started = time.perf_counter()
     result = stage("extract", ctx.spec, ctx.root, EXTRACT, [f"prepare={PREPARE}"])
     stage_wall = time.perf_counter() - started
+    peak = peak_bytes(ctx.device)
     release(ctx.device)
-    forward = forward_rate(ctx.model, ctx.root, ctx.shape, ctx.args.token_budget, ctx.device)
+    forward = forward_rate(ctx.model, ctx.root / PREPARE, ctx.shape, ctx.args.token_budget, ctx.device)
     mean_len = ctx.report["data"]["meanLength"]
     roofline = roofline_tokens_per_s(ctx.shape, mean_len, ctx.peak)
     stage_rate = float(result["tokensPerSecond"])
@@ -260,6 +153,7 @@ def extraction(ctx: Context) -> dict[str, Any]:
         "forwardRooflineFraction": fraction(forward, roofline),
         "extractSeconds": result["extractSeconds"],
         "stageWallSeconds": round(stage_wall, 2),
+        "peakMemoryGiB": gib(peak),
         "bytesPerToken": result["bytesPerToken"],
         "tokenBudget": result["tokenBudget"],
         "layers": result["layers"],
@@ -267,26 +161,31 @@ def extraction(ctx: Context) -> dict[str, Any]:
 
 
 def train_ours(ctx: Context) -> dict[str, Any]:
-    """`eagle3 stage train` in this process, with the settings it picks for the device."""
-    import torch
-
-    cuda = ctx.device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+    """`eagle3 stage train` in this process, with the settings it picks for the device; stopped after
+    `--stop-after-steps` steps or at the phase's budget, it has no result (its output stays uncommitted)."""
+    peak_reset(ctx.device)
     inputs = [f"prepare={PREPARE}", f"extract={EXTRACT}", f"vocab={VOCAB}"]
     started = time.perf_counter()
-    with recording_steps(Progress("ours", started)) as recorder:
-        result = stage("train", ctx.spec, ctx.root, TRAIN, inputs)
-    peak = torch.cuda.max_memory_allocated() if cuda else None
-    ctx.ours = summarize(recorder.steps, ctx.warmup, started, time.perf_counter(), peak)
+    progress = Progress("ours", started, lambda steps: ctx.snapshot("ours", steps, started))
+    result: dict[str, Any] | None = None
+    stopped: str | None = None
+    with recording_steps(progress, ctx.args.stop_after_steps) as recorder:
+        try:
+            result = stage("train", ctx.spec, ctx.root, TRAIN, inputs)
+        except StopRun as stop:
+            stopped = stop.reason
+    ended = time.perf_counter()
+    ctx.ours = summarize(recorder.steps, ctx.warmup, started, ended, peak_bytes(ctx.device), stopped)
     release(ctx.device)
-    say(f"train (ours): {ctx.ours.steps} steps, {ctx.ours.steps_per_s} steps/s")
+    say(f"train (ours): {ctx.ours.steps} steps, {ctx.ours.steps_per_s} steps/s (stopped: {stopped})")
     stage_keys = ("parameters", "device", "trainTokensPerSecond", "trainSeconds")
     return {
         "ours": ctx.ours.as_dict(),
         "warmupSteps": ctx.warmup,
-        "settings": run_settings(ctx.root / TRAIN / RUN_YAML),
-        "stageResult": {k: result.get(k) for k in stage_keys},
+        "stopAfterSteps": ctx.args.stop_after_steps,
+        "compiled": compiled(ctx.device),
+        "settings": run_settings(ctx.run_yaml()),
+        "stageResult": {k: result.get(k) for k in stage_keys} if result else None,
     }
 
 
@@ -295,10 +194,19 @@ def train_stock(ctx: Context) -> dict[str, Any]:
     import torch
 
     cuda = ctx.device.type == "cuda"
-    config, save = ctx.root / TRAIN / RUN_YAML, ctx.root / "stock" / "checkpoints"
+    config, save = ctx.run_yaml(), ctx.root / "stock" / "checkpoints"
     save.parent.mkdir()
     env = stock_env([REPO / d for d in SOURCE_DIRS], None if cuda else torch.get_num_threads())
-    stock = run_stock(stock_command(config, save), env, save.parent, ctx.stock_log, ctx.warmup)
+    started = time.perf_counter()
+    stock = run_stock(
+        stock_command(config, save),
+        env,
+        save.parent,
+        ctx.stock_log,
+        ctx.warmup,
+        ctx.args.stop_after_steps,
+        lambda steps: ctx.snapshot("stock", steps, started),
+    )
     assert ctx.ours is not None
     return {
         "stock": stock.as_dict(),
@@ -316,23 +224,52 @@ class Context:
         self.shape = SIZES[args.size]
         self.model = root / "verifier"
         self.spec = root / "run.yaml"
-        self.warmup = args.warmup if args.warmup is not None else max(1, min(10, args.steps // 10))
+        self.warmup: int = args.warmup
         self.stock_log = args.json.with_suffix(".stock.log") if args.json else root / "stock.log"
         self.peak: float | None = None
         self.ours: TrainFigures | None = None
-        self.report: dict[str, Any] = {"phases": {}}
+        self.report: dict[str, Any] = {"phases": {}, "budgets": args.budgets}
 
     def phase(self, name: str, run: Callable[[], Any], key: str | None = None) -> Any:
-        """Run one phase, its time (and its value, under `key`) saved at once: a run cut short by a time
-        limit keeps what it measured."""
+        """Run one phase under its budget, its time (and its value, under `key`) saved at once: a run cut
+        short keeps what it measured. A phase that fails or runs past its budget is recorded, and ends the
+        run (the training phases catch their budget themselves)."""
         say(f"{name} ...")
         started = time.perf_counter()
-        value = run()
-        self.report["phases"][name] = round(time.perf_counter() - started, 2)
+        budget = self.args.budgets.get(name)
+        try:
+            with deadline(budget):
+                value = run()
+        except StopRun as stop:
+            self.ended(name, started, "overBudget", budget)
+            raise SystemExit(f"phase {name} ran past its budget ({stop.reason})") from None
+        except (Exception, SystemExit) as exc:  # SystemExit: a stage that failed (its error is above)
+            self.ended(name, started, "errors", f"{type(exc).__name__}: {exc}"[:2000])
+            raise
         if key is not None:
             self.report[key] = value
-        self.save()
+        self.ended(name, started)
         return value
+
+    def ended(self, name: str, started: float, problem: str | None = None, what: Any = None) -> None:
+        """A phase's seconds, and what went wrong (under `overBudget` or `errors`), saved."""
+        self.report["phases"][name] = round(time.perf_counter() - started, 2)
+        if problem is not None:
+            self.report.setdefault(problem, {})[name] = what
+        self.save()
+
+    def snapshot(self, label: str, steps: list[Step], started: float) -> None:
+        """A training run's figures so far (`stopped: running`), saved while it runs."""
+        figures = summarize(steps, self.warmup, started, time.perf_counter(), None, "running")
+        self.report.setdefault("training", {})[label] = figures.as_dict()
+        self.save()
+
+    def run_yaml(self) -> Path:
+        """The train stage's run.yaml: in its output, or in its work directory when it was stopped."""
+        from eagle3_pipeline.context import work_dir_of
+
+        done = self.root / TRAIN / RUN_YAML
+        return done if done.exists() else work_dir_of(self.root / TRAIN) / RUN_YAML
 
     def save(self) -> None:
         self.report["totalSeconds"] = round(time.perf_counter() - STARTED, 2)
@@ -364,7 +301,8 @@ def run(ctx: Context) -> dict[str, Any]:
     report.update(ctx.phase("describe", lambda: describe(ctx)))
     ctx.phase("build", lambda: build_verifier(ctx.shape, ctx.model, ctx.device, args.seq_len))
     train_rows, val_rows, lengths = plan_rows(args.steps, args.epochs, args.seq_len)
-    ctx.phase("data", lambda: write_data(ctx.root, ctx.shape.vocab, train_rows, val_rows, lengths), "data")
+    prepare = ctx.root / PREPARE
+    ctx.phase("data", lambda: write_data(prepare, ctx.shape.vocab, train_rows, val_rows, lengths), "data")
     write_spec(ctx.spec, ctx.model, ctx.shape, args)
     ctx.phase("vocab", lambda: stage("vocab", ctx.spec, ctx.root, VOCAB, [f"prepare={PREPARE}"]), "vocab")
     if args.compare in ("all", "stock"):
@@ -372,59 +310,9 @@ def run(ctx: Context) -> dict[str, Any]:
         ctx.phase("train", lambda: train_ours(ctx), "training")
         report["training"].update(ctx.phase("stock", lambda: train_stock(ctx)))
     if args.compare in ("all", "online"):
-        online_comparison(ctx)
+        comparison(ctx, ctx.root / PREPARE, ctx.root / VOCAB, say)
     ctx.save()
     return report
-
-
-def online_comparison(ctx: Context) -> None:
-    """Step 5: offline (vLLM extraction) against online (volume, mooncake) by `eagle3 run`, and the producer
-    alone; every part that cannot run is recorded under `skipped` with the reason."""
-    import gpu_online as go
-
-    args = ctx.args
-    online: dict[str, Any] = {"runs": {}, "skipped": {}, "timeoutSeconds": args.online_timeout}
-    ctx.report["online"] = online
-    vllm, why = go.find_vllm(args.vllm)
-    if vllm is None:
-        online["skipped"]["all"] = why
-        say(f"online comparison skipped: {why}")
-        ctx.save()
-        return
-    online["vllm"], online["eager"] = vllm, not args.online_compile
-    art = ctx.root / go.ARTIFACTS
-    logs = args.json.parent if args.json else ctx.root
-    until = "evaluate" if args.online_evaluate else "train"
-    if args.online_evaluate:
-        go.conversations(ctx.root / PREPARE, go.EVAL_PROMPTS)
-    modes = {
-        "offline": {"mode": "offline", "backend": "vllm"},
-        "volume": {"mode": "online", "transfer": "volume"},
-        "mooncake": {"mode": "online", "transfer": "mooncake"},
-    }
-    specs: dict[str, Path] = {}
-    for label, fields in modes.items():
-        problem = go.mooncake_problem() if label == "mooncake" else None
-        if problem:
-            online["skipped"][label] = problem
-            say(f"online {label} skipped: {problem}")
-            continue
-        spec = specs[label] = go.manifest(
-            ctx.spec, ctx.root, label, fields, evaluate=args.online_evaluate, eager=not args.online_compile
-        )
-        go.seed(art, spec, {"prepare": ctx.root / PREPARE, "vocab": ctx.root / VOCAB})
-        run = functools.partial(go.run_mode, label, spec, art, vllm, until, args.online_timeout, logs)
-        online["runs"][label] = figures = ctx.phase(f"online-{label}", run)
-        if "error" in figures:
-            say(f"online {label}: {figures['error']} (see {logs / figures['log']})")
-    if "trainTokensPerSecond" in online["runs"].get("volume", {}):
-        rows = go.dataset_rows(ctx.root / PREPARE)
-        throughput = functools.partial(go.producer_throughput, specs["volume"], art, vllm, rows)
-        online["producer"] = ctx.phase("producer", throughput)
-    else:
-        online["skipped"]["producer"] = "the online (volume) run did not finish"
-    online["ratio"] = go.compare(online["runs"])
-    ctx.save()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -436,6 +324,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, help="tokens per packed training step (default 2048; tiny 256)")
     p.add_argument("--token-budget", type=int, help="extraction tokens per batch (default 32768; tiny 1024)")
     p.add_argument("--warmup", type=int, help="first steps left out of the rates (default steps/10, 1..10)")
+    p.add_argument(
+        "--stop-after-steps",
+        type=int,
+        help="stop each training run once it has logged this many steps (default: run to the end)",
+    )
+    p.add_argument(
+        "--budget",
+        action="append",
+        metavar="PHASE=SECONDS",
+        help=f"a phase's time limit (repeatable; phases: {', '.join(PHASES)})",
+    )
+    p.add_argument("--plan-only", action="store_true", help="print the settings and budgets (JSON), and exit")
     p.add_argument("--peak-tflops", type=float, help="peak dense bf16 TFLOP/s (default: from the GPU's name)")
     p.add_argument("--json", type=Path, help="write the report here (after every phase)")
     p.add_argument("--markdown", type=Path, help="write the Markdown tables here too")
@@ -464,11 +364,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run the evaluate stage for each draft too (two more vLLM servers per mode)",
     )
-    args = p.parse_args(argv)
+    return resolve(p, p.parse_args(argv))
+
+
+def resolve(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The defaults that depend on other options, and the budgets; `p.error` for what cannot run."""
     tiny = args.size == "tiny"
     args.seq_len = args.seq_len or (256 if tiny else 2048)
     args.token_budget = args.token_budget or (1024 if tiny else 32768)
+    args.warmup = args.warmup if args.warmup is not None else max(1, min(10, args.steps // 10))
+    try:
+        args.budgets = parse_budgets(args.budget, PHASES)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.stop_after_steps is not None and args.stop_after_steps <= args.warmup + 1:
+        p.error(f"--stop-after-steps {args.stop_after_steps}: no step would be measured after the warm-up")
     return args
+
+
+def plan(args: argparse.Namespace) -> dict[str, Any]:
+    """What `--plan-only` prints: the run's settings and its phases' budgets."""
+    keys = ("size", "device", "steps", "epochs", "seq_len", "token_budget", "warmup", "stop_after_steps")
+    return {**{k: getattr(args, k) for k in keys}, "compare": args.compare, "budgets": args.budgets}
 
 
 def terminated(signum: int, frame: object) -> None:
@@ -478,6 +395,9 @@ def terminated(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.plan_only:
+        print(json.dumps(plan(args)))
+        return 0
     signal.signal(signal.SIGTERM, terminated)
     device = pick_device(args.device)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -9,7 +9,7 @@
 #   bash benchmarks/gpu_pipeline.sh [--wheels DIR] [--timeout SECONDS] [gpu_pipeline.py options]
 #     --wheels DIR   wheels to install missing packages from (env EAGLE3_WHEELS); no network is used
 #     --timeout S    the limit for everything, checks and installs included (env TIMEOUT; default 480)
-#     --install-only the checks and installs alone, no benchmark (benchmarks/gpu_session.sh, for the tier)
+#     --install-only the checks and installs alone, no benchmark (benchmarks/gpu_session.sh's check step)
 #     --device cpu   (a gpu_pipeline.py option) skips the GPU checks: the smoke run, with --size tiny
 #     --compare online --vllm PATH   (gpu_pipeline.py options) online against offline hidden states; without a
 #                    vLLM for the GPU it is recorded as skipped (docs/gpu.md)

@@ -45,38 +45,47 @@ def extraction(x: dict[str, Any]) -> list[str]:
             f"| {label} | {x['tokens']} | {x[key + 'TokensPerSecond']:,.0f} "
             f"| {_num(x['rooflineTokensPerSecond'], ',.0f')} | {_num(x[key + 'RooflineFraction'], '.3f')} |"
         )
+    if x.get("peakMemoryGiB") is not None:
+        lines += ["", f"Peak GPU memory of the extract stage: {x['peakMemoryGiB']:.2f} GiB."]
     return lines
 
 
 def training(report: dict[str, Any]) -> list[str]:
     t = report["training"]
     s = t["settings"]
+    mode = "compiled" if t.get("compiled") else "not compiled"
     lines = [
-        f"| training: {s['draft_attn_impl']}, {s['loss_implementation']} loss, {s['num_workers']} workers, "
-        f"{s['total_seq_len']} tokens/step, ttt {s['ttt_steps']} | steps | steps/s | tokens/s "
-        "| median step ms | peak GiB | loss first / last | first step s | wall s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| training ({mode}): {s['draft_attn_impl']}, {s['loss_implementation']} loss, {s['num_workers']} "
+        f"workers, {s['total_seq_len']} tokens/step, ttt {s['ttt_steps']} | steps | steps/s | tokens/s "
+        "| median step ms | compile s | first step s | peak GiB | loss first / last | wall s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     stock = "stock: `speculators train --config run.yaml`" + (
-        " in cpu_adapted()" if t["stockAdaptedToCpu"] else ""
+        " in cpu_adapted()" if t.get("stockAdaptedToCpu") else ""
     )
-    for name, row in (("ours: `eagle3 stage train`", t["ours"]), (stock, t["stock"])):
+    for name, row in (("ours: `eagle3 stage train`", t.get("ours")), (stock, t.get("stock"))):
+        if row is None:
+            lines.append(f"| {name} | did not run | | | | | | | | |")
+            continue
+        stopped = {"steps": " (stopped after its steps)", "budget": " (stopped by its budget)"}
         lines.append(
-            f"| {name} | {row['steps']} | {row['steps_per_s']} | {row['tokens_per_s']:,.0f} "
-            f"| {row['median_step_ms']} | {_num(row['peak_memory_gib'], '.2f')} "
-            f"| {_num(row['first_loss'], '.3f')} / {_num(row['last_loss'], '.3f')} | {row['first_step_s']} "
-            f"| {row['wall_s']} |"
+            f"| {name}{stopped.get(row.get('stopped') or '', '')} | {row['steps']} "
+            f"| {_num(row['steps_per_s'])} | {_num(row['tokens_per_s'], ',.0f')} "
+            f"| {_num(row['median_step_ms'], '.1f')} | {_num(row.get('compile_s'), '.1f')} "
+            f"| {_num(row['first_step_s'], '.1f')} | {_num(row['peak_memory_gib'], '.2f')} "
+            f"| {_num(row['first_loss'], '.3f')} / {_num(row['last_loss'], '.3f')} | {row['wall_s']} |"
         )
-    r = t["ratio"]
+    r = t.get("ratio") or {}
+    phases = ", ".join(f"{k} {v}" for k, v in report["phases"].items())
     lines += [
-        f"| ratio ours / stock | | {_num(r['stepsPerSecond'])} | {_num(r['tokensPerSecond'])} | | | "
-        f"| {_num(r['firstStep'])} | {_num(r['wall'])} |",
+        f"| ratio ours / stock | | {_num(r.get('stepsPerSecond'))} | {_num(r.get('tokensPerSecond'))} | | "
+        f"| {_num(r.get('firstStep'))} | | | {_num(r.get('wall'))} |",
         "",
-        f"Rates leave out the first {t['warmupSteps']} steps (compilation) and all outside the training "
-        "loop (loading, loader workers, validation, checkpoints), which the first-step and wall times "
-        "include; the stock command's also include starting Python and importing torch. Phases (s): "
-        + ", ".join(f"{k} {v}" for k, v in report["phases"].items())
-        + ".",
+        f"Rates leave out the warm-up (at least {t['warmupSteps']} steps, longer while steps still "
+        "compile) and all outside the training loop (loading, loader workers, validation, checkpoints). "
+        "Compile seconds are what the compiling steps took beyond a steady step; the stock run finds the "
+        "caches ours filled. The first-step and wall times include loading; the stock command's also "
+        "include starting Python. Phases (s): " + phases + ".",
     ]
     return lines
 

@@ -1,15 +1,12 @@
-"""`benchmarks/gpu_pipeline.py` without a GPU: its arithmetic, its reading of speculators' step records, and a
-CPU smoke run of the whole script (tiny verifier, a few steps; the stock `speculators train` adapted to the
-CPU). The GPU runs are tests/gpu's."""
+"""`benchmarks/gpu_pipeline.py` without a GPU: its arithmetic and its reading of speculators' step records.
+Its CPU smoke run (tiny verifier, a few steps; the stock `speculators train` adapted to the CPU) is part of
+the session's (tests/benchmarks/test_gpu_session.py); the GPU runs are tests/gpu's."""
 
 from __future__ import annotations
 
 import importlib
 import io
-import json
 import logging
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,7 +16,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
-SOURCE_DIRS = ("contract", "operator", "pipeline", "cli")  # what gpu_pipeline.sh puts on PYTHONPATH
 
 
 def bench(name: str) -> ModuleType:
@@ -98,6 +94,7 @@ def test_speculators_console_reads_as_the_records_it_prints(width: int) -> None:
     for parsed, expected in zip(reader.steps, direct, strict=True):
         assert parsed.step_ms == pytest.approx(expected.step_ms, rel=5e-3)  # 3 digits above 999 ms
         assert parsed.tokens == pytest.approx(expected.tokens, rel=1e-2)
+        assert parsed.fetch_ms == expected.fetch_ms == 1.5
     assert reader.peak == 2**30
 
 
@@ -172,30 +169,69 @@ def test_the_online_comparison_reports_ratios_and_what_was_skipped(monkeypatch: 
     assert skipped == [f"Online comparison, all: skipped: {why}."]
 
 
-@pytest.mark.pipeline
-@pytest.mark.timeout(300)
-def test_the_benchmark_runs_on_the_cpu_with_the_tiny_verifier(tmp_path: Path) -> None:
-    out = tmp_path / "gpu_pipeline.json"
-    argv = [sys.executable, str(BENCHMARKS / "gpu_pipeline.py"), "--size", "tiny", "--device", "cpu"]
-    argv += ["--steps", "5", "--peak-tflops", "1", "--json", str(out), "--workdir", str(tmp_path / "work")]
-    argv += ["--compare", "stock"]  # the online comparison starts vLLM servers (see docs/gpu.md)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in SOURCE_DIRS)}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=280)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "| ratio ours / stock |" in done.stdout and "in cpu_adapted()" in done.stdout
-    assert "  ours: step 0 at " in done.stderr and "  stock: step 0 at " in done.stderr  # progress lines
-    report = json.loads(out.read_text())
-    x = report["extraction"]
-    assert x["tokens"] == report["data"]["tokens"] > 0
-    assert x["stageTokensPerSecond"] > 0 and x["forwardTokensPerSecond"] > 0
-    assert 0 < x["stageRooflineFraction"] <= 1 and 0 < x["forwardRooflineFraction"] <= 1
-    t = report["training"]
-    assert (t["settings"]["draft_attn_impl"], t["settings"]["loss_implementation"]) == ("sdpa", "eager")
-    assert t["stockAdaptedToCpu"] and t["stageResult"]["device"] == "cpu"
-    ours, stock = t["ours"], t["stock"]
-    assert ours["steps"] == stock["steps"] >= 5, "the same data: as many steps"
-    assert ours["first_loss"] == pytest.approx(stock["first_loss"], abs=1e-3), "the same seed, the same batch"
-    for run in (ours, stock):
-        assert run["steps_per_s"] > 0 and run["tokens_per_s"] > 0 and run["peak_memory_gib"] is None
-    assert t["ratio"]["stepsPerSecond"] > 0 and t["ratio"]["tokensPerSecond"] > 0 and t["ratio"]["wall"] > 0
-    assert not list((tmp_path / "work").iterdir()), "the run directory is removed"
+def test_compilation_is_counted_apart_and_the_warm_up_lasts_while_steps_compile() -> None:
+    """Steps 0 and 1 compile (step 1 recompiles for a new shape), step 6 recompiles late: the rates start
+    after step 1 (the configured warm-up is 1 step), and the compile seconds are the slow steps' excess over
+    the steady median; the first step's fetch (starting the loader) is not compilation."""
+    train_bench = bench("gpu_train_bench")
+    compute = [60_000.0, 20_000.0, 100.0, 100.0, 100.0, 100.0, 5_100.0, 100.0, 100.0, 100.0]
+    steps, at = [], 30.0
+    for i, ms in enumerate(compute):
+        fetch = 8_000.0 if i == 0 else 1.0
+        at += (ms + fetch) / 1000
+        steps.append(train_bench.Step(i, at, ms + fetch, 1000.0, 1.0, fetch))
+    figures = train_bench.summarize(steps, warmup=1, started=0.0, ended=at + 50.0, peak_bytes=None)
+    assert figures.warmup_steps == 2 and figures.measured_steps == 7
+    assert figures.compile_s == pytest.approx((59_900 + 19_900 + 5_000) / 1000)
+    assert figures.first_step_s == pytest.approx(30 + 68.0) and figures.after_loop_s == 50.0
+    assert figures.median_step_ms == 101.0 and figures.stopped is None
+    empty = train_bench.summarize([], warmup=10, started=0.0, ended=120.0, peak_bytes=None, stopped="budget")
+    assert (empty.steps, empty.tokens_per_s, empty.compile_s, empty.wall_s) == (0, None, None, 120.0)
+    assert empty.stopped == "budget"
+
+
+def test_a_run_stops_from_the_trainers_logging_call_once_it_has_its_steps() -> None:
+    train_bench, budget = bench("gpu_train_bench"), bench("gpu_budget")
+    metrics = logging.getLogger(train_bench.METRICS_LOGGER)
+    level = metrics.level
+    metrics.setLevel(logging.INFO)
+    logged = 0
+    try:
+        with (
+            pytest.raises(budget.StopRun) as stop,
+            train_bench.recording_steps(stop_after=3) as recorder,
+        ):
+            for step in range(10):
+                metrics.info(step_record(step, 50.0, 1000.0, 1.0))
+                logged += 1
+    finally:
+        metrics.setLevel(level)
+    assert stop.value.reason == budget.STEPS and logged == 2 and len(recorder.steps) == 3
+    assert recorder not in metrics.handlers
+
+
+def test_phase_budgets_parse_and_a_deadline_stops_the_block() -> None:
+    budget = bench("gpu_budget")
+    phases = ("build", "train")
+    assert budget.parse_budgets(["train=105", "build=2.5"], phases) == {"train": 105.0, "build": 2.5}
+    assert budget.parse_budgets(None, phases) == {}
+    for wrong in ("train", "stock=5", "train=soon", "train=0"):
+        with pytest.raises(ValueError, match="--budget"):
+            budget.parse_budgets([wrong], phases)
+    with pytest.raises(budget.StopRun) as stop, budget.deadline(0.05):
+        while True:  # ended by the timer, however long the machine takes to fire it
+            pass
+    assert stop.value.reason == budget.BUDGET
+    with budget.deadline(None):
+        pass
+
+
+def test_the_benchmark_options_parse_into_its_plan() -> None:
+    pipeline = bench("gpu_pipeline")
+    argv = ["--size", "1b", "--steps", "60", "--stop-after-steps", "50", "--budget", "train=115"]
+    plan = pipeline.plan(pipeline.parse_args(argv))
+    assert plan["warmup"] == 6 and plan["stop_after_steps"] == 50 and plan["seq_len"] == 2048
+    assert plan["budgets"] == {"train": 115.0}
+    for wrong in (["--budget", "lunch=5"], ["--steps", "60", "--stop-after-steps", "7"]):
+        with pytest.raises(SystemExit):
+            pipeline.parse_args(wrong)

@@ -1,9 +1,20 @@
-"""Shared by the GPU tests: the skips without CUDA or a GPU vLLM, and the tiny verifier's run manifests."""
+"""Shared by the GPU tests: the skips without CUDA or a GPU vLLM, the tiny verifier's run manifests, and
+training without torch.compile.
+
+The tier checks that training works on a GPU with speculators' stock settings (flex attention, the fused
+Triton loss, spawned loader workers), not how fast: compiling flex attention and the fused loss takes minutes
+of a short device session, so the tier trains uncompiled (`uncompiled()` in this process, `UNCOMPILED_ENV` for
+subprocesses): flex attention runs its eager implementation and the fused loss its Triton kernels directly.
+The compiled configuration, the one a user runs, is what benchmarks/gpu_pipeline.py measures (docs/gpu.md).
+EAGLE3_GPU_TIER_COMPILE=1 makes the tier compile too.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +26,10 @@ from tests.pipeline.manifests import base_spec, write_manifest
 
 NO_GPU = "needs an NVIDIA GPU: torch.cuda.is_available() is false here (the gpu tier; see docs/gpu.md)"
 AUX_LAYERS = [1, 2, 3]  # the tiny verifier has 4 layers: speculators' default [2, n/2, n-3] repeats one
+COMPILED = os.environ.get("EAGLE3_GPU_TIER_COMPILE") == "1"
+# torch reads TORCH_COMPILE_DISABLE when it imports (torch._dynamo.config.disable: compiled functions run
+# eagerly) and TORCHDYNAMO_DISABLE in torch.compile (which then returns the function as it is)
+UNCOMPILED_ENV = {} if COMPILED else {"TORCH_COMPILE_DISABLE": "1", "TORCHDYNAMO_DISABLE": "1"}
 
 
 def require_cuda() -> None:
@@ -43,3 +58,13 @@ def tiny_manifest(models: Path, path: Path, samples: int, **training: Any) -> st
     doc["draft"] = {"vocabSize": 256}
     doc["training"] |= {"sequenceLength": 512, **training}
     return str(write_manifest(path, doc))
+
+
+@contextmanager
+def uncompiled() -> Iterator[None]:
+    """torch.compile's functions run eagerly in the block (unless EAGLE3_GPU_TIER_COMPILE=1)."""
+    if COMPILED:
+        yield
+        return
+    with torch.compiler.set_stance("force_eager"):
+        yield

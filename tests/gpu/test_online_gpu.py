@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.gpu.gpu_support import gpu_vllm, require_cuda
+from tests.gpu.gpu_support import UNCOMPILED_ENV, gpu_vllm, require_cuda
 
 require_cuda()
 pytestmark = pytest.mark.gpu
@@ -60,7 +60,8 @@ def test_online_training_runs_on_the_gpu_and_leaves_no_hidden_states(
     argv = [sys.executable, "-m", "eagle3_cli", "run", str(online_manifest(tmp_path / "online.yaml"))]
     argv += ["--artifacts", str(art), "--models", str(tiny_models), "--vllm", VLLM, "--until", "train"]
     paths = [str(REPO / d) for d in SOURCE_DIRS]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])}
+    pythonpath = os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, **UNCOMPILED_ENV, "PYTHONPATH": pythonpath}  # the train stage, uncompiled
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=840)
     producer_log = art / ".producers" / "producer.log"
     tail = producer_log.read_text(errors="replace")[-3000:] if producer_log.exists() else "(no producer log)"

@@ -1,5 +1,5 @@
 """The train stage on a GPU with speculators' stock settings: flex attention, the fused Triton loss and
-spawned loader workers (none of which the CPU runs of tests/pipeline exercise)."""
+spawned loader workers (none of which the CPU runs of tests/pipeline exercise), uncompiled (gpu_support)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from eagle3_pipeline.stage_main import run_stage
 from eagle3_pipeline.train_draft import CPU_SETTINGS, load_config
-from tests.gpu.gpu_support import require_cuda, tiny_manifest
+from tests.gpu.gpu_support import require_cuda, tiny_manifest, uncompiled
 
 require_cuda()
 pytestmark = pytest.mark.gpu
@@ -29,7 +29,8 @@ def trained(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     assert run_stage("prepare", spec, art, "prepare/p", []) == 0
     assert run_stage("extract", spec, art, "extract/x", ["prepare=prepare/p"]) == 0
     assert run_stage("vocab", spec, art, "vocab/v", ["prepare=prepare/p"]) == 0
-    assert run_stage("train", spec, art, "train/t", UPSTREAM) == 0
+    with uncompiled():
+        assert run_stage("train", spec, art, "train/t", UPSTREAM) == 0
     result: dict[str, Any] = json.loads((root / "art" / "train" / "t" / "result.json").read_text())
     return root / "art", result
 
