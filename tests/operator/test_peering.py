@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +30,13 @@ from tests.harness.operator_process import OperatorProcess, operator_process
 from tests.harness.scenario import complete, status, tiny, wait_job
 from tests.operator.apiserver import ROOT, ServerAccess
 
-pytestmark = [pytest.mark.operator, pytest.mark.apiserver]
+pytestmark = [pytest.mark.operator, pytest.mark.apiserver, pytest.mark.timeout(600)]
 _namespaces = iter(range(1, 1000))
 RECONCILED = 'eagle3_operator_reconciles_total{result="ok"}'
+# How long a test waits for a standby to carry a run on: long enough for any load on the machine (how fast a
+# hand-over is would be a benchmark's figure, never a test's assertion).
+RESUME_BOUND_S = 120
+LONG_LIFETIME_S = 3 * RESUME_BOUND_S  # a standby that waited for this record to expire would be too late
 
 
 @dataclass
@@ -163,10 +166,10 @@ async def test_a_demoted_operator_stops_acting_and_carries_the_run_on_when_the_a
 
             second.kill()  # mid-run: extract's Job runs
             await second.wait(10)
-            killed = time.monotonic()
             await complete(cluster, kubelet, "ha", ("extract",))
-            await job_within(cluster, "ha", "vocab", 30)  # kopf resumes the standby within the lifetime
-            took = time.monotonic() - killed
+            # the killed one's record expires after its 3 s lifetime and kopf resumes the standby; the bound
+            # only says that it happens (however loaded the machine is), not how fast
+            await job_within(cluster, "ha", "vocab", RESUME_BOUND_S)
             await complete(cluster, kubelet, "ha", ("vocab",))
             await wait_job(cluster, "ha", "train")
             stages = (await status(cluster, "ha"))["stages"]
@@ -178,32 +181,28 @@ async def test_a_demoted_operator_stops_acting_and_carries_the_run_on_when_the_a
             assert identity(second) not in ((await place.peering()).get("status") or {})  # cleaned up
             assert_no_forbidden_calls(first, second)
     assert_each_job_created_once(place, ("prepare", "extract", "vocab", "train"))
-    assert took < 30, f"the standby took {took:.0f}s to carry the run on"
 
 
 async def test_a_gracefully_stopped_operator_hands_over_at_once(place, tmp_path):
-    """With a 30 s lifetime, a standby waiting for the record to expire would take up to 30 s: a graceful
-    stop deletes the record, and the standby takes over at once."""
+    """With a lifetime longer than the test waits, a standby waiting for the record to expire would never
+    take over in time: a graceful stop deletes the record, and the standby takes over at once."""
     cluster, kubelet = place.cluster, place.kubelet
-    async with place.operator(tmp_path, priority=200, lifetime=30) as active:
+    async with place.operator(tmp_path, priority=200, lifetime=LONG_LIFETIME_S) as active:
         await role(active, "active")
-        async with place.operator(tmp_path, priority=100, lifetime=30) as standby:
+        async with place.operator(tmp_path, priority=100, lifetime=LONG_LIFETIME_S) as standby:
             await role(standby, "standby")
             await cluster.apply_run("calm", tiny())
             await wait_job(cluster, "calm", "prepare")
             assert await reconciles(standby) == 0, "the standby acted"
 
-            stopped = time.monotonic()
             assert await active.stop() == 0, active.log()[-2000:]
             peers = (await place.peering()).get("status") or {}
             assert identity(active) not in peers and identity(standby) in peers
             await complete(cluster, kubelet, "calm", ("prepare",))
-            await job_within(cluster, "calm", "extract", 25)
-            took = time.monotonic() - stopped
+            await job_within(cluster, "calm", "extract", RESUME_BOUND_S)
             await role(standby, "active")
             assert_no_forbidden_calls(active, standby)
     assert_each_job_created_once(place, ("prepare", "extract"))
-    assert took < 20, f"the hand-over took {took:.0f}s"
 
 
 async def test_operators_of_the_same_priority_resolve_the_tie_and_one_acts(place, tmp_path):

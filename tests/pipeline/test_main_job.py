@@ -3,12 +3,12 @@
 Every stage runs for real (generate and evaluate start vLLM CPU servers; train runs speculators on the CPU),
 and the acceptance gate is checked on vLLM's own speculative-decoding counters.
 
-Then the same example online (`extraction.mode: online`), in the same artifacts directory (prepare, generate
-and vocab are reused by their hashes): `eagle3 run` starts a hidden-state producer (`eagle3 produce`: real
-vLLM CPU with the `extract_hidden_states` method) and the train stage asks it for each sample through
-speculators' own online dataset, deleting each once consumed. Midway through training the producer is
-killed; the local executor replaces it (as the producer Deployment would) and the trainer waits for it
-instead of skipping samples. Both drafts are evaluated in vLLM CPU.
+Then the same example trained for two epochs, offline and online (`extraction.mode: online`), in the same
+artifacts directory (prepare, generate and vocab are reused by their hashes): online, `eagle3 run` starts a
+hidden-state producer (`eagle3 produce`: real vLLM CPU with the `extract_hidden_states` method) and the train
+stage asks it for each sample through speculators' own online dataset, deleting each once consumed. After the
+first epoch the producer is killed; the local executor replaces it (as the producer Deployment would) and the
+trainer waits for it instead of skipping samples. The two drafts' validation estimates are compared.
 """
 
 from __future__ import annotations
@@ -87,6 +87,10 @@ def test_the_tiny_example_trains_a_draft_vllm_accepts(demo: tuple[Path, str], ti
 # --- online ---------------------------------------------------------------------------------------------
 
 ONLINE_TOLERANCE = 0.05  # the issue's bar: the online draft's mean acceptance length within 5% of offline's
+# Online and offline are compared at this many epochs (an offline run of its own, beside the demo's six):
+# every epoch asks the producer for every sample again, so the online run's time grows with its epochs. Two
+# still has the producer killed after the first and the second waiting for its replacement.
+COMPARED_EPOCHS = 2
 
 
 def by_hash(artifacts: Path, stage: str) -> dict[str, dict[str, Any]]:
@@ -122,25 +126,35 @@ def kill_producer_after_first_epoch(art: Path, killed: list[int], stop: threadin
                 return
 
 
+def with_epochs(tmp_path: Path, epochs: int, mode: str) -> Path:
+    """The example with `training.epochs` and `extraction.mode` changed (prepare, generate, vocab reused)."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["extraction"]["mode"] = mode
+    doc["spec"]["training"]["epochs"] = epochs
+    manifest = tmp_path / f"{mode}.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    return manifest
+
+
 @pytest.mark.timeout(3600)
 def test_online_training_matches_offline_and_leaves_no_hidden_states(
     demo: tuple[Path, str], tiny_models: Path, tmp_path: Path
 ) -> None:
     art, vllm = demo
-    [(offline_hash, offline_train)] = by_hash(art, "train").items()
-    [(offline_eval_hash, offline_eval)] = by_hash(art, "evaluate").items()
+    [(demo_eval_hash, demo_eval)] = by_hash(art, "evaluate").items()
+    before = set(by_hash(art, "train"))
+    # train only: evaluate is the same program for any draft, and its vLLM run costs the suite minutes
+    offline = run(with_epochs(tmp_path, COMPARED_EPOCHS, "offline"), art, tiny_models, vllm, until="train")
+    assert offline.returncode == 0, offline.stderr[-4000:]
+    [offline_hash] = set(by_hash(art, "train")) - before
+    offline_train = by_hash(art, "train")[offline_hash]
 
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["extraction"]["mode"] = "online"
-    online_manifest = tmp_path / "online.yaml"
-    online_manifest.write_text(yaml.safe_dump(doc))
     killed: list[int] = []
     stop = threading.Event()
     killer = threading.Thread(target=kill_producer_after_first_epoch, args=(art, killed, stop), daemon=True)
     killer.start()
     try:
-        # train only: evaluate is the same program for any draft, and its vLLM run costs the suite minutes
-        online = run(online_manifest, art, tiny_models, vllm, until="train")
+        online = run(with_epochs(tmp_path, COMPARED_EPOCHS, "online"), art, tiny_models, vllm, until="train")
     finally:
         stop.set()
     assert online.returncode == 0, online.stderr[-6000:]
@@ -150,27 +164,26 @@ def test_online_training_matches_offline_and_leaves_no_hidden_states(
     assert "starting it again" in online.stderr, online.stderr[-3000:]
 
     trains = by_hash(art, "train")
-    [online_hash] = set(trains) - {offline_hash}
+    [online_hash] = set(trains) - before - {offline_hash}
     online_train = trains[online_hash]
-    assert online_train["hiddenStates"] == {
-        "mode": "online",
-        "transfer": "volume",
-        "keptSamples": 0,
-        "keptBytes": 0,
-        "removedLeftovers": 0,
-    }
+    hidden_states = dict(online_train["hiddenStates"])
+    # a kill that lands mid-write leaves a partial sample, which the trainer removes: how many depends on
+    # where the kill landed; that none is kept does not
+    assert hidden_states.pop("removedLeftovers") >= 0
+    assert hidden_states == {"mode": "online", "transfer": "volume", "keptSamples": 0, "keptBytes": 0}
     # every sample was trained on in every epoch: none skipped while the producer was down
     tokens = [e["trainTokens"] for e in offline_train["epochs"]]
+    assert len(tokens) == COMPARED_EPOCHS
     assert [e["trainTokens"] for e in online_train["epochs"]] == tokens
     # no hidden state is left behind: the staging directory is gone and the train output holds no samples
     assert not (art / "hidden-states" / online_hash).exists()
     assert not list((art / "train" / online_hash).rglob("hs_*.safetensors"))
 
-    assert list(by_hash(art, "evaluate")) == [offline_eval_hash]  # --until train
+    assert list(by_hash(art, "evaluate")) == [demo_eval_hash]  # --until train
     # the drafts learned alike: the acceptance length each one's last epoch estimates from its validation
-    # accuracy on the same held-out rows (the evaluated one is the offline draft's, checked above)
+    # accuracy on the same held-out rows (the evaluated one is the demo's draft, checked above)
     offline_len = offline_train["epochs"][-1]["estimatedAcceptanceLength"]
     online_len = online_train["epochs"][-1]["estimatedAcceptanceLength"]
     print(f"estimated acceptance length: offline {offline_len:.3f}, online {online_len:.3f}")
     assert abs(online_len - offline_len) <= ONLINE_TOLERANCE * offline_len, (offline_len, online_len)
-    assert offline_eval["acceptanceLength"] >= MIN_ACCEPTANCE_LENGTH
+    assert demo_eval["acceptanceLength"] >= MIN_ACCEPTANCE_LENGTH

@@ -1,0 +1,56 @@
+"""How `make test` spreads the suite over xdist workers (`-n 2 --dist loadgroup --no-loadscope-reorder`).
+
+Most of the suite waits rather than computes (the operator on the API mock and on a real kube-apiserver,
+vLLM servers starting, Prometheus scraping), so two workers on two cores finish it in far less time than one.
+Each test gets an xdist group, and a group runs on one worker, in order:
+- every test marked `apiserver` is in one group, so the session starts one kube-apiserver, not one per worker;
+- every other test is grouped with its module, so a module-scoped fixture (the tiny pipeline's run, the
+  Prometheus tier's stack, a vLLM server) is set up once.
+
+The groups are handed out in the order of `FIRST` (the longest first, so the last group to finish is a short
+one), then in collection order. The order is a schedule only: every test passes in any order and alone.
+Without xdist (a plain `pytest`, `make check`) nothing here changes the run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+APISERVER_GROUP = "apiserver"
+# The longest groups, measured with `--durations` (docs/benchmarks.md, "The suite's time"): started first.
+FIRST = (
+    "tests/pipeline/test_main_job.py",
+    APISERVER_GROUP,
+    "tests/observability/test_prometheus_tier.py",
+    "tests/pipeline/test_evaluate.py",
+    "tests/pipeline/test_generate.py",
+    "tests/pipeline/test_predict.py",
+    "tests/pipeline/test_export.py",
+    "tests/pipeline/test_local.py",
+    "tests/pipeline/test_train_nodes.py",
+    "tests/pipeline/test_mooncake.py",
+    "tests/pipeline/test_extract_vllm.py",
+)
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The group an item runs in: the API server's, else its module's."""
+    if item.get_closest_marker("apiserver") is not None:
+        return APISERVER_GROUP
+    return item.nodeid.split("::", 1)[0]
+
+
+def schedule_rank(group: str) -> int:
+    return FIRST.index(group) if group in FIRST else len(FIRST)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # a worker runs with dist "no" and xdist's own `loadgroup` flag; the controller with dist "loadgroup"
+    if not (getattr(config.option, "loadgroup", False) or config.getoption("dist", "no") == "loadgroup"):
+        return
+    groups = {}
+    for item in items:
+        groups[item.nodeid] = xdist_group(item)
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    items.sort(key=lambda item: schedule_rank(groups[item.nodeid]))  # stable: collection order otherwise
