@@ -5,7 +5,6 @@ device)."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -18,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.benchmarks.test_gpu_pipeline import bench
+
 REPO = Path(__file__).resolve().parents[2]
 SESSION = REPO / "benchmarks" / "gpu_session.sh"
 STEPS = ["start", "check", "bench", "models", "tier", "report"]
@@ -26,10 +27,7 @@ _ROW = re.compile(r"^  (\w+) +(\d+)  (.*)$")
 
 
 def report_module() -> ModuleType:
-    benchmarks = str(REPO / "benchmarks")
-    if benchmarks not in sys.path:
-        sys.path.insert(0, benchmarks)
-    return importlib.import_module("gpu_session_report")
+    return bench("gpu_session_report")
 
 
 def session(*args: str, out: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
