@@ -172,10 +172,14 @@ async def test_a_demoted_operator_stops_acting_and_carries_the_run_on_when_the_a
             await job_within(cluster, "ha", "vocab", RESUME_BOUND_S)
             await complete(cluster, kubelet, "ha", ("vocab",))
             await wait_job(cluster, "ha", "train")
-            stages = (await status(cluster, "ha"))["stages"]
-            assert {s: stages[s]["phase"] for s in ("prepare", "extract", "vocab")} == dict.fromkeys(
-                ("prepare", "extract", "vocab"), "Succeeded"
-            )
+
+            # the operator creates train's Job, then writes the status that says vocab succeeded: a read
+            # between the two sees vocab Running, so the status is waited for, not read once
+            async def carried_on() -> bool:
+                stages = (await status(cluster, "ha"))["stages"]
+                return all(stages[s]["phase"] == "Succeeded" for s in ("prepare", "extract", "vocab"))
+
+            await eventually(carried_on, timeout=RESUME_BOUND_S, what="prepare, extract and vocab Succeeded")
             assert await reconciles(first) > before
             await role(first, "active")
             assert identity(second) not in ((await place.peering()).get("status") or {})  # cleaned up

@@ -12,6 +12,7 @@ and gives a measurable acceptance at position 0 (later positions repeat the same
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 from collections import Counter
@@ -156,13 +157,28 @@ FIT_ROWS, FIT_STEPS = 150, 100  # about 25 s on 2 cores; acceptance length about
 RANDOM_ROWS = 20
 
 
+def session_root(base: Path) -> Path:
+    """The temp root every worker of the session shares: an xdist worker's base is `<root>/popen-gwN`."""
+    return base.parent if base.name.startswith("popen-gw") else base
+
+
 def shared_draft(models: Path, base: Path, fitted: bool = True) -> Path:
-    """A draft for the tiny verifier, made once per test session under `base` (the session's temp root)."""
-    out = base / ("draft-fitted" if fitted else "draft-random")
-    if not (out / "model.safetensors").is_file():
-        train = [r for r in conversations(models / DATASET) if r["split"] == "train"]
-        rows = train[:FIT_ROWS] if fitted else train[:RANDOM_ROWS]
-        make_draft(models / VERIFIER, out, rows, fit_steps=FIT_STEPS if fitted else 0)
+    """A draft for the tiny verifier, made once per test session under `base` (the session's temp root).
+
+    Under xdist the workers share it: the first to ask fits it (about 25 s of CPU) under a lock, and a second
+    asking meanwhile waits for it rather than fitting its own. It appears by rename, whole or not at all.
+    """
+    root = session_root(base)
+    out = root / ("draft-fitted" if fitted else "draft-random")
+    with (root / f"{out.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "model.safetensors").is_file():
+            train = [r for r in conversations(models / DATASET) if r["split"] == "train"]
+            rows = train[:FIT_ROWS] if fitted else train[:RANDOM_ROWS]
+            partial = root / f".{out.name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            make_draft(models / VERIFIER, partial, rows, fit_steps=FIT_STEPS if fitted else 0)
+            partial.rename(out)
     return out
 
 
