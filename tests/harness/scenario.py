@@ -46,7 +46,12 @@ def draft_of(body: dict[str, Any]) -> str:
     return str(body["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT])
 
 
-async def wait_phase(cluster: Cluster, run: str, phase: str, timeout: float = 10.0) -> dict[str, Any]:
+# How long a wait for the operator's next step may take before it counts as hung: a bound, not a speed (the
+# Prometheus tier waited more than 10 s for a run's Serving with two busy loops beside the suite).
+STEP_BOUND_S = 60.0
+
+
+async def wait_phase(cluster: Cluster, run: str, phase: str, timeout: float = STEP_BOUND_S) -> dict[str, Any]:
     async def check() -> dict[str, Any] | None:
         st = await status(cluster, run)
         return st if st.get("phase") == phase else None
@@ -55,7 +60,7 @@ async def wait_phase(cluster: Cluster, run: str, phase: str, timeout: float = 10
     return result
 
 
-async def wait_job(cluster: Cluster, run: str, stage: str, timeout: float = 10.0) -> dict[str, Any]:
+async def wait_job(cluster: Cluster, run: str, stage: str, timeout: float = STEP_BOUND_S) -> dict[str, Any]:
     """The Job of `stage` that has not finished yet, once the operator created it."""
 
     async def check() -> dict[str, Any] | None:
