@@ -19,10 +19,11 @@ import os
 import pytest
 
 # vLLM CPU runs its model worker in a process of its own (a third, beside the API server and the engine core)
-# unless V1 multiprocessing is off; each process imports torch and vLLM. The suite starts about 25 servers on
-# the tiny verifier, and without that third process a start costs 32 CPU-s instead of 50 (docs/benchmarks.md,
-# "The suite's time"). The stages' servers inherit it; a user's environment (and the demo's) keeps vLLM's
-# default, which binds the worker's OpenMP threads (vllm/platforms/cpu.py).
+# unless V1 multiprocessing is off; each process imports torch and vLLM. The suite starts about 20 servers on
+# the tiny verifier, and without that third process a start costs about 31 CPU-s instead of 44 to 50
+# (benchmarks/vllm_start.sh; docs/benchmarks.md, "One process fewer per vLLM server"). The stages' servers
+# inherit it; a user's environment (and the demo's) keeps vLLM's default, which binds the worker's OpenMP
+# threads (vllm/platforms/cpu.py).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 APISERVER_GROUP = "apiserver"

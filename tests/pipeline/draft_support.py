@@ -12,8 +12,8 @@ and gives a measurable acceptance at position 0 (later positions repeat the same
 
 from __future__ import annotations
 
-import fcntl
 import json
+import os
 import shutil
 from collections import Counter
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from eagle3_pipeline.prepared import assign_splits
+from eagle3_pipeline.tiny.build import locked
 
 AUX_LAYERS = [1, 2, 3]
 TRAIN_RESULT_CHECKPOINT = "checkpoints/checkpoint_best"
@@ -158,8 +159,8 @@ RANDOM_ROWS = 20
 
 
 def session_root(base: Path) -> Path:
-    """The temp root every worker of the session shares: an xdist worker's base is `<root>/popen-gwN`."""
-    return base.parent if base.name.startswith("popen-gw") else base
+    """The temp root every worker of the session shares: an xdist worker's base is `<root>/popen-<worker>`."""
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def shared_draft(models: Path, base: Path, fitted: bool = True) -> Path:
@@ -170,8 +171,7 @@ def shared_draft(models: Path, base: Path, fitted: bool = True) -> Path:
     """
     root = session_root(base)
     out = root / ("draft-fitted" if fitted else "draft-random")
-    with (root / f"{out.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(root):
         if not (out / "model.safetensors").is_file():
             train = [r for r in conversations(models / DATASET) if r["split"] == "train"]
             rows = train[:FIT_ROWS] if fitted else train[:RANDOM_ROWS]
