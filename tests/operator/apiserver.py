@@ -83,7 +83,14 @@ def binaries() -> dict[str, str]:
     return {"etcd": etcd} | {name: str(path) for name, path in wanted.items()}
 
 
-def _request(url: str, token: str, method: str = "GET", body: Any = None) -> Any:
+# a bound on one call, not an expectation of its speed: a 2-core machine with other work on it has kept the
+# server from answering a GET for over 10 s while it rebuilt its OpenAPI spec after a CRD install
+REQUEST_BOUND_S = 60.0
+
+
+def _request(
+    url: str, token: str, method: str = "GET", body: Any = None, timeout: float = REQUEST_BOUND_S
+) -> Any:
     import ssl
 
     ctx = ssl.create_default_context()
@@ -92,7 +99,7 @@ def _request(url: str, token: str, method: str = "GET", body: Any = None) -> Any
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Authorization", f"Bearer {token}")
     req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+    with urllib.request.urlopen(req, context=ctx, timeout=timeout) as resp:
         raw = resp.read()
     return json.loads(raw) if raw.startswith(b"{") else raw.decode()
 
@@ -112,7 +119,7 @@ def _wait_ready(
             if proc.poll() is not None:
                 raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}; logs in {logs}")
         try:
-            _request(url, ADMIN_TOKEN)
+            _request(url, ADMIN_TOKEN, timeout=min(10.0, max(deadline - time.monotonic(), 0.1)))
             return
         except OSError:
             time.sleep(0.25)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +17,8 @@ from kubernetes_asyncio import client as k8s
 from eagle3_contract.api.base import API_VERSION, KIND
 from eagle3_operator.k8s import ApiUnreachable, Kube
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_operator.reconcile.executor import CHILD_INDEXES, OWNED_INDEXES, reconcile
+from eagle3_operator.reconcile.executor import CHILD_INDEXES, OWNED_INDEXES, reconcile, run_key
+from eagle3_operator.reconcile.slim import slim_job
 from tests.harness.scenario import tiny
 
 pytestmark = pytest.mark.operator
@@ -113,3 +115,73 @@ async def test_kopfs_own_calls_are_bounded_like_the_operators():
     await handlers.startup(settings=default, memo=plain)
     plain.resync.cancel()
     assert default.networking.request_timeout == 30.0 and default.networking.connect_timeout == 10.0
+
+
+class _LandsSilently:
+    """An API server that keeps one run and applies every status patch, but answers the one marked `silent`
+    with nothing (the operator was paused, the server restarted): the write landed, its answer was lost."""
+
+    def __init__(self, body: dict) -> None:
+        self.run = copy.deepcopy(body)
+        self.created: list[dict] = []
+        self.silent = False
+
+    async def apply(self, verb: str, body: dict) -> bool:
+        if verb == "create":
+            self.created.append(body)
+        return True
+
+    async def get_run(self, namespace: str, name: str) -> dict:
+        return copy.deepcopy(self.run)
+
+    async def patch_run_status(self, namespace: str, name: str, patch: dict) -> None:
+        self.run["status"] = _merged(self.run.get("status") or {}, patch)
+        if self.silent:
+            self.silent = False
+            raise ApiUnreachable("patch status", f"Eagle3Run {namespace}/{name}", TimeoutError())
+
+
+def _merged(old: dict, patch: dict) -> dict:
+    out = dict(old)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merged(out.get(k) or {}, v) if isinstance(v, dict) else v
+    return out
+
+
+async def test_a_status_patch_that_got_no_answer_is_not_taken_back_by_the_next_reconcile():
+    """The patch that recorded prepare Failed landed but its answer was lost; the Job is then deleted to
+    retry. The next reconcile starts from the server's status (Failed, 1 attempt), not from the older status
+    this process last saw confirmed: the retry is attempt 2 (`-r1`), not attempt 1 created again."""
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": "retry", "namespace": "e3", "uid": "u1", "generation": 1},
+        "spec": tiny(stages={"prepare": {"backoffLimit": 0}}),
+    }
+    api = _LandsSilently(body)
+    memo = kopf.Memo(
+        kube=api, metrics=OperatorMetrics(), locks={}, statuses={}, pending={}, pod_monitors=False
+    )
+    indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
+    log = logging.getLogger(__name__)
+    await reconcile(body, memo, log, indices)
+    job = next(j for j in api.created if j["kind"] == "Job")
+    failed = {
+        "failed": 1,
+        "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}],
+    }
+    indices["stage_jobs"] = {run_key("e3", "retry"): [slim_job(job | {"status": failed})]}
+    api.silent = True
+    with pytest.raises(kopf.TemporaryError, match="no answer"):
+        await reconcile(body, memo, log, indices)  # the body is kopf's copy, older than the patch
+    assert api.run["status"]["stages"]["prepare"]["phase"] == "Failed", "the patch landed"
+    indices["stage_jobs"] = {}  # the failed Job is deleted to retry
+    api.created.clear()
+    await reconcile(body, memo, log, indices)  # still kopf's older copy: the server's status is read
+    assert [j["metadata"]["name"] for j in api.created if j["kind"] == "Job"] == [
+        job["metadata"]["name"] + "-r1"
+    ]
+    assert api.run["status"]["stages"]["prepare"]["attempts"] == 2

@@ -21,7 +21,7 @@ from eagle3_contract.api.defaults import OperatorDefaults, with_operator_default
 from eagle3_contract.api.status import RunPhase
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.k8s import ApiError, Kube
+from eagle3_operator.k8s import ApiError, ApiUnreachable, Kube
 from eagle3_operator.observability.canary_queries import track_scope
 from eagle3_operator.prometheus import PrometheusError, query_track_figures
 from eagle3_operator.reconcile.canary import canary_news
@@ -157,6 +157,7 @@ def forget_run(memo: kopf.Memo, namespace: str, name: str, uid: str | None = Non
     metric series; `uid` (when known) is remembered so a stale index entry of it is never acted on again."""
     key = run_key(namespace, names.run_label(name))
     memo.statuses.pop(key, None)
+    memo.setdefault("unsure", set()).discard(key)
     memo.pending.pop(key, None)
     memo.locks.pop(key, None)
     memo.setdefault("progress", {}).pop(key, None)
@@ -206,6 +207,13 @@ async def carry_out(
         if patch:
             try:
                 await memo.kube.patch_run_status(ref.namespace, ref.name, patch)
+            except ApiUnreachable:
+                # no answer: the patch may have landed. The status cached here is then older than the
+                # server's, and the next reconcile must start from the server's (a stage it shows Failed
+                # whose Job is deleted gets its next attempt, not attempt 0 again).
+                memo.statuses.pop(key, None)
+                memo.setdefault("unsure", set()).add(key)
+                raise
             except ApiError as err:
                 if err.status == 404:
                     raise RunGone(str(err)) from err
@@ -214,15 +222,25 @@ async def carry_out(
         raise kopf_error(memo, err) from err
 
 
-def _known_status(memo: kopf.Memo, key: Key, ref: RunRef, body: Mapping[str, Any]) -> dict[str, Any]:
+async def _known_status(memo: kopf.Memo, key: Key, ref: RunRef, body: Mapping[str, Any]) -> dict[str, Any]:
     """The status this process last wrote for this very run (same uid), else the body's. A run deleted and
     created again under the same name while the deletion was missed starts from its own status, and the
-    previous one's pending creates are dropped."""
+    previous one's pending creates are dropped. After a status patch that got no answer (it may or may not
+    have landed), the server's status as it is now: the body may be a copy older than that patch."""
     cached: tuple[str, dict[str, Any]] | None = memo.statuses.get(key)
     if cached is not None and cached[0] == ref.uid:
         return cached[1]
     if cached is not None:
         memo.pending.pop(key, None)
+    unsure: set[Key] = memo.setdefault("unsure", set())
+    if key in unsure:
+        try:
+            body = await memo.kube.get_run(ref.namespace, ref.name)
+        except ApiError as err:
+            if err.status == 404:
+                raise RunGone(str(err)) from err
+            raise kopf_error(memo, err) from err
+        unsure.discard(key)
     status: dict[str, Any] = body.get("status") or {}
     return status
 
@@ -268,13 +286,13 @@ async def reconcile(
     key = run_key(ref.namespace, names.run_label(ref.name))
     async with memo.locks.setdefault(key, asyncio.Lock()):
         started = time.perf_counter()
-        known = _known_status(memo, key, ref, body)
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        observed = observe(key, memo, indices)
-        spec = with_operator_defaults(body.get("spec"), memo.get("defaults") or OperatorDefaults())
-        observed = await with_canary_figures(observed, ref, spec, known, now)
-        plan = plan_run(ref, meta.get("generation"), spec, known, observed, now)
         try:
+            known = await _known_status(memo, key, ref, body)
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            observed = observe(key, memo, indices)
+            spec = with_operator_defaults(body.get("spec"), memo.get("defaults") or OperatorDefaults())
+            observed = await with_canary_figures(observed, ref, spec, known, now)
+            plan = plan_run(ref, meta.get("generation"), spec, known, observed, now)
             await carry_out(memo, ref, key, known, plan, logger)
         except RunGone as gone:
             logger.info("run %s/%s is gone; forgetting it: %s", ref.namespace, ref.name, gone)
