@@ -35,7 +35,7 @@ from eagle3_contract.params import TrainParams
 from eagle3_pipeline.errors import StageError
 from eagle3_pipeline.fused_loss_kernels import separate_autotune_configs
 from eagle3_pipeline.log_format import configure_logging
-from eagle3_pipeline.speculators_cpu import cpu_adapted, setup_distributed
+from eagle3_pipeline.speculators_cpu import cpu_adapted, fork_loader_workers, setup_distributed
 from eagle3_pipeline.train_metrics import recording
 from eagle3_pipeline.train_nodes import Nodes, rendezvous_args
 from eagle3_pipeline.train_progress import EventsWriter, TrainSink
@@ -232,6 +232,7 @@ def build_trainer(args: argparse.Namespace) -> Any:
         train_data_ratio=args.train_data_ratio,
         seed=args.seed,
     )
+    fork_loader_workers((train_loader, val_loader))
     if args.on_missing == "generate":  # online: wait for the producers, keep samples if asked
         from eagle3_pipeline.online_samples import adapt_loaders, wait_for_producers
 

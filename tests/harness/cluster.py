@@ -309,10 +309,17 @@ class JobPlayer:
         await self.cluster.patch("apps/v1", "deployments", deployment["metadata"]["name"], ready, "status")
 
 
+# Polls start 20 ms apart and back off to 200 ms: a wait of a few seconds (most of them, on the real API
+# server) then costs about 5 requests a second instead of 50, each of which the server, the client and, on
+# the API mock, the operator's own event loop pay for in CPU the suite is short of.
+POLL_FIRST_S, POLL_MAX_S, POLL_GROWTH = 0.02, 0.2, 1.5
+
+
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "") -> Any:
     """Poll `check` until it returns a truthy value (AssertionError/KeyError count as not yet)."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
+    pause = POLL_FIRST_S
     while time.monotonic() < deadline:
         try:
             value = await check()
@@ -320,7 +327,8 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0,
                 return value
         except (AssertionError, KeyError, IndexError, TypeError) as err:
             last = err
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(pause)
+        pause = min(pause * POLL_GROWTH, POLL_MAX_S)
     raise AssertionError(f"not reached within {timeout}s: {what or check}; last error: {last!r}")
 
 

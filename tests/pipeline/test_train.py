@@ -289,6 +289,35 @@ def test_another_speculators_version_or_changed_source_is_refused(monkeypatch: p
         speculators_cpu.verify_library()
 
 
+class _WhatTheWorkerSees(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Each item: the worker's pid and the value of a module attribute the parent process patched."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[int, str]:
+        return os.getpid(), speculators_cpu.SUPPORTED_VERSION
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="loader workers are forked only without one")
+def test_without_an_accelerator_the_loader_workers_are_forked_with_the_parents_patches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """speculators spawns its loader workers (each re-imports torch and speculators); on the CPU they are
+    forked: they start at once and see what the training process patched (speculators_cpu.PATCHES)."""
+    monkeypatch.setattr(speculators_cpu, "SUPPORTED_VERSION", "patched in the parent")
+    spawned = torch.utils.data.DataLoader(
+        _WhatTheWorkerSees(), batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
+    inline = torch.utils.data.DataLoader(_WhatTheWorkerSees(), batch_size=None, num_workers=0)
+    speculators_cpu.fork_loader_workers((spawned, inline))
+    assert spawned.multiprocessing_context.get_start_method() == "fork"
+    assert inline.multiprocessing_context is None, "a loader without workers is left as it is"
+    seen = list(spawned)
+    assert {value for _, value in seen} == {"patched in the parent"}
+    assert os.getpid() not in {pid for pid, _ in seen}, "the items came from worker processes"
+
+
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="patches only without an accelerator")
 def test_the_cpu_patches_hold_only_inside_the_block() -> None:
     from speculators.train import checkpointer, trainer
