@@ -210,7 +210,7 @@ async def carry_out(
             except ApiUnreachable:
                 # no answer: the patch may have landed. The status cached here is then older than the
                 # server's, and the next reconcile must start from the server's (a stage it shows Failed
-                # whose Job is deleted gets its next attempt, not attempt 0 again).
+                # whose Job is deleted gets its next attempt, not its first again).
                 memo.statuses.pop(key, None)
                 memo.setdefault("unsure", set()).add(key)
                 raise
@@ -240,6 +240,8 @@ async def _known_status(memo: kopf.Memo, key: Key, ref: RunRef, body: Mapping[st
             if err.status == 404:
                 raise RunGone(str(err)) from err
             raise kopf_error(memo, err) from err
+        if body["metadata"].get("uid") != ref.uid:
+            raise RunGone(f"run {ref.namespace}/{ref.name} was deleted and created again (a new uid)")
         unsure.discard(key)
     status: dict[str, Any] = body.get("status") or {}
     return status
