@@ -185,3 +185,27 @@ async def test_a_status_patch_that_got_no_answer_is_not_taken_back_by_the_next_r
         job["metadata"]["name"] + "-r1"
     ]
     assert api.run["status"]["stages"]["prepare"]["attempts"] == 2
+
+
+async def test_after_a_lost_answer_a_run_created_again_under_the_name_is_not_planned_from(caplog):
+    """The re-read after a lost answer finds another run (a new uid) under the name: the old one is gone,
+    and nothing is created or written for it from the new one's status."""
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": "again", "namespace": "e3", "uid": "u-old", "generation": 1},
+        "spec": tiny(),
+    }
+    api = _LandsSilently(body)
+    memo = kopf.Memo(
+        kube=api, metrics=OperatorMetrics(), locks={}, statuses={}, pending={}, pod_monitors=False
+    )
+    indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
+    api.silent = True
+    with pytest.raises(kopf.TemporaryError, match="no answer"):
+        await reconcile(body, memo, logging.getLogger(__name__), indices)
+    api.run = copy.deepcopy(body) | {"metadata": {**body["metadata"], "uid": "u-new"}, "status": {}}
+    api.created.clear()
+    await reconcile(body, memo, logging.getLogger(__name__), indices)
+    assert api.created == [] and api.run["status"] == {}
+    assert "u-old" in memo.gone and not memo.unsure and not memo.statuses
