@@ -313,9 +313,15 @@ class JobPlayer:
 # server) then costs about 5 requests a second instead of 50, each of which the server, the client and, on
 # the API mock, the operator's own event loop pay for in CPU the suite is short of.
 POLL_FIRST_S, POLL_MAX_S, POLL_GROWTH = 0.02, 0.2, 1.5
+# How long a wait may take before it counts as hung: a bound, not a speed. With two busy loops beside the
+# suite, the operator took more than 10 s (the old default) to create a serving Deployment and to write a
+# run's Serving phase; a wait that is met returns at once, however high its bound.
+WAIT_BOUND_S = 60.0
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, what: str = "") -> Any:
+async def eventually(
+    check: Callable[[], Awaitable[Any]], timeout: float = WAIT_BOUND_S, what: str = ""
+) -> Any:
     """Poll `check` until it returns a truthy value (AssertionError/KeyError count as not yet)."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None

@@ -10,7 +10,7 @@ from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_operator.builders import names
 from eagle3_operator.builders.claim import build_artifacts_claim
 from tests import tiny_spec
-from tests.harness.cluster import MERGE, Cluster, Player, eventually
+from tests.harness.cluster import MERGE, WAIT_BOUND_S, Cluster, Player, eventually
 from tests.harness.results import fake_result
 
 # The scenarios' run: the tiny example without regeneration (they drive the six stages of ORDER).
@@ -46,9 +46,8 @@ def draft_of(body: dict[str, Any]) -> str:
     return str(body["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT])
 
 
-# How long a wait for the operator's next step may take before it counts as hung: a bound, not a speed (the
-# Prometheus tier waited more than 10 s for a run's Serving with two busy loops beside the suite).
-STEP_BOUND_S = 60.0
+# How long a wait for the operator's next step may take before it counts as hung (cluster.WAIT_BOUND_S)
+STEP_BOUND_S = WAIT_BOUND_S
 
 
 async def wait_phase(cluster: Cluster, run: str, phase: str, timeout: float = STEP_BOUND_S) -> dict[str, Any]:

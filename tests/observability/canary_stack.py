@@ -91,7 +91,7 @@ class CanaryRuns:
         await self.cluster.edit_run(run, {"serving": {"pinnedCheckpoint": {"path": NEW}}})
         name = names.canary_name(run)
         deployment = await eventually(
-            lambda: self.cluster.get("apps/v1", "deployments", name), timeout=30, what=f"canary {name}"
+            lambda: self.cluster.get("apps/v1", "deployments", name), what=f"canary {name}"
         )
         await self.player.ready(deployment)
         self.started[run] = time.time()
@@ -100,7 +100,7 @@ class CanaryRuns:
             canary = ((await self.cluster.run(run)).get("status") or {}).get("canary") or {}
             return canary if canary.get("started") else None
 
-        await eventually(observing, timeout=30, what=f"{run}'s canary window started")
+        await eventually(observing, what=f"{run}'s canary window started")
 
     async def decide(self) -> None:
         """Wait for both decisions; `decided` holds each run's status then."""
