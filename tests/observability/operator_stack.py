@@ -38,6 +38,7 @@ from eagle3_operator.metrics import OperatorMetrics
 from eagle3_pipeline.vllm_server import free_port
 from tests.harness.cluster import (
     NS,
+    WAIT_BOUND_S,
     Cluster,
     Emulator,
     JobPlayer,
@@ -54,10 +55,12 @@ NAMESPACE = NS
 STUCK_DEADLINE_S = 2
 LIVE_RUNS = ("training", "hung")  # runs whose running stage is a real stage program (stage_stack)
 RUNNING_S = 3.0  # how long `bad`'s OOM Job runs first: Prometheus (1 s scrapes) sees its counters at 0 first
-CALL_TIMEOUT_S = 60.0
-# how long the next stage's Job may take to appear: the operator shares 2 cores with two vLLM servers and
-# Prometheus here (10 s once ran out after evaluate, with export's Job not yet created)
-JOB_WAIT_S = 30.0
+# Bounds, not speeds: a step that is met returns at once. The operator shares 2 cores with two vLLM servers
+# starting, Prometheus and the stage programs here, and with two busy loops beside the suite the whole
+# scenario before evaluation outlasted 60 s once the servers were up.
+CALL_TIMEOUT_S = 300.0
+# how long the next stage's Job may take to appear (10 s once ran out after evaluate, 30 s was the next bound)
+JOB_WAIT_S = WAIT_BOUND_S
 RESYNC_S = 2.0  # a canary under observation is reconciled (its figures read) this often (canary_stack)
 LAST_FAILURE = "eagle3_run_stage_last_failure_timestamp_seconds"
 

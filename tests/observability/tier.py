@@ -36,7 +36,7 @@ from eagle3_pipeline.draft_checkpoint import sha256_of
 from eagle3_pipeline.spec_metrics import ACCEPTED, DRAFTS, GENERATION_TOKENS, Acceptance, SpecDecodeCounters
 from tests.observability import vllm_stack
 from tests.observability.canary_stack import DECISION_TIMEOUT_S, CanaryRuns, canary_targets
-from tests.observability.operator_stack import NAMESPACE, OperatorStack
+from tests.observability.operator_stack import CALL_TIMEOUT_S, NAMESPACE, OperatorStack
 from tests.observability.prometheus import (
     SCRAPE_INTERVAL_S,
     PrometheusServer,
@@ -216,8 +216,8 @@ def tier_stack(
         scenario = operator.submit(operator.before_evaluation(MODEL))  # while the vLLM servers start
         incumbents = operator.submit(canaries.serving())
         servers = stack.enter_context(vllm_stack.serving(drafts, work / "vllm"))
-        scenario.result(timeout=60)
-        incumbents.result(timeout=60)
+        scenario.result(timeout=CALL_TIMEOUT_S)
+        incumbents.result(timeout=CALL_TIMEOUT_S)
         marks["vllm"] = time.monotonic()
         tier = Tier(prometheus, operator, servers, stages, started=started, canaries=canaries)
         wait_for(stages.hung.serving, SCRAPE_WAIT_S, "hung's generate serving its metrics")
