@@ -61,7 +61,7 @@ async def test_an_exception_in_one_runs_reconcile_does_not_stop_the_resync(backe
         assert not memo.resync.done(), "the resync task is still running"
         # the probe goes green with the next round's beat (a starved machine may delay that beat past the
         # probe's 3 intervals of 0.2 s, which is no failure of the loop)
-        await eventually(lambda: _probe_green(memo), timeout=60, what="the resync's liveness probe green")
+        await eventually(lambda: _probe_green(memo), what="the resync's liveness probe green")
     logged = [r for r in caplog.records if r.levelno >= logging.ERROR and "broken" in r.getMessage()]
     assert logged, "the failure is logged with the run named"
     assert "going on with the next run" in logged[0].getMessage()
@@ -241,7 +241,7 @@ async def test_a_listing_wakes_the_resync_early(backend):
         started = memo.resync_beat
         # early: well inside the 600 s interval, however long a starved event loop takes to get there
         await eventually(
-            lambda: _async(memo.resync_beat > started), timeout=60,
+            lambda: _async(memo.resync_beat > started),
             what="a resync round after the startup listing",
         )  # fmt: skip
 
