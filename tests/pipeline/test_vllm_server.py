@@ -55,49 +55,49 @@ def vllm_or_skip() -> str:
     return path
 
 
-# Builds `vllm serve`'s parser as vLLM 0.32's CLI does, parses each argv after `vllm`, prints chosen fields.
-PARSE_SCRIPT = """
+# One vLLM 0.32 process reads every command line below: it builds `vllm serve`'s parser as vLLM's CLI does,
+# parses and validates each argv after `vllm` and prints chosen fields; for the tuned one it also gives the
+# speculative config's schedule to vLLM's own dynamic speculative decoding
+# (vllm/v1/spec_decode/dynamic/utils.py): its normalized ranges and the k it looks up at every batch size up
+# to max-num-seqs. One process, because importing vLLM costs ~15 CPU-s.
+READ_SCRIPT = """
 import json, sys
 from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.v1.spec_decode.dynamic.utils import (
+    build_dynamic_sd_schedule_lookup, validate_and_normalize_dynamic_sd_schedule,
+)
 
 FIELDS = ("model", "tensor_parallel_size", "max_model_len", "max_num_batched_tokens", "served_model_name",
           "seed", "port", "host", "enforce_eager", "revision", "trust_remote_code", "speculative_config",
           "dtype")
-out = []
-for argv in json.loads(sys.argv[1]):
+
+
+def parse(argv):
     parser = FlexibleArgumentParser(prog="vllm")
     make_arg_parser(parser.add_subparsers(dest="subparser").add_parser("serve"))
     args = parser.parse_args(argv)
     args.model = args.model_tag or args.model
     validate_parsed_serve_args(args)
-    out.append({f: getattr(args, f) for f in FIELDS})
-print(json.dumps(out))
+    return args
+
+
+asked = json.loads(sys.argv[1])
+fields = [{f: getattr(parse(argv), f) for f in FIELDS} for argv in asked["argvs"]]
+argv, max_num_seqs = asked["tuned"]
+config = parse(argv).speculative_config
+schedule = config["num_speculative_tokens_per_batch_size"]
+ranges = validate_and_normalize_dynamic_sd_schedule(schedule)
+lookup = build_dynamic_sd_schedule_lookup(schedule, max_num_seqs, config["num_speculative_tokens"])
+print(json.dumps({"fields": fields, "tuned": {"config": config, "ranges": ranges, "lookup": lookup}}))
 """
 
-
-def vllm_parse(vllm: str, argvs: list[list[str]]) -> list[dict[str, Any]]:
-    python = Path(vllm).with_name("python")
-    proc = subprocess.run(
-        [str(python), "-c", PARSE_SCRIPT, json.dumps([a[1:] for a in argvs])],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    parsed: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return parsed
-
-
 SPECULATIVE = {"method": "eagle3", "model": "/artifacts/train/abc", "num_speculative_tokens": 3}
+MAX_NUM_SEQS = 64
 
 
-@pytest.mark.vllm
-@pytest.mark.timeout(360)
-def test_vllms_own_parser_reads_our_command_line() -> None:
-    vllm = vllm_or_skip()
+def our_command_lines(vllm: str) -> list[list[str]]:
+    """The full command line (every field the spec sets, vllmArgs overriding ours) and the plain one."""
     full = Verifier(
         model="/models/big",
         revision="0123abcd",
@@ -106,7 +106,7 @@ def test_vllms_own_parser_reads_our_command_line() -> None:
         max_model_len=4096,
         vllm_args=["--dtype", "float32", "--max-model-len", "2048"],
     )
-    argvs = [
+    return [
         build_serve_argv(
             vllm,
             VllmEngine.of(full, model="/local/big"),
@@ -119,7 +119,51 @@ def test_vllms_own_parser_reads_our_command_line() -> None:
         ),
         build_serve_argv(vllm, VllmEngine.of(Verifier(model="m"), model="/local/m"), port=9000, seed=0),
     ]
-    full_args, plain = vllm_parse(vllm, argvs)
+
+
+def sweep_cell(k: int, concurrency: int, speedup: float) -> SweepCell:
+    return SweepCell(
+        num_speculative_tokens=k,
+        concurrency=concurrency,
+        output_tokens_per_second=100 * speedup,
+        speedup=speedup,
+    )
+
+
+SPEEDUPS = {1: (1.4, 1.9, 1.7), 8: (1.3, 1.2, 1.1), 32: (0.9, 0.8, 0.7)}  # k = 1, 2, 3 at each concurrency
+TUNED_CELLS = [sweep_cell(k, c, s) for c, row in SPEEDUPS.items() for k, s in enumerate(row, start=1)]
+TUNED_TABLE = SpeculationTable(cells=TUNED_CELLS, schedule=plan_schedule(TUNED_CELLS))
+TUNED_CONFIG = tuned_speculative_config(
+    eagle3_speculative_config("/artifacts/export/abc", 3), TUNED_TABLE.schedule
+)
+
+
+@pytest.fixture(scope="module")
+def vllm_read() -> dict[str, Any]:
+    """What vLLM's own parser (and its dynamic speculative decoding) made of our command lines."""
+    vllm = vllm_or_skip()
+    tuned = build_serve_argv(
+        vllm, VllmEngine.of(Verifier(model="m"), model="/local/m"), port=9000, seed=0,
+        speculative_config=TUNED_CONFIG, options=["--max-num-seqs", str(MAX_NUM_SEQS)],
+    )  # fmt: skip
+    asked = {"argvs": [a[1:] for a in our_command_lines(vllm)], "tuned": [tuned[1:], MAX_NUM_SEQS]}
+    proc = subprocess.run(
+        [str(Path(vllm).with_name("python")), "-c", READ_SCRIPT, json.dumps(asked)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    read: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return read
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(360)
+def test_vllms_own_parser_reads_our_command_line(vllm_read: dict[str, Any]) -> None:
+    full_args, plain = vllm_read["fields"]
     assert full_args == {
         "model": "/local/big",
         "tensor_parallel_size": 8,
@@ -141,71 +185,17 @@ def test_vllms_own_parser_reads_our_command_line() -> None:
     assert plain["speculative_config"] is None
 
 
-# Parses one `vllm serve` argv as vLLM 0.32's CLI does, then gives the speculative config's schedule to vLLM's
-# own dynamic speculative decoding (vllm/v1/spec_decode/dynamic/utils.py): its normalized ranges and the k it
-# looks up at every batch size up to max-num-seqs.
-DYNAMIC_SD_SCRIPT = """
-import json, sys
-from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.v1.spec_decode.dynamic.utils import (
-    build_dynamic_sd_schedule_lookup, validate_and_normalize_dynamic_sd_schedule,
-)
-
-argv, max_num_seqs = json.loads(sys.argv[1])
-parser = FlexibleArgumentParser(prog="vllm")
-make_arg_parser(parser.add_subparsers(dest="subparser").add_parser("serve"))
-args = parser.parse_args(argv)
-args.model = args.model_tag or args.model
-validate_parsed_serve_args(args)
-config = args.speculative_config
-schedule = config["num_speculative_tokens_per_batch_size"]
-ranges = validate_and_normalize_dynamic_sd_schedule(schedule)
-lookup = build_dynamic_sd_schedule_lookup(schedule, max_num_seqs, config["num_speculative_tokens"])
-print(json.dumps({"config": config, "ranges": ranges, "lookup": lookup}))
-"""
-
-
 @pytest.mark.vllm
 @pytest.mark.timeout(360)
-def test_vllm_accepts_the_tuned_schedule_and_looks_up_the_tables_k() -> None:
+def test_vllm_accepts_the_tuned_schedule_and_looks_up_the_tables_k(vllm_read: dict[str, Any]) -> None:
     """serving.speculationLength tuned: the speculative config with num_speculative_tokens_per_batch_size from
     a sweep table is one vLLM 0.32's parser reads and its dynamic speculative decoding expands to the k the
     table chose at each measured concurrency (0 where no k beat the verifier alone)."""
-    vllm = vllm_or_skip()
-
-    def cell(k: int, concurrency: int, speedup: float) -> SweepCell:
-        return SweepCell(
-            num_speculative_tokens=k,
-            concurrency=concurrency,
-            output_tokens_per_second=100 * speedup,
-            speedup=speedup,
-        )
-
-    speedups = {1: (1.4, 1.9, 1.7), 8: (1.3, 1.2, 1.1), 32: (0.9, 0.8, 0.7)}  # k = 1, 2, 3 at each
-    cells = [cell(k, c, s) for c, row in speedups.items() for k, s in enumerate(row, start=1)]
-    table = SpeculationTable(cells=cells, schedule=plan_schedule(cells))
-    chosen = {1: 2, 8: 1, 32: 0}  # the fastest k that beats the baseline at each concurrency
-    config = tuned_speculative_config(eagle3_speculative_config("/artifacts/export/abc", 3), table.schedule)
-    argv = build_serve_argv(
-        vllm, VllmEngine.of(Verifier(model="m"), model="/local/m"), port=9000, seed=0,
-        speculative_config=config, options=["--max-num-seqs", "64"],
-    )  # fmt: skip
-    max_num_seqs = 64
-    python = Path(vllm).with_name("python")
-    proc = subprocess.run(
-        [str(python), "-c", DYNAMIC_SD_SCRIPT, json.dumps([argv[1:], max_num_seqs])],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert parsed["config"] == config  # the argument reaches vLLM as written
+    parsed = vllm_read["tuned"]
+    assert parsed["config"] == TUNED_CONFIG  # the argument reaches vLLM as written
     assert parsed["ranges"] == [[1, 2, 2], [3, 16, 1], [17, 32, 0]]
     lookup = parsed["lookup"]
+    chosen = {1: 2, 8: 1, 32: 0}  # the fastest k that beats the baseline at each concurrency
     for concurrency, k in chosen.items():
         assert lookup[concurrency] == k, concurrency
     assert lookup[1:] == [2, 2] + [1] * 14 + [0] * 16 + [0] * 32  # vLLM carries the last k to max-num-seqs
