@@ -63,7 +63,7 @@ helm:
 
 ## chart: refresh charts/eagle3-operator's copies of crds/, the dashboard and the rules, and its RBAC file (rbac.py)
 chart: $(STAMP)
-	$(PY) -m eagle3_operator.chart
+	$(PY) -m devtools.chart
 
 ## kube: build kube-apiserver and kube-controller-manager once per machine (cached outside the repo)
 kube:
@@ -71,8 +71,8 @@ kube:
 
 ## lint: ruff, the import contracts, hadolint on the images' Dockerfiles (ignored rules: .hadolint.yaml)
 lint: $(STAMP)
-	$(VENV)/bin/ruff check contract operator pipeline cli tests benchmarks
-	$(VENV)/bin/ruff format --check contract operator pipeline cli tests benchmarks
+	$(VENV)/bin/ruff check contract operator pipeline cli devtools tests benchmarks
+	$(VENV)/bin/ruff format --check contract operator pipeline cli devtools tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/hadolint --config .hadolint.yaml images/*/Dockerfile*
 
@@ -92,16 +92,16 @@ apiserver: $(STAMP) kube
 crds: $(STAMP)
 	$(VENV)/bin/eagle3 crd > crds/eagle3runs.eagle3.dev.yaml
 	$(PY) -m eagle3_contract.api.reference crds/eagle3runs.eagle3.dev.yaml > docs/api.md
-	$(PY) -m eagle3_operator.chart
+	$(PY) -m devtools.chart
 
 ## observability: regenerate the committed Grafana dashboard and Prometheus rules from eagle3_operator.observability
 observability: $(STAMP)
-	$(PY) -m eagle3_operator.observability.generate
-	$(PY) -m eagle3_operator.chart
+	$(PY) -m devtools.observability
+	$(PY) -m devtools.chart
 
-## examples: regenerate examples/gitops/kustomize/llama31-8b.yaml with `eagle3 promote`'s code (eagle3_operator.gitops_examples)
+## examples: regenerate examples/gitops/kustomize/llama31-8b.yaml with `eagle3 promote`'s code (devtools/gitops_examples.py)
 examples: $(STAMP)
-	$(PY) -m eagle3_operator.gitops_examples
+	$(PY) -m devtools.gitops_examples
 
 ## observability-tier: a real Prometheus scraping vLLM CPU servers and the operator: every dashboard query and alert
 observability-tier: $(STAMP) vllm prometheus

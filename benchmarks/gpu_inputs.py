@@ -64,8 +64,8 @@ def write_data(prepare: Path, vocab: int, train: int, val: int, lengths: tuple[i
     """A prepare output of random rows in `prepare`, written with the prepare stage's own functions."""
     import torch
 
-    from eagle3_pipeline.masking import Tokenized
-    from eagle3_pipeline.prepared import (
+    from eagle3_pipeline.data.masking import Tokenized
+    from eagle3_pipeline.data.prepared import (
         DATA_DIR,
         TOKEN_FREQ_FILE,
         TRAIN,
@@ -131,15 +131,16 @@ def forward_rate(
     model_dir: Path, prepare: Path, shape: LlamaShape, budget: int, device: torch.device
 ) -> float:
     """Tokens/s of the extractor's forward passes (layer capture included) over the stage's batches."""
-    from eagle3_pipeline import extract_transformers as tf
-    from eagle3_pipeline.extract_rows import PreparedRows
-    from eagle3_pipeline.hidden_states import Layout, plan_batches
+    from eagle3_pipeline.data.hidden_states import Layout, plan_batches
+    from eagle3_pipeline.data.verifier import LocalVerifier
+    from eagle3_pipeline.stages.extract import transformers_backend as tf
+    from eagle3_pipeline.stages.extract.rows import PreparedRows
 
     rows = PreparedRows.load(prepare, shape.vocab)
     layout = Layout(shape.aux_layers, shape.layers, shape.hidden, "bfloat16")
     batches = [rows.token_ids(b) for b in plan_batches(list(enumerate(rows.seq_lens)), budget)]
     extractor = tf.TransformersExtractor(
-        tf.load_verifier(tf.VerifierRef(str(model_dir), None, False), device), layout
+        tf.load_verifier(LocalVerifier(str(model_dir), None, False), device), layout
     )
     extractor.forward(batches[0])  # warm-up: kernels chosen, allocator grown
     synchronize(device)

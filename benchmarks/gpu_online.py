@@ -11,7 +11,7 @@ and no vocab). Then, each `eagle3 run` a subprocess with a time limit of its own
    the train stage asks it for every sample (written under `hidden-states/<train hash>`, read, deleted);
 3. online, `transfer: mooncake`, where `mooncake_master` is on PATH and `mooncake.store` imports (else
    skipped, with the reason);
-4. the producer alone (`eagle3 produce` through eagle3_pipeline.local_producers) sent a bounded number of
+4. the producer alone (`eagle3 produce` through eagle3_pipeline.local.producers) sent a bounded number of
    rows with speculators' async client at concurrency 1 and 32 (benchmarks/online_cpu.py's `hammer`):
    samples/s, tokens/s and MB/s of hidden states, each file read back and deleted as the trainer does.
 
@@ -137,7 +137,7 @@ def seed(art: Path, spec: Path, made: dict[str, Path]) -> None:
 
 def conversations(prepare: Path, validation: int) -> None:
     """Held-out prompts for the evaluate stage: `validation` tiny-corpus chats marked as validation rows."""
-    from eagle3_pipeline.prepared import CONVERSATIONS_FILE, VAL
+    from eagle3_pipeline.data.prepared import CONVERSATIONS_FILE, VAL
     from eagle3_pipeline.tiny.corpus import sample
 
     rows = [{"id": f"eval-{i}", "split": VAL, "messages": m} for i, m in enumerate(sample(1, validation))]
@@ -241,8 +241,8 @@ def producer_throughput(spec: Path, art: Path, vllm: str, rows: list[list[int]])
     """`eagle3 produce` alone, sent up to PRODUCER_ROWS rows at each concurrency."""
     from eagle3_contract.api.manifest import load_manifest
     from eagle3_contract.online import ENV_HIDDEN_STATES_ENDPOINT
-    from eagle3_pipeline.local import LocalOptions, stage_env
-    from eagle3_pipeline.local_producers import LocalProducers
+    from eagle3_pipeline.local.producers import LocalProducers
+    from eagle3_pipeline.local.run import LocalOptions, stage_env
 
     run = load_manifest(spec)
     env = source_env(stage_env(LocalOptions(artifacts=art, vllm=vllm)))
@@ -258,7 +258,7 @@ def producer_throughput(spec: Path, art: Path, vllm: str, rows: list[list[int]])
 def dataset_rows(prepare: Path) -> list[list[int]]:
     import datasets
 
-    from eagle3_pipeline.prepared import DATA_DIR
+    from eagle3_pipeline.data.prepared import DATA_DIR
 
     table = datasets.load_from_disk(str(prepare / DATA_DIR)).with_format(None)
     return [list(r) for r in table["input_ids"]]

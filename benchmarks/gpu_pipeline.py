@@ -22,8 +22,8 @@ limit.)
    records (gpu_train_bench.py): the rates after the warm-up, and apart from them the seconds the compiling
    steps took (`compile_s`) and the time to the first step. The stock run comes second: Triton and inductor
    caches are warm for it, which its compile seconds and time to the first step show. Without an
-   accelerator it runs inside eagle3_pipeline.speculators_cpu.cpu_adapted() (speculators 0.9.0 trains on
-   CUDA only). `--stop-after-steps N` stops each run once it has logged N steps (no checkpoint, no
+   accelerator it runs inside eagle3_pipeline.adapters.speculators_cpu.cpu_adapted() (speculators 0.9.0 trains
+   on CUDA only). `--stop-after-steps N` stops each run once it has logged N steps (no checkpoint, no
    validation: the train stage's output stays uncommitted, so it has no result).
 5. Online against offline (gpu_online.py; needs a vLLM for the device, `--vllm`, else every part is recorded
    as skipped with the reason): `eagle3 run` on the same prepare and vocab outputs, offline (vLLM
@@ -266,7 +266,7 @@ class Context:
 
     def run_yaml(self) -> Path:
         """The train stage's run.yaml: in its output, or in its work directory when it was stopped."""
-        from eagle3_pipeline.context import work_dir_of
+        from eagle3_pipeline.runtime.context import work_dir_of
 
         done = self.root / TRAIN / RUN_YAML
         return done if done.exists() else work_dir_of(self.root / TRAIN) / RUN_YAML

@@ -131,7 +131,7 @@ fi
 "$PYTHON" - <<'EOF' || fail "the pipeline does not import (see above)"
 import importlib.metadata as md
 import datasets, hs_connectors, safetensors, speculators.cli, speculators.train.cli  # noqa: F401
-import eagle3_pipeline.stage_main, eagle3_pipeline.train_draft  # noqa: F401
+import eagle3_pipeline.stage_main, eagle3_pipeline.stages.train.draft  # noqa: F401
 print(f"speculators {md.version('speculators')}, hs-connectors {md.version('hs-connectors')}, "
       f"datasets {datasets.__version__}")
 EOF

@@ -64,10 +64,10 @@ _FIELDS = {
 # The stock command, in a `python -c` wrapper only to read the CUDA allocator's peak after every step and at
 # exit (a run stopped after its steps has no exit), to die with the benchmark (it runs in a session of its
 # own, so that stopping it stops its loader workers too), and, without an accelerator, to apply
-# eagle3_pipeline.speculators_cpu's adaptation (speculators 0.9.0 trains on CUDA only); with one, the stage's
-# workaround for the fused loss kernels, eagle3_pipeline.fused_loss_kernels, without which it fails on
-# torch 2.11 as the stage would. The per-step handler goes on the metric logger after speculators' own
-# setup, whose dictConfig drops the handlers that logger had.
+# eagle3_pipeline.adapters.speculators_cpu's adaptation (speculators 0.9.0 trains on CUDA only); with one, the
+# stage's workaround for the fused loss kernels, eagle3_pipeline.adapters.fused_loss_kernels, without which it
+# fails on torch 2.11 as the stage would. The per-step handler goes on the metric logger after speculators'
+# own setup, whose dictConfig drops the handlers that logger had.
 STOCK_WRAPPER = """\
 import atexit, contextlib, ctypes, logging, signal, sys
 import torch
@@ -95,11 +95,11 @@ train_cli.setup_metric_logger = _setup_then_peak
 atexit.register(_peak)
 sys.argv = ["speculators", *sys.argv[1:]]
 if torch.accelerator.is_available():
-    from eagle3_pipeline.fused_loss_kernels import separate_autotune_configs
+    from eagle3_pipeline.adapters.fused_loss_kernels import separate_autotune_configs
     separate_autotune_configs()  # as the stage does: torch 2.11 cannot trace the fused loss otherwise
     adapted = contextlib.nullcontext()
 else:
-    from eagle3_pipeline.speculators_cpu import cpu_adapted
+    from eagle3_pipeline.adapters.speculators_cpu import cpu_adapted
     adapted = cpu_adapted()
 with adapted:
     app()

@@ -157,8 +157,8 @@ def producer_throughput(spec: Path, art: Path, vllm: str, models: Path) -> list[
 
     from eagle3_contract.api.manifest import load_manifest
     from eagle3_contract.online import ENV_HIDDEN_STATES_ENDPOINT
-    from eagle3_pipeline.local import LocalOptions, stage_env
-    from eagle3_pipeline.local_producers import LocalProducers
+    from eagle3_pipeline.local.producers import LocalProducers
+    from eagle3_pipeline.local.run import LocalOptions, stage_env
 
     [data] = (art / "prepare").glob("*/data")
     rows = [list(r) for r in datasets.load_from_disk(str(data)).with_format(None)["input_ids"]]
@@ -176,7 +176,7 @@ def main() -> int:
     p.add_argument("--work", type=Path, default=Path.home() / ".cache" / "eagle3-operator" / "bench-online")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
-    from eagle3_pipeline.context import models_root
+    from eagle3_pipeline.runtime.context import models_root
     from eagle3_pipeline.tiny.build import build
 
     models = models_root()

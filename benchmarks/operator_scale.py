@@ -416,6 +416,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    logging.getLogger("eagle3_pipeline.progress").setLevel(logging.WARNING)  # the scale_progress reporters
+    logging.getLogger("eagle3_pipeline.runtime.reporter").setLevel(
+        logging.WARNING
+    )  # the scale_progress reporters
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     raise SystemExit(asyncio.run(main()))

@@ -72,8 +72,8 @@ def run_theirs(model: Path, rows: Path, out: Path, seq: int, workers: int, vllm:
     from eagle3_contract.api.manifest import load_manifest
     from eagle3_contract.stages import Stage
     from eagle3_contract.vllm_command import VllmEngine
-    from eagle3_pipeline.context import StageContext
-    from eagle3_pipeline.vllm_server import VllmServer
+    from eagle3_pipeline.runtime.context import StageContext
+    from eagle3_pipeline.serving.vllm_server import VllmServer
 
     spec = load_manifest(manifest(out / "serve.yaml", model, rows, seq)).spec
     ctx = StageContext.of_spec(Stage.GENERATE, "bench", spec, out, out / "server", token_budget=8192)
@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--vllm", default=os.environ.get("EAGLE3_VLLM", "vllm"))
     parser.add_argument("--models", type=Path, default=None)
     args = parser.parse_args()
-    from eagle3_pipeline.context import models_root
+    from eagle3_pipeline.runtime.context import models_root
 
     root = models_root(str(args.models) if args.models else None)
     model, src = root / "tiny-llama", root / "datasets" / "tiny-chat.jsonl"

@@ -19,8 +19,8 @@ from typing import Any
 from aiohttp import web
 from tests.harness.cluster import Cluster, JobPlayer
 
-from eagle3_contract.progress import METRICS_PATH, METRICS_PORT
-from eagle3_pipeline.progress import StageReporter
+from eagle3_contract.stage_metrics import METRICS_PATH, METRICS_PORT
+from eagle3_pipeline.runtime.reporter import StageReporter
 
 ROWS = 10**6  # far more than a window reaches: the stage stays running
 

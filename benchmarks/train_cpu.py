@@ -10,7 +10,8 @@ its own with the same torch threads (`OMP_NUM_THREADS`), its output going to a l
 
 - ours: `eagle3 stage train` (the train plan's inputs, a fresh output directory);
 - stock: `speculators train --config <the run.yaml ours wrote> --save-path <fresh>`, inside
-  `eagle3_pipeline.speculators_cpu.cpu_adapted()` (speculators 0.9.0 refuses a machine without a GPU).
+  `eagle3_pipeline.adapters.speculators_cpu.cpu_adapted()` (speculators 0.9.0 refuses a machine without a
+  GPU).
 
 Both run speculators' `Trainer.run_training` on the same data, config, seed and epochs; each validates after
 every epoch and saves every epoch's checkpoint. Both processes get the same passive observer: a logging filter
@@ -84,7 +85,7 @@ for _name in ("speculators", "speculators.metrics"):
 """
 OURS = OBSERVER + "from eagle3_cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
 STOCK = OBSERVER + (
-    "from eagle3_pipeline.speculators_cpu import cpu_adapted\n"
+    "from eagle3_pipeline.adapters.speculators_cpu import cpu_adapted\n"
     "from speculators.__main__ import app\n"
     "sys.argv = ['speculators', *sys.argv[1:]]\n"
     "with cpu_adapted():\n"
@@ -141,8 +142,8 @@ def upstream(manifest: Path, art: Path) -> Any:
     """prepare, extract and vocab by the local runner (reused when complete); returns the train plan."""
     from eagle3_contract.api.manifest import load_manifest
     from eagle3_contract.stages import Stage, plan_stages
-    from eagle3_pipeline.context import models_root
-    from eagle3_pipeline.local import LocalOptions, run_local
+    from eagle3_pipeline.local.run import LocalOptions, run_local
+    from eagle3_pipeline.runtime.context import models_root
     from eagle3_pipeline.tiny.build import build
 
     build(models_root())
@@ -162,7 +163,7 @@ class Span:
 
 def launch(code: str, args: list[str], events: Path, log: Path, threads: int, cwd: Path) -> Span:
     """Run `python -c code args...` to completion."""
-    from eagle3_pipeline.context import ENV_MODELS_ROOT, models_root
+    from eagle3_pipeline.runtime.context import ENV_MODELS_ROOT, models_root
 
     events.unlink(missing_ok=True)
     env = {**os.environ, EVENTS_ENV: str(events), "OMP_NUM_THREADS": str(threads)}

@@ -21,7 +21,7 @@
 #   3. At run time vLLM needs HF_HUB_OFFLINE=1 (no hub access here; models are local directories) and
 #      VLLM_CPU_KVCACHE_SPACE=1 (GiB of KV cache; the default reserves far more than a small machine has):
 #        HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 "$VLLM" serve MODEL_DIR --enforce-eager
-#      eagle3_pipeline.vllm_server sets both when they are unset. --enforce-eager skips torch.compile
+#      eagle3_pipeline.serving.vllm_server sets both when they are unset. --enforce-eager skips torch.compile
 #      (healthy in about 60 s instead of 150 s on 2 cores).
 #
 # The environment also gets hs-connectors (its fp8 and mooncake connectors, which vLLM imports) and Mooncake's

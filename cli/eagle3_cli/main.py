@@ -9,9 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from eagle3_cli.status import add_command as add_status_command
-from eagle3_operator import commands as operator_commands
-from eagle3_pipeline import commands as pipeline_commands
-from eagle3_pipeline.log_format import (
+from eagle3_contract.log_format import (
     ENV_LOG_FORMAT,
     ENV_VERBOSE,
     FORMATS,
@@ -19,6 +17,8 @@ from eagle3_pipeline.log_format import (
     LogFormatError,
     configure_logging,
 )
+from eagle3_operator import commands as operator_commands
+from eagle3_pipeline import commands as pipeline_commands
 
 __all__ = ["QUIET_LOGGERS", "main", "parser"]
 

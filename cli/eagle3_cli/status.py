@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.status import StageProgress
-from eagle3_contract.progress import eta_text, summary
 from eagle3_contract.results import parse_result
+from eagle3_contract.stage_metrics import eta_text, summary
 from eagle3_contract.stages import ORDER, Stage
 
 # A watched run stops being watched in these phases (Serving once Ready: the rollout is done).

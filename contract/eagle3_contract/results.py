@@ -111,7 +111,8 @@ def parse_message(text: str | None) -> dict[str, Any] | None:
 
 
 class PreparedResult(StageResult):
-    """A tokenized dataset's figures (eagle3_pipeline.prepared.write_prepared), of prepare and generate."""
+    """A tokenized dataset's figures (eagle3_pipeline.data.prepared.write_prepared), of prepare and
+    generate."""
 
     samples: int | None = None
     train: int | None = None
@@ -214,7 +215,7 @@ class VocabResult(StageResult):
 
 
 class TrainEpoch(ResultModel):
-    """One line of metrics.jsonl (eagle3_pipeline.train_metrics), without speculators' raw record."""
+    """One line of metrics.jsonl (eagle3_pipeline.stages.train.metrics), without speculators' raw record."""
 
     epoch: int | None = None
     train_loss: float | None = None

@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
-from eagle3_operator import live_progress, peering
+from eagle3_operator import peering, stage_metrics
 from eagle3_operator.builders import names
 from eagle3_operator.k8s import CONNECT_SECONDS, TOTAL_SECONDS, Kube
 from eagle3_operator.metrics import OperatorMetrics
@@ -68,11 +68,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     memo.relisted = asyncio.Event()  # a watch listed its objects: sweep the indexes for ghosts soon
     memo.resync_beat = time.monotonic()
     memo.resync = asyncio.create_task(resync(memo, kwargs))
-    memo.progress = {}  # run key -> live progress by JobView.progress_key (live_progress.py)
+    memo.progress = {}  # run key -> live progress by JobView.progress_key (stage_metrics.py)
     if memo.get("progress_reader") is None:
-        memo.progress_reader = live_progress.Reader.open()
+        memo.progress_reader = stage_metrics.Reader.open()
     memo.progress_task = asyncio.create_task(
-        live_progress.poll(
+        stage_metrics.poll(
             memo,
             kwargs.get("eagle3_runs", {}),
             kwargs.get("stage_pods", {}),

@@ -15,23 +15,23 @@ def _stage(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from eagle3_pipeline.produce import main as produce_main
+    from eagle3_pipeline.stages.extract.producer import main as produce_main
 
     return produce_main(args.spec, args.artifacts, args.port, dry_run=args.print)
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.dry_run:
-        from eagle3_pipeline.dry_run import main as dry_run_main
+        from eagle3_pipeline.local.dry_run import main as dry_run_main
 
         return dry_run_main(args.file, args.artifacts, args.models)
-    from eagle3_pipeline.local import main as run_main
+    from eagle3_pipeline.local.run import main as run_main
 
     return run_main(args.file, args.artifacts, args.models, args.vllm, args.until)
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from eagle3_pipeline.plan import main as plan_main
+    from eagle3_pipeline.local.plan import main as plan_main
 
     return plan_main(args.file, args.artifacts, args.models, args.vllm, args.acceptance_length)
 
@@ -42,8 +42,8 @@ def local_status_reader(path: str, artifacts: str | None) -> Callable[[], tuple[
     from pathlib import Path
 
     from eagle3_contract.api.manifest import load_manifest
-    from eagle3_pipeline.local import default_artifacts
-    from eagle3_pipeline.local_status import local_status
+    from eagle3_pipeline.local.run import default_artifacts
+    from eagle3_pipeline.local.status import local_status
 
     def read() -> tuple[str, dict[str, Any]]:
         manifest = load_manifest(path)  # every time: an edited spec is another plan

@@ -1,8 +1,8 @@
 """`eagle3 stage <name>`: one stage program, the same in a Job's container and under the local executor.
 
-A node above 0 of a multi-node train stage (`EAGLE3_NODE_RANK` > 0, eagle3_pipeline.train_nodes) runs the
-same command in worker mode: it joins node 0's training and exits 0 when it ends, without the output's lock,
-work directory or result, which node 0 owns.
+A node above 0 of a multi-node train stage (`EAGLE3_NODE_RANK` > 0, eagle3_pipeline.stages.train.nodes) runs
+the same command in worker mode: it joins node 0's training and exits 0 when it ends, without the output's
+lock, work directory or result, which node 0 owns.
 
 Exit codes: 0 done (the result JSON is the last line of stdout and the container's termination message),
 1 bad input (message on stderr and in the termination message), OOM_EXIT_CODE out of memory (retry with half
@@ -10,7 +10,7 @@ the token budget; the work directory is kept so the retry resumes), CHECK_FAILED
 its input (verify; the termination message adds the `reason` and what was expected and found).
 
 While the program runs it serves its progress metrics when $EAGLE3_METRICS_PORT is set (ctx.progress,
-eagle3_pipeline.progress); a worker node reports nothing (node 0 reports for the stage).
+eagle3_pipeline.runtime.reporter); a worker node reports nothing (node 0 reports for the stage).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from eagle3_contract.api.manifest import ManifestError, load_manifest
@@ -30,12 +31,12 @@ from eagle3_contract.exit_codes import STAGE_ERROR_EXIT_CODE
 from eagle3_contract.params import StageParams, StageTuning
 from eagle3_contract.results import StageResult, check_result
 from eagle3_contract.stages import DEFINITIONS, Stage
-from eagle3_pipeline.context import StageContext, is_complete, read_result
-from eagle3_pipeline.errors import CheckFailed, OutOfMemory, StageError, is_out_of_memory
-from eagle3_pipeline.locks import OutputLocked, hold_output_lock
-from eagle3_pipeline.process_group import Terminated, terminating_raises
-from eagle3_pipeline.progress import StageReporter
-from eagle3_pipeline.train_nodes import node_rank
+from eagle3_pipeline.runtime.context import StageContext, is_complete, read_result
+from eagle3_pipeline.runtime.errors import CheckFailed, OutOfMemory, StageError, is_out_of_memory
+from eagle3_pipeline.runtime.locks import OutputLocked, hold_output_lock
+from eagle3_pipeline.runtime.process_group import Terminated, terminating_raises
+from eagle3_pipeline.runtime.reporter import StageReporter
+from eagle3_pipeline.stages.train.nodes import node_rank
 
 logger = logging.getLogger(__name__)
 
@@ -49,15 +50,21 @@ TERMINATION_LIMIT = 4096
 StageProgram = Callable[[StageContext[Any, Any]], dict[str, Any] | StageResult]
 
 
-def program(stage: str) -> StageProgram:
-    """The `run(ctx) -> result` function of a stage (modules are imported lazily: torch is slow to import)."""
+def program_module(stage: str) -> ModuleType:
+    """A stage's program module, eagle3_pipeline.stages.<stage>.program (imported lazily on purpose: the
+    programs import torch, which is slow to import)."""
+    package = f"eagle3_pipeline.stages.{stage}"
     try:
-        module = importlib.import_module(f"eagle3_pipeline.stages.{stage}")
+        return importlib.import_module(f"{package}.program")
     except ModuleNotFoundError as exc:
-        if exc.name == f"eagle3_pipeline.stages.{stage}":
+        if exc.name in (package, f"{package}.program"):
             raise StageError(f"stage {stage} has no program in this version of eagle3-pipeline") from None
         raise
-    run: StageProgram = module.run
+
+
+def program(stage: str) -> StageProgram:
+    """The `run(ctx) -> result` function of a stage."""
+    run: StageProgram = program_module(stage).run
     return run
 
 
@@ -203,7 +210,7 @@ def _run_worker(stage: str, ctx: StageContext[StageParams, StageTuning]) -> int:
     """A worker node's part of a multi-node stage: 0 when it ended; the output's lifecycle is node 0's."""
     try:
         with terminating_raises():
-            importlib.import_module(f"eagle3_pipeline.stages.{stage}").run_worker(ctx)
+            program_module(stage).run_worker(ctx)
     except StageError as exc:
         return _fail(_prefixed(stage, exc))
     except Terminated:

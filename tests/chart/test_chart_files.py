@@ -11,8 +11,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from devtools import chart
 
-from eagle3_operator import chart, rbac
+from eagle3_operator import rbac
 from tests.chart.helm import CHART, ROOT
 
 
@@ -22,7 +23,7 @@ def canonical(rules: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> list[
 
 
 def test_chart_copies_are_current() -> None:
-    stale = chart.stale()
+    stale = chart.GENERATOR.stale()
     assert not stale, (
         f"{', '.join(stale)} differ(s) from the file(s) the chart copies or from eagle3_operator/rbac.py: "
         f"run `{chart.MAKE_TARGET}` and commit the result"

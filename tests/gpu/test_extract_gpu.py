@@ -9,10 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3_pipeline.extract_rows import PreparedRows
-from eagle3_pipeline.extract_transformers import TransformersExtractor, VerifierRef, load_verifier
-from eagle3_pipeline.hidden_states import HIDDEN_STATES, TOKEN_IDS, Layout, file_name
+from eagle3_pipeline.data.hidden_states import HIDDEN_STATES, TOKEN_IDS, Layout, file_name
+from eagle3_pipeline.data.verifier import LocalVerifier
 from eagle3_pipeline.stage_main import run_stage
+from eagle3_pipeline.stages.extract.rows import PreparedRows
+from eagle3_pipeline.stages.extract.transformers_backend import TransformersExtractor, load_verifier
 from tests.gpu.gpu_support import AUX_LAYERS, require_cuda, tiny_manifest
 from tests.pipeline.draft_support import VERIFIER
 
@@ -42,7 +43,7 @@ def test_gpu_hidden_states_match_the_cpu_extraction_within_bf16_tolerance(
     metadata = json.loads((artifacts / "extract" / "x" / "metadata.json").read_text())
     layout = Layout(tuple(AUX_LAYERS), metadata["numHiddenLayers"], metadata["hiddenSize"], "bfloat16")
     rows = PreparedRows.load(artifacts / "prepare" / "p")
-    cpu = load_verifier(VerifierRef(str(tiny_models / VERIFIER), None, False), torch.device("cpu"))
+    cpu = load_verifier(LocalVerifier(str(tiny_models / VERIFIER), None, False), torch.device("cpu"))
     extractor = TransformersExtractor(cpu, layout)
     assert next(cpu.parameters()).dtype == torch.float32
     for index in range(len(rows)):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_pipeline.plan import run_plan
+from eagle3_pipeline.local.plan import run_plan
 from tests.gpu.gpu_support import gpu_vllm, require_cuda
 
 require_cuda()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.train_draft import CPU_SETTINGS, load_config
+from eagle3_pipeline.stages.train.draft import CPU_SETTINGS, load_config
 from tests.gpu.gpu_support import require_cuda, tiny_manifest, uncompiled
 
 require_cuda()

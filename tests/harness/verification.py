@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from eagle3_pipeline.stages.verify import checksum_mismatch
+from eagle3_pipeline.stages.verify.program import checksum_mismatch
 
 
 def mismatch_message(expected: str, actual: str, path: str) -> str:

@@ -35,7 +35,7 @@ import kmock
 from prometheus_client import start_http_server
 
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_pipeline.vllm_server import free_port
+from eagle3_pipeline.serving.vllm_server import free_port
 from tests.harness.cluster import (
     NS,
     WAIT_BOUND_S,

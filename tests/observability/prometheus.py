@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from eagle3_pipeline.vllm_server import free_port
+from eagle3_pipeline.serving.vllm_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = ROOT / "scripts" / "install-prometheus.sh"

@@ -29,8 +29,13 @@ from typing import Any
 
 import httpx
 
-from eagle3_contract.progress import ENV_METRICS_HOST, ENV_METRICS_PORT, METRICS_PATH, RATE_WINDOW_SECONDS
-from eagle3_pipeline.vllm_server import ENV_VLLM, free_port
+from eagle3_contract.stage_metrics import (
+    ENV_METRICS_HOST,
+    ENV_METRICS_PORT,
+    METRICS_PATH,
+    RATE_WINDOW_SECONDS,
+)
+from eagle3_pipeline.serving.vllm_server import ENV_VLLM, free_port
 from tests.observability.operator_stack import NAMESPACE
 from tests.observability.prometheus import Target, wait_for
 from tests.pipeline.draft_support import DATASET, conversations, write_data_stage

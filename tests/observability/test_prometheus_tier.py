@@ -22,7 +22,7 @@ import pytest
 from eagle3_operator.builders.names import TRACK_CANARY, TRACK_STABLE
 from eagle3_operator.observability import canary_queries as cq
 from eagle3_operator.reconcile.run_report import unix_time
-from eagle3_pipeline.spec_metrics import Acceptance
+from eagle3_pipeline.serving.spec_metrics import Acceptance
 from tests.harness.cluster import eventually
 from tests.harness.scenario import draft_of
 from tests.observability import expressions as ex

@@ -32,8 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
-from eagle3_pipeline.draft_checkpoint import sha256_of
-from eagle3_pipeline.spec_metrics import ACCEPTED, DRAFTS, GENERATION_TOKENS, Acceptance, SpecDecodeCounters
+from eagle3_pipeline.data.draft_checkpoint import sha256_of
+from eagle3_pipeline.serving.spec_metrics import (
+    ACCEPTED,
+    DRAFTS,
+    GENERATION_TOKENS,
+    Acceptance,
+    SpecDecodeCounters,
+)
 from tests.observability import vllm_stack
 from tests.observability.canary_stack import DECISION_TIMEOUT_S, CanaryRuns, canary_targets
 from tests.observability.operator_stack import CALL_TIMEOUT_S, NAMESPACE, OperatorStack

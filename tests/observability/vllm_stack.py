@@ -28,10 +28,10 @@ import torch
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.stages import Stage
 from eagle3_contract.vllm_command import VllmEngine, eagle3_speculative_config
-from eagle3_pipeline.context import StageContext
-from eagle3_pipeline.draft_checkpoint import write_serving_checkpoint
-from eagle3_pipeline.spec_metrics import SpecDecodeCounters, parse_counters
-from eagle3_pipeline.vllm_server import VllmServer
+from eagle3_pipeline.data.draft_checkpoint import write_serving_checkpoint
+from eagle3_pipeline.runtime.context import StageContext
+from eagle3_pipeline.serving.spec_metrics import SpecDecodeCounters, parse_counters
+from eagle3_pipeline.serving.vllm_server import VllmServer
 from tests.pipeline.draft_support import DATASET, conversations, evaluate_spec, shared_draft
 
 MODEL = evaluate_spec()["verifier"]["model"]  # /models/tiny-llama, what the operator's `model` label says

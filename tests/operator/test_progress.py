@@ -1,7 +1,7 @@
 """A running stage's live progress, from its pod's metrics endpoint to status, `kubectl get` and Events.
 
 The train stage's pod "runs" at a loopback address where the pipeline's own StageReporter serves the
-progress metrics the stage program serves in a pod (eagle3_contract.progress); the operator reads them as
+progress metrics the stage program serves in a pod (eagle3_contract.stage_metrics); the operator reads them as
 it reads a pod's in a cluster. On the real API server, `kubectl get e3r` is the server's Table of the
 printer columns, read with kubectl's Accept header.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from eagle3_contract.api.base import API_VERSION, PLURAL
-from eagle3_contract.progress import METRICS_PORT
-from eagle3_pipeline.progress import StageReporter
+from eagle3_contract.stage_metrics import METRICS_PORT
+from eagle3_pipeline.runtime.reporter import StageReporter
 from tests.harness.cluster import Cluster, eventually
 from tests.harness.results import fake_result
 from tests.harness.scenario import ORDER, complete, status, tiny, wait_job

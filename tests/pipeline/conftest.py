@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_pipeline.context import models_root
+from eagle3_pipeline.runtime.context import models_root
 
 BUILD_TIMEOUT_S = 3600  # a cold build: about 2.5 min on 2 idle cores, far longer on a busy machine
 log = logging.getLogger(__name__)

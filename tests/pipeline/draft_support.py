@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from eagle3_pipeline.prepared import assign_splits
+from eagle3_pipeline.data.prepared import assign_splits
 from eagle3_pipeline.tiny.build import locked
 
 AUX_LAYERS = [1, 2, 3]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.conversations import detect_format, load_conversations
-from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.data.conversations import detect_format, load_conversations
+from eagle3_pipeline.runtime.errors import StageError
 from tests.pipeline.manifests import chat, write_jsonl
 
 SHAREGPT = {

@@ -1,11 +1,11 @@
-"""Degenerate answers (eagle3_pipeline.degenerate): empty ones and repetition loops, and normal answers that
-repeat a word or a list marker legitimately."""
+"""Degenerate answers (eagle3_pipeline.serving.degenerate): empty ones and repetition loops, and normal
+answers that repeat a word or a list marker legitimately."""
 
 from __future__ import annotations
 
 import pytest
 
-from eagle3_pipeline.degenerate import (
+from eagle3_pipeline.serving.degenerate import (
     LOOP_MIN_TOKENS,
     Degeneracy,
     Screening,

@@ -22,20 +22,20 @@ from eagle3_contract.api.speculation import plan_schedule
 from eagle3_contract.gate import GateVerdict, judge_evaluation
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage, plan_stages
-from eagle3_pipeline.context import StageContext
-from eagle3_pipeline.degenerate import Degeneracy, Screening
-from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.evaluate_prompts import HeldOut, answered, held_out_prompts, prompt_of
-from eagle3_pipeline.evaluate_requests import Measurement, request_options
-from eagle3_pipeline.evaluate_summary import Evaluation, summarize
-from eagle3_pipeline.local import LocalOptions, LocalRunError, gate_failure, run_local
-from eagle3_pipeline.spec_metrics import (
+from eagle3_pipeline.local.run import LocalOptions, LocalRunError, gate_failure, run_local
+from eagle3_pipeline.runtime.context import StageContext
+from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.serving.degenerate import Degeneracy, Screening
+from eagle3_pipeline.serving.requests import Measurement, request_options
+from eagle3_pipeline.serving.spec_metrics import (
     Acceptance,
     SpecDecodeCounters,
     consistency_problems,
     parse_counters,
 )
 from eagle3_pipeline.stage_main import run_stage
+from eagle3_pipeline.stages.evaluate.prompts import HeldOut, answered, held_out_prompts, prompt_of
+from eagle3_pipeline.stages.evaluate.summary import Evaluation, summarize
 from tests.pipeline.draft_support import (
     evaluate_spec,
     shared_draft,

@@ -1,5 +1,6 @@
-"""evaluate's speculation-length sweep (eagle3_pipeline.evaluate_sweep) without vLLM: the cells' prompts, the
-servers' options, the table and its notes. The sweep on vLLM is tests/pipeline/test_evaluate.py's good run."""
+"""evaluate's speculation-length sweep (eagle3_pipeline.stages.evaluate.sweep) without vLLM: the cells'
+prompts, the servers' options, the table and its notes. The sweep on vLLM is tests/pipeline/test_evaluate.py's
+good run."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ from eagle3_contract.api.manifest import load_manifest
 from eagle3_contract.api.speculation import BaselineCell, SweepCell
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage
-from eagle3_pipeline.context import StageContext
-from eagle3_pipeline.evaluate_summary import with_sweep
-from eagle3_pipeline.evaluate_sweep import SpeculationSweep, cell_prompts, prompts_wanted, server_options
+from eagle3_pipeline.runtime.context import StageContext
+from eagle3_pipeline.stages.evaluate.summary import with_sweep
+from eagle3_pipeline.stages.evaluate.sweep import (
+    SpeculationSweep,
+    cell_prompts,
+    prompts_wanted,
+    server_options,
+)
 from tests.pipeline.draft_support import evaluate_spec
 from tests.pipeline.manifests import write_manifest
 

@@ -21,8 +21,7 @@ from eagle3_contract.api.manifest import load_manifest
 from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
 from eagle3_contract.results import VerifyResult
 from eagle3_contract.stages import Stage
-from eagle3_pipeline.context import StageContext
-from eagle3_pipeline.draft_checkpoint import (
+from eagle3_pipeline.data.draft_checkpoint import (
     foreign_embeddings,
     load_serving_draft,
     mapping_problem,
@@ -30,10 +29,11 @@ from eagle3_pipeline.draft_checkpoint import (
     serving_weights,
     unservable_mapping,
 )
-from eagle3_pipeline.evaluate_prompts import held_out_prompts
-from eagle3_pipeline.evaluate_requests import Measurement
+from eagle3_pipeline.runtime.context import StageContext
+from eagle3_pipeline.serving.requests import Measurement
 from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.stages.evaluate import measure
+from eagle3_pipeline.stages.evaluate.program import measure
+from eagle3_pipeline.stages.evaluate.prompts import held_out_prompts
 from tests.pipeline.draft_support import (
     DATASET,
     VERIFIER,

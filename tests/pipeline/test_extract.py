@@ -18,10 +18,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from eagle3_pipeline.context import work_dir_of
-from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.extract_transformers import TransformersExtractor, VerifierRef, load_verifier
-from eagle3_pipeline.hidden_states import (
+from eagle3_pipeline.data.hidden_states import (
     Layout,
     default_aux_layers,
     file_name,
@@ -29,7 +26,11 @@ from eagle3_pipeline.hidden_states import (
     resolve_aux_layers,
     scan_done,
 )
+from eagle3_pipeline.data.verifier import LocalVerifier
+from eagle3_pipeline.runtime.context import work_dir_of
+from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.stage_main import run_stage
+from eagle3_pipeline.stages.extract.transformers_backend import TransformersExtractor, load_verifier
 from tests.pipeline.extract_support import (
     EXTRACT_OUT,
     HIDDEN,
@@ -109,7 +110,7 @@ def test_layer_ids_match_a_hand_computed_forward(tiny_model: Path) -> None:
     expected = reference_hidden_states(tiny_model, ids, layer_ids)
     layout = Layout((0, 1, 3), LAYERS, HIDDEN, "bfloat16")
     extractor = TransformersExtractor(
-        load_verifier(VerifierRef(str(tiny_model), None, False), _cpu()), layout
+        load_verifier(LocalVerifier(str(tiny_model), None, False), _cpu()), layout
     )
     got = extractor.forward([ids])[0]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -241,7 +242,7 @@ def test_padding_does_not_change_hidden_states(tiny_model: Path) -> None:
     rows = random_rows(5, seed=3, lengths=(3, 40))
     layout = Layout((0, 2), LAYERS, HIDDEN, "bfloat16")
     extractor = TransformersExtractor(
-        load_verifier(VerifierRef(str(tiny_model), None, False), _cpu()), layout
+        load_verifier(LocalVerifier(str(tiny_model), None, False), _cpu()), layout
     )
     batched = extractor.forward(rows)
     assert batched.shape == (5, max(map(len, rows)), 3, HIDDEN)

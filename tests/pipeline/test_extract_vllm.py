@@ -21,19 +21,19 @@ from safetensors import safe_open
 from eagle3_contract.api.manifest import load_manifest
 from eagle3_contract.params import extract_tuning
 from eagle3_contract.vllm_command import VllmEngine, hidden_states_speculative_config
-from eagle3_pipeline.context import work_dir_of
-from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.extract_vllm import (
+from eagle3_pipeline.data.hidden_states import Layout, file_name
+from eagle3_pipeline.runtime.context import work_dir_of
+from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.serving.kv_transfer import CPU_CONNECTOR, CPU_CONNECTOR_MODULE
+from eagle3_pipeline.serving.vllm_server import build_serve_argv
+from eagle3_pipeline.stage_main import run_stage
+from eagle3_pipeline.stages.extract.vllm_backend import (
     CPU_CONNECTOR_DIR,
     STAGING_DIR,
     concurrency_for,
     extract_options,
     kv_transfer_config,
 )
-from eagle3_pipeline.hidden_states import Layout, file_name
-from eagle3_pipeline.kv_transfer import CPU_CONNECTOR, CPU_CONNECTOR_MODULE
-from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.vllm_server import build_serve_argv
 from tests.pipeline.extract_support import (
     EXTRACT_OUT,
     HIDDEN,

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from eagle3_pipeline.fused_loss_kernels import separate_autotune_configs
+from eagle3_pipeline.adapters.fused_loss_kernels import separate_autotune_configs
 
 
 class Config:  # stands in for triton.Config: what deepcopy copies

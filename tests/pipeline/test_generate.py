@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.context import RESULT_FILE
+from eagle3_pipeline.runtime.context import RESULT_FILE
 from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.stages.generate import FAILED_FILE
+from eagle3_pipeline.stages.generate.program import FAILED_FILE
 from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.manifests import base_spec, write_manifest
 from tests.pipeline.test_vllm_server import vllm_or_skip

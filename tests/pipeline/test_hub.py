@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.hub import verifier_at_revision
+from eagle3_pipeline.data.hub import verifier_at_revision
+from eagle3_pipeline.runtime.errors import StageError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -3,7 +3,7 @@ one line per stage (rich on a terminal, plain lines elsewhere), the program's li
 failure.
 
 The stage program here is a small fake that serves the contract's metrics with prometheus-client, as the
-real programs' reporter does (eagle3_contract.progress names them)."""
+real programs' reporter does (eagle3_contract.stage_metrics names them)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 from eagle3_contract.api.manifest import load_manifest
 from eagle3_contract.api.status import StageProgress
 from eagle3_contract.stages import Stage, plan_stages
-from eagle3_pipeline.live_progress import (
+from eagle3_pipeline.local.display import (
     MetricsPoller,
     PlainDisplay,
     RunObserver,
@@ -33,7 +33,7 @@ from eagle3_pipeline.live_progress import (
     metrics_url,
     progress_fields,
 )
-from eagle3_pipeline.local import LocalOptions, LocalRunError, run_local, run_stage_with_retries
+from eagle3_pipeline.local.run import LocalOptions, LocalRunError, run_local, run_stage_with_retries
 from tests.pipeline.manifests import base_spec, write_manifest
 
 FAKE_STAGE = """#!{python}
@@ -171,7 +171,7 @@ def test_on_a_terminal_one_live_line_per_stage_ends_with_its_outcome(
 
 
 def test_the_poller_ignores_a_program_that_does_not_answer_yet() -> None:
-    from eagle3_pipeline.vllm_server import free_port
+    from eagle3_pipeline.serving.vllm_server import free_port
 
     port = free_port()
     assert fetch_progress(metrics_url("127.0.0.1", port), timeout=0.2) is None

@@ -18,9 +18,9 @@ import pytest
 from eagle3_contract.api.manifest import load_manifest
 from eagle3_contract.results import ExtractResult
 from eagle3_contract.stages import Stage, plan_stages
-from eagle3_pipeline.local import LocalOptions, run_stage_with_retries
-from eagle3_pipeline.locks import hold_output_lock
-from eagle3_pipeline.process_group import group_members
+from eagle3_pipeline.local.run import LocalOptions, run_stage_with_retries
+from eagle3_pipeline.runtime.locks import hold_output_lock
+from eagle3_pipeline.runtime.process_group import group_members
 from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
 
@@ -155,7 +155,7 @@ def test_a_name_the_api_server_refuses_runs_nothing_and_writes_nothing(tmp_path:
 
 def test_the_longest_name_the_api_server_accepts_runs_locally(tmp_path: Path) -> None:
     """253 characters: the snapshot of the manifest still fits a file name (255 bytes)."""
-    from eagle3_pipeline.local import snapshot
+    from eagle3_pipeline.local.run import snapshot
 
     name = "a" * 253
     path = write_manifest(tmp_path / "m.yaml", base_spec(tmp_path / "m", tmp_path / "d.jsonl"), name=name)
@@ -319,7 +319,7 @@ def test_a_second_writer_of_one_output_fails_at_once_naming_the_lock_and_its_hol
 def test_the_summary_table_shows_notes_verbatim() -> None:
     from rich.console import Console
 
-    from eagle3_pipeline.live_progress import StageOutcome, summary_table
+    from eagle3_pipeline.local.display import StageOutcome, summary_table
 
     console = Console(record=True, width=200)
     console.print(summary_table([StageOutcome("prepare", "failed", note="[/oops] key [bold]loud")]))
@@ -329,7 +329,7 @@ def test_the_summary_table_shows_notes_verbatim() -> None:
 def test_the_sweep_table_shows_each_cell_against_the_verifier_alone_and_the_tuned_k() -> None:
     from rich.console import Console
 
-    from eagle3_pipeline.live_progress import StageOutcome, sweep_table
+    from eagle3_pipeline.local.display import StageOutcome, sweep_table
     from tests.harness.results import fake_model
 
     evaluate = fake_model("evaluate")

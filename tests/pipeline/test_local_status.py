@@ -1,5 +1,5 @@
 """`eagle3 status FILE`: a local run's status, from the plan, the complete outputs and what `eagle3 run`
-recorded (eagle3_pipeline.local_status), in the shape of an Eagle3Run's status."""
+recorded (eagle3_pipeline.local.status), in the shape of an Eagle3Run's status."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from eagle3_contract.api.manifest import Manifest, load_manifest
 from eagle3_contract.api.status import Eagle3RunStatus
 from eagle3_contract.stages import plan_stages
-from eagle3_pipeline.local_status import local_status, run_status, status_file
+from eagle3_pipeline.local.status import local_status, run_status, status_file
 from tests.pipeline.manifests import base_spec, write_manifest
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.conversations import RowError
-from eagle3_pipeline.masking import ChatTemplate, tokenize_conversation
+from eagle3_pipeline.data.conversations import RowError
+from eagle3_pipeline.data.masking import ChatTemplate, tokenize_conversation
 from tests.pipeline.chat_templates import TEMPLATES, make_tokenizer
 
 CONVERSATION = [
@@ -150,7 +150,7 @@ def test_a_template_failing_on_a_prefix_falls_back_to_the_turns_text() -> None:
 
 
 def test_any_exception_while_tokenizing_is_a_row_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from eagle3_pipeline import masking
+    from eagle3_pipeline.data import masking
 
     def broken(*args: Any) -> Any:
         raise IndexError("offset out of range")

@@ -1,7 +1,8 @@
 """The `mooncake` transfer on CPU: a real Mooncake master started by `mooncake_master_argv`, hs_connectors'
 store as the producer side and its `MooncakeTransfer` as the trainer side (speculators' online dataset reads
 through it), then a real producer, `eagle3 produce` (vLLM CPU writing through the CPU Mooncake connector,
-eagle3_pipeline/cpu_mooncake_connector.py). One master, one trainer client, one vLLM server for the module.
+eagle3_pipeline/adapters/cpu_mooncake_connector.py). One master, one trainer client, one vLLM server for the
+module.
 
 Both sides are Mooncake clients over TCP with P2P handshake metadata on loopback (`MOONCAKE_LOCAL_HOSTNAME`),
 each lending a 64 MiB segment to the store.
@@ -28,8 +29,8 @@ import pytest
 import torch
 
 from eagle3_contract.online import mooncake_master_argv
-from eagle3_pipeline.kv_transfer import MOONCAKE, hs_connectors_config
-from eagle3_pipeline.vllm_server import free_port
+from eagle3_pipeline.serving.kv_transfer import MOONCAKE, hs_connectors_config
+from eagle3_pipeline.serving.vllm_server import free_port
 from tests.pipeline.test_vllm_server import vllm_or_skip
 
 pytestmark = pytest.mark.pipeline
@@ -233,8 +234,8 @@ def producer(
 ) -> Iterator[Producer]:
     """`eagle3 produce` for an online spec with `transfer: mooncake`, as the producer Deployment runs it: vLLM
     CPU extracting hidden states into the store through the CPU Mooncake connector."""
-    from eagle3_pipeline.local_producers import LocalProcess, log_tail
-    from eagle3_pipeline.online_samples import producers_answer
+    from eagle3_pipeline.local.producers import LocalProcess, log_tail
+    from eagle3_pipeline.stages.train.online_samples import producers_answer
     from tests.pipeline.manifests import write_manifest
 
     vllm = vllm_or_skip()
@@ -276,10 +277,11 @@ def producer(
 
 def reference_hidden_states(model: Path, rows: list[list[int]]) -> list[torch.Tensor]:
     """The same layers by the transformers backend (float32 forward), rounded to bf16 as vLLM stores them."""
-    from eagle3_pipeline.extract_transformers import TransformersExtractor, VerifierRef, load_verifier
-    from eagle3_pipeline.hidden_states import Layout
+    from eagle3_pipeline.data.hidden_states import Layout
+    from eagle3_pipeline.data.verifier import LocalVerifier
+    from eagle3_pipeline.stages.extract.transformers_backend import TransformersExtractor, load_verifier
 
-    verifier = load_verifier(VerifierRef(str(model), None, False), torch.device("cpu"))
+    verifier = load_verifier(LocalVerifier(str(model), None, False), torch.device("cpu"))
     extractor = TransformersExtractor(
         verifier, Layout(tuple(LAYER_IDS[:-1]), LAYER_IDS[-1], HIDDEN, "bfloat16")
     )

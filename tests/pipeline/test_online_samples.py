@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 from speculators.train.recovery import GenerationRecoveryGuard, SampleUnavailable
 
-from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.online_samples import (
+from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.stages.train.online_samples import (
     KeepingTransfer,
     WaitingRecoveryGuard,
     producers_answer,

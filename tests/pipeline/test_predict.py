@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_pipeline.plan import main as plan_main
-from eagle3_pipeline.plan import run_plan
+from eagle3_pipeline.local.plan import main as plan_main
+from eagle3_pipeline.local.plan import run_plan
 from tests.pipeline.test_vllm_server import vllm_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -116,14 +116,14 @@ def test_an_assistant_first_row_is_trained_not_fatal(tmp_path: Path, verifier: P
 def test_any_per_row_failure_is_a_counted_skip(
     tmp_path: Path, verifier: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from eagle3_pipeline.masking import tokenize_conversation as real
+    from eagle3_pipeline.data.masking import tokenize_conversation as real
 
     def flaky(template: Any, messages: list[Any], loss_on_reasoning: bool = True) -> Any:
         if "count 3" in messages[0]["content"]:
             raise ZeroDivisionError("a bug in a template filter")
         return real(template, messages, loss_on_reasoning)
 
-    monkeypatch.setattr("eagle3_pipeline.prepared.tokenize_conversation", flaky)
+    monkeypatch.setattr("eagle3_pipeline.data.prepared.tokenize_conversation", flaky)
     code, out = prepare(tmp_path, verifier, [sharegpt(i) for i in range(6)])
     assert code == 0
     result = result_of(out)
@@ -243,7 +243,7 @@ def test_eagle3_run_warns_when_a_cached_prepare_was_made_from_other_files(
     tmp_path: Path, verifier: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from eagle3_contract.api.manifest import load_manifest
-    from eagle3_pipeline.local import LocalOptions, run_local
+    from eagle3_pipeline.local.run import LocalOptions, run_local
 
     source = write_jsonl(tmp_path / "data.jsonl", [chat(i) for i in range(5)])
     manifest = load_manifest(write_manifest(tmp_path / "run.yaml", base_spec(verifier, source)))

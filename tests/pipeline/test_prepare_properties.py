@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eagle3_contract.params import VerifierRef
-from eagle3_pipeline.conversations import load_conversations
-from eagle3_pipeline.masking import ChatTemplate
-from eagle3_pipeline.prepared import Tokenizing, tokenize_all
+from eagle3_pipeline.data.conversations import load_conversations
+from eagle3_pipeline.data.masking import ChatTemplate
+from eagle3_pipeline.data.prepared import Tokenizing, tokenize_all
 from tests.pipeline.chat_templates import TEMPLATES, make_tokenizer
 
 pytestmark = pytest.mark.pipeline

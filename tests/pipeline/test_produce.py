@@ -22,10 +22,10 @@ from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.online import staging_dir
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_contract.vllm_command import hidden_states_speculative_config
-from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.hidden_states import Layout
-from eagle3_pipeline.kv_transfer import CPU_CONNECTOR, CPU_CONNECTOR_MODULE
-from eagle3_pipeline.produce import producer_argv
+from eagle3_pipeline.data.hidden_states import Layout
+from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.serving.kv_transfer import CPU_CONNECTOR, CPU_CONNECTOR_MODULE
+from eagle3_pipeline.stages.extract.producer import producer_argv
 from tests.pipeline.manifests import write_manifest
 
 pytestmark = pytest.mark.pipeline

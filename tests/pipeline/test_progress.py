@@ -18,10 +18,15 @@ from typing import Any
 import pytest
 
 from eagle3_contract.api.status import StageProgress
-from eagle3_contract.progress import ENV_METRICS_HOST, ENV_METRICS_PORT, ENV_PROGRESS_SECONDS, parse_progress
-from eagle3_pipeline.progress import StageReporter
-from eagle3_pipeline.train_metrics import MetricsRecorder
-from eagle3_pipeline.train_progress import EventsFollower, EventsWriter, relayed
+from eagle3_contract.stage_metrics import (
+    ENV_METRICS_HOST,
+    ENV_METRICS_PORT,
+    ENV_PROGRESS_SECONDS,
+    parse_progress,
+)
+from eagle3_pipeline.runtime.reporter import StageReporter
+from eagle3_pipeline.stages.train.events import EventsFollower, EventsWriter, relayed
+from eagle3_pipeline.stages.train.metrics import MetricsRecorder
 from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
 
@@ -113,7 +118,7 @@ def test_the_rate_is_recent_and_a_stall_drops_it_to_zero_without_an_eta() -> Non
 def test_many_updates_make_few_log_lines(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     r = reporter("generate", clock, log_seconds=60)
-    caplog.set_level(logging.INFO, logger="eagle3_pipeline.progress")
+    caplog.set_level(logging.INFO, logger="eagle3_pipeline.runtime.reporter")
     r.begin("rows", total=100_000)
     for _ in range(100_000):  # 100,000 rows in 500 s
         clock.now += 0.005
@@ -121,7 +126,7 @@ def test_many_updates_make_few_log_lines(caplog: pytest.LogCaptureFixture) -> No
         if clock.now % 50 < 0.005:
             r.fail("request")
     r.close()
-    lines = [rec.getMessage() for rec in caplog.records if rec.name == "eagle3_pipeline.progress"]
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "eagle3_pipeline.runtime.reporter"]
     assert len(lines) == 1 + 8 + 1, lines  # the start, one a minute, the end
     assert lines[0] == "stage generate: 0/100000 rows (0%)"
     assert lines[1].startswith("stage generate: 12000/100000 rows (12%), 200 rows/s, ETA 7m; 84000 tokens")
@@ -317,7 +322,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
     art = str(root / "art")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    lines, progress_logger = Lines(), logging.getLogger("eagle3_pipeline.progress")
+    lines, progress_logger = Lines(), logging.getLogger("eagle3_pipeline.runtime.reporter")
     level = progress_logger.level
     progress_logger.addHandler(lines)
     progress_logger.setLevel(logging.INFO)

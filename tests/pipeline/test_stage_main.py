@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from eagle3_pipeline import stage_main
-from eagle3_pipeline.context import StageContext, is_complete
+from eagle3_pipeline.runtime.context import StageContext, is_complete
 from tests.pipeline.manifests import base_spec, write_manifest
 
 
@@ -101,7 +101,7 @@ def test_a_stage_error_names_the_stage_once(
 def test_a_second_writer_is_refused_while_the_first_holds_the_lock(
     tmp_path: Path, spec_path: Path, calls: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from eagle3_pipeline.locks import hold_output_lock
+    from eagle3_pipeline.runtime.locks import hold_output_lock
 
     out = tmp_path / "art" / "prepare" / "x"
     with hold_output_lock(out) as lock:
@@ -115,7 +115,7 @@ def test_a_failed_stages_log_is_kept_where_its_message_says(
     tmp_path: Path, spec_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """generate's failure named `generate/.<hash>.partial/vllm.log`, which the failure had just deleted."""
-    from eagle3_pipeline.errors import StageError
+    from eagle3_pipeline.runtime.errors import StageError
 
     def run(ctx: StageContext[Any, Any]) -> dict[str, Any]:
         (ctx.work / "vllm.log").write_text("engine core died: bad flag\n")

@@ -18,13 +18,19 @@ import torch
 import yaml
 
 from eagle3_contract.params import train_params
-from eagle3_pipeline import speculators_cpu
-from eagle3_pipeline.context import work_dir_of
-from eagle3_pipeline.errors import StageError
+from eagle3_pipeline.adapters import speculators_cpu
+from eagle3_pipeline.runtime.context import work_dir_of
+from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.stages import train as train_stage
-from eagle3_pipeline.train_draft import DraftSources, cpu_threads, load_config, torchrun_argv, train_config
-from eagle3_pipeline.train_metrics import acceptance_length, read_epochs, summarize, write_epochs
+from eagle3_pipeline.stages.train import program as train_stage
+from eagle3_pipeline.stages.train.draft import (
+    DraftSources,
+    cpu_threads,
+    load_config,
+    torchrun_argv,
+    train_config,
+)
+from eagle3_pipeline.stages.train.metrics import acceptance_length, read_epochs, summarize, write_epochs
 from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
 
@@ -335,12 +341,12 @@ def test_torchrun_runs_the_worker_once_per_gpu_from_run_yaml(tmp_path: Path) -> 
     argv = torchrun_argv(8, tmp_path / "run.yaml", tmp_path / "m.jsonl", tmp_path / "t.json", python="py")
     assert argv == [
         "py", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "8",
-        "-m", "eagle3_pipeline.train_draft",
+        "-m", "eagle3_pipeline.stages.train.draft",
         "--config", str(tmp_path / "run.yaml"), "--metrics", str(tmp_path / "m.jsonl"),
         "--info", str(tmp_path / "t.json"),
     ]  # fmt: skip
     help_text = subprocess.run(
-        [sys.executable, "-m", "eagle3_pipeline.train_draft", "--help"],
+        [sys.executable, "-m", "eagle3_pipeline.stages.train.draft", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,

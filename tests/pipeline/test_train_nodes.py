@@ -18,14 +18,14 @@ import pytest
 from eagle3_contract.api.manifest import Manifest, load_manifest
 from eagle3_contract.online import ENV_NODE_RANK, ENV_NODES, ENV_RENDEZVOUS
 from eagle3_contract.stages import Stage, StagePlan, plan_stages, stage_argv
-from eagle3_pipeline import local
-from eagle3_pipeline.context import work_dir_of
-from eagle3_pipeline.errors import StageError
-from eagle3_pipeline.process_group import stop_group
+from eagle3_pipeline.local import run as local
+from eagle3_pipeline.runtime.context import work_dir_of
+from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.runtime.process_group import stop_group
 from eagle3_pipeline.stage_main import run_stage
-from eagle3_pipeline.train_draft import torchrun_argv
-from eagle3_pipeline.train_metrics import read_epochs
-from eagle3_pipeline.train_nodes import Nodes, local_nodes, nodes_of
+from eagle3_pipeline.stages.train.draft import torchrun_argv
+from eagle3_pipeline.stages.train.metrics import read_epochs
+from eagle3_pipeline.stages.train.nodes import Nodes, local_nodes, nodes_of
 from tests.pipeline.test_train import REPO, manifest, upstream  # noqa: F401  (upstream: the module fixture)
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.usefixtures("one_torch_thread")]
@@ -50,7 +50,7 @@ def test_every_node_runs_torchrun_against_node_0s_rendezvous(tmp_path: Path) -> 
         "--nnodes", "2", "--node-rank", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "node-0.train:29500",
         "--rdzv-id", "abc123", "--rdzv-conf", "is_host=0", "--nproc-per-node", "4", "--max-restarts", "3",
-        "-m", "eagle3_pipeline.train_draft",
+        "-m", "eagle3_pipeline.stages.train.draft",
         "--config", str(tmp_path / "run.yaml"), "--metrics", str(tmp_path / "m.jsonl"),
         "--info", str(tmp_path / "t.json"), "--node-rank", "1",
     ]  # fmt: skip
@@ -145,7 +145,7 @@ def test_two_cpu_nodes_train_one_draft_through_the_local_executor(
     run, plan = train_plan(upstream, "nodes", nodes=2, epochs=epochs)
     art = upstream / "art"
     options = local.LocalOptions(artifacts=art)
-    with caplog.at_level(logging.WARNING, logger="eagle3_pipeline.train_nodes"):
+    with caplog.at_level(logging.WARNING, logger="eagle3_pipeline.stages.train.nodes"):
         outcome = local.run_stage_with_retries(plan, run.path, options, run.spec, stage_env())
     assert outcome.status == "done", outcome.note
     assert not caplog.records, "worker node 1 exited 0 on its own"
@@ -166,7 +166,7 @@ def node_workers(node: int, config: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        worker = "eagle3_pipeline.train_draft" in argv and "torch.distributed.run" not in argv
+        worker = "eagle3_pipeline.stages.train.draft" in argv and "torch.distributed.run" not in argv
         if worker and str(config) in argv and argv[argv.index("--node-rank") + 1] == str(node):
             found.append(int(entry.name))
     return found

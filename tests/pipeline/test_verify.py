@@ -22,7 +22,7 @@ from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE
 from eagle3_contract.results import VerifyResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_operator.reconcile.verification import check_failure
-from eagle3_pipeline.draft_checkpoint import write_manifest as write_checkpoint_manifest
+from eagle3_pipeline.data.draft_checkpoint import write_manifest as write_checkpoint_manifest
 from eagle3_pipeline.stage_main import run_stage
 from tests.pipeline.manifests import write_manifest
 
@@ -169,7 +169,7 @@ def test_the_command_line_exits_with_the_check_failed_code(verify: Verify, tmp_p
 def test_eagle3_run_verifies_a_pinned_draft_on_every_run(verify: Verify, tmp_path: Path) -> None:
     """The local executor: every stage skipped but verify, which runs each time (never `cached`)."""
     from eagle3_contract.api.manifest import load_manifest
-    from eagle3_pipeline.local import LocalOptions, LocalRunError, run_local
+    from eagle3_pipeline.local.run import LocalOptions, LocalRunError, run_local
 
     manifest = load_manifest(write_manifest(tmp_path / "local.yaml", spec_with_pin(DRAFT, verify.good)))
     options = LocalOptions(artifacts=verify.artifacts)

@@ -21,9 +21,9 @@ from eagle3_contract.api.speculation import (
 )
 from eagle3_contract.stages import Stage
 from eagle3_contract.vllm_command import VllmEngine, eagle3_speculative_config
-from eagle3_pipeline.context import StageContext
-from eagle3_pipeline.errors import OutOfMemory, StageError
-from eagle3_pipeline.vllm_server import (
+from eagle3_pipeline.runtime.context import StageContext
+from eagle3_pipeline.runtime.errors import OutOfMemory, StageError
+from eagle3_pipeline.serving.vllm_server import (
     ENV_VLLM,
     VllmServer,
     build_serve_argv,

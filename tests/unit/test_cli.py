@@ -217,7 +217,7 @@ def refusal(proc: subprocess.CompletedProcess[str]) -> str:
     ],
 )
 def test_an_unusable_kubeconfig_is_one_line_and_exit_1(tmp_path: Path, case: str, expected: str) -> None:
-    from eagle3_pipeline.vllm_server import free_port
+    from eagle3_pipeline.serving.vllm_server import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     path = {

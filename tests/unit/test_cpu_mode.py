@@ -12,7 +12,7 @@ from eagle3_contract.api.spec import Device, Eagle3RunSpec
 from eagle3_contract.estimates import run_estimates
 from eagle3_contract.params import train_tuning
 from eagle3_contract.stages import Stage, plan_stages
-from eagle3_pipeline.stages import train
+from eagle3_pipeline.stages.train import program as train
 from tests.tiny_spec import tiny
 
 

@@ -261,7 +261,7 @@ def test_kimi_extracts_low_middle_and_high_layers_of_its_61():
     """Layer ids as the extract stage reads them: id i = input of decoder layer i, valid ids 0..n-1."""
     layers = run_spec("kimi-k2.5-tp8")["extraction"]["layers"]
     n = KIMI_LAYERS
-    assert layers == [2, n // 2, n - 3]  # speculators' default (eagle3_pipeline.hidden_states)
+    assert layers == [2, n // 2, n - 3]  # speculators' default (eagle3_pipeline.data.hidden_states)
     assert all(0 <= i < n for i in layers)
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import yaml
+from devtools import gitops_examples
 
 from eagle3_cli.main import main
 from eagle3_contract.api.base import API_VERSION, KIND
 from eagle3_contract.api.validation import parse_spec
-from eagle3_operator import gitops_examples
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run
@@ -81,7 +81,7 @@ def test_the_promoted_run_is_what_eagle3_promote_prints(
     printed, _ = capsys.readouterr()
     committed = (REPO / gitops_examples.PROMOTED).read_text()
     assert printed == committed, "examples/gitops is stale: run `make examples`"
-    assert gitops_examples.stale(REPO) == []
+    assert gitops_examples.GENERATOR.stale(REPO) == []
 
 
 def test_the_promoted_run_is_the_training_run_plus_the_candidate_pin() -> None:
@@ -100,11 +100,11 @@ def test_a_stale_example_is_named(tmp_path: Path) -> None:
     for rel in (gitops_examples.TRAINING, gitops_examples.TRAINED, gitops_examples.PROMOTED):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text((REPO / rel).read_text())
-    assert gitops_examples.stale(tmp_path) == []
+    assert gitops_examples.GENERATOR.stale(tmp_path) == []
     training = tmp_path / gitops_examples.TRAINING
     training.write_text(training.read_text().replace("epochs: 10", "epochs: 12"))
-    assert gitops_examples.stale(tmp_path) == [gitops_examples.PROMOTED]
-    assert gitops_examples.write(tmp_path) == [gitops_examples.PROMOTED]
+    assert gitops_examples.GENERATOR.stale(tmp_path) == [gitops_examples.PROMOTED]
+    assert gitops_examples.GENERATOR.write(tmp_path) == [gitops_examples.PROMOTED]
     assert "epochs: 12" in (tmp_path / gitops_examples.PROMOTED).read_text()
 
 

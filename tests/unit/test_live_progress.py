@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from eagle3_contract.api.status import StageProgress
-from eagle3_contract.progress import UNITS, UNITS_DONE
-from eagle3_operator.live_progress import Reader, read_round, remember, round_seconds, targets
+from eagle3_contract.stage_metrics import UNITS, UNITS_DONE
+from eagle3_operator.stage_metrics import Reader, read_round, remember, round_seconds, targets
 
 KEY = ("eagle3", "tiny")
 

@@ -1,5 +1,5 @@
-"""The one log format (eagle3_pipeline.log_format): timestamps on every line, the project's, kopf's and
-speculators' (loguru) alike; one JSON object per line with --log-format json."""
+"""The one log format (eagle3_contract.log_format): timestamps on every line, the project's, kopf's
+and speculators' (loguru) alike; one JSON object per line with --log-format json."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from eagle3_pipeline.log_format import LogFormatError, chosen_format, make_formatter
+from eagle3_contract.log_format import LogFormatError, chosen_format, make_formatter
 
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) {1,4}\S+: .+$")
 
 
 def record(
-    name: str = "eagle3_pipeline.stages.train", msg: str = "epoch %d done", **extra: object
+    name: str = "eagle3_pipeline.stages.train.program", msg: str = "epoch %d done", **extra: object
 ) -> logging.LogRecord:
     rec = logging.LogRecord(name, logging.INFO, __file__, 1, msg, (3,) if "%d" in msg else None, None)
     rec.__dict__.update(extra)
@@ -29,7 +29,7 @@ def test_text_lines_start_with_a_utc_timestamp_and_the_level() -> None:
     rec.created, rec.msecs = 1796300000.25, 250
     assert (
         make_formatter("text").format(rec)
-        == "2026-12-03T12:13:20.250Z INFO    eagle3_pipeline.stages.train: epoch 3 done"
+        == "2026-12-03T12:13:20.250Z INFO    eagle3_pipeline.stages.train.program: epoch 3 done"
     )
     kopf = record(
         "kopf.objects", "Handler succeeded.", k8s_ref={"namespace": "ns", "name": "tiny"}, k8s_skip=True
@@ -82,7 +82,7 @@ def test_the_format_comes_from_the_option_else_the_environment(monkeypatch: pyte
 PROBE = """
 import logging, warnings
 from loguru import logger
-from eagle3_pipeline.log_format import configure_logging
+from eagle3_contract.log_format import configure_logging
 configure_logging({fmt!r}, loguru=True)
 logging.getLogger("speculators").info("through logging")
 logger.info("through loguru")

@@ -16,9 +16,14 @@ from eagle3_contract.api.validation import parse_spec
 from eagle3_contract.results import PredictResult, check_result, parse_result
 from eagle3_contract.stages import NO_PREDICTION, Stage, plan_stages
 from eagle3_operator.reconcile.prediction import plan_prediction, prediction_of
-from eagle3_pipeline.plan import plan_lines, plan_table, with_lengths
-from eagle3_pipeline.prediction import break_even, interpolate, step_cost_tokens_per_second, verdict
-from eagle3_pipeline.stages.predict import ServerRun, step_cost_table
+from eagle3_pipeline.local.plan import plan_lines, plan_table, with_lengths
+from eagle3_pipeline.stages.predict.prediction import (
+    break_even,
+    interpolate,
+    step_cost_tokens_per_second,
+    verdict,
+)
+from eagle3_pipeline.stages.predict.program import ServerRun, step_cost_table
 from tests.tiny_spec import minimal
 
 # What the program writes for an unknown verifier (two published ends, a target) at concurrencies 1 and 8:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eagle3_contract.api.status import StageProgress
-from eagle3_contract.progress import eta_text, parse_progress, summary
+from eagle3_contract.stage_metrics import eta_text, parse_progress, summary
 
 TEXT = """# HELP eagle3_stage_units_done Units done.
 # TYPE eagle3_stage_units_done gauge

@@ -36,15 +36,15 @@ from tests.harness.results import FAKE_RESULTS, fake_model, fake_result
 PROGRAM_RESULTS: dict[Stage, dict[str, Any]] = {stage: r.document() for stage, r in FAKE_RESULTS.items()}
 # The modules whose source writes each stage's keys (prepare and generate return write_prepared's stats).
 PROGRAMS: dict[Stage, list[str]] = {
-    Stage.PREPARE: ["stages.prepare", "prepared"],
-    Stage.GENERATE: ["stages.generate", "prepared"],
-    Stage.EXTRACT: ["stages.extract"],
-    Stage.VOCAB: ["stages.vocab"],
-    Stage.TRAIN: ["stages.train", "train_metrics"],
-    Stage.EVALUATE: ["stages.evaluate", "evaluate_summary"],
-    Stage.EXPORT: ["stages.export"],
-    Stage.VERIFY: ["stages.verify"],
-    Stage.PREDICT: ["stages.predict"],
+    Stage.PREPARE: ["stages.prepare.program", "data.prepared"],
+    Stage.GENERATE: ["stages.generate.program", "data.prepared"],
+    Stage.EXTRACT: ["stages.extract.program"],
+    Stage.VOCAB: ["stages.vocab.program"],
+    Stage.TRAIN: ["stages.train.program", "stages.train.metrics"],
+    Stage.EVALUATE: ["stages.evaluate.program", "stages.evaluate.summary"],
+    Stage.EXPORT: ["stages.export.program"],
+    Stage.VERIFY: ["stages.verify.program"],
+    Stage.PREDICT: ["stages.predict.program"],
 }
 
 

@@ -32,7 +32,7 @@ from eagle3_contract.stages import (
     plan_stages,
 )
 from eagle3_pipeline import stages as programs
-from eagle3_pipeline.context import DATA_STAGES, StageContext
+from eagle3_pipeline.runtime.context import DATA_STAGES, StageContext
 from eagle3_pipeline.stage_main import build_context
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -392,7 +392,7 @@ def test_a_stage_context_has_params_and_tuning_and_no_spec(tmp_path: Path) -> No
 
 
 def test_an_input_that_names_no_stage_is_refused(tmp_path: Path) -> None:
-    from eagle3_pipeline.errors import StageError
+    from eagle3_pipeline.runtime.errors import StageError
 
     manifest = tmp_path / "run.yaml"
     manifest.write_text(EXAMPLE.read_text())
@@ -403,7 +403,7 @@ def test_an_input_that_names_no_stage_is_refused(tmp_path: Path) -> None:
 def run_annotation(stage: Stage) -> tuple[str, str]:
     """(params, tuning) class names in the program's `run(ctx: ...)` annotation, read from its source (the
     modules import torch)."""
-    source = (Path(inspect.getfile(programs)).parent / f"{stage.value}.py").read_text()
+    source = (Path(inspect.getfile(programs)).parent / stage.value / "program.py").read_text()
     tree = ast.parse(source)
     aliases = {
         node.targets[0].id: node.value

@@ -8,7 +8,7 @@ from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, Eagle3RunSpec
 from eagle3_contract.exit_codes import CHECK_FAILED_EXIT_CODE, OOM_EXIT_CODE
 from eagle3_contract.mounts import ARTIFACTS_MOUNT, SPEC_MOUNT
 from eagle3_contract.policy import stage_deadline, stage_override
-from eagle3_contract.progress import ENV_METRICS_PORT, METRICS_PORT, METRICS_PORT_NAME
+from eagle3_contract.stage_metrics import ENV_METRICS_PORT, METRICS_PORT, METRICS_PORT_NAME
 from eagle3_contract.stages import Stage, StagePlan, stage_argv
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
@@ -61,7 +61,7 @@ def stage_container(
     run: RunRef, spec: Eagle3RunSpec, plan: StagePlan, token_budget: int | None, shape: PodShape, name: str
 ) -> dict[str, Any]:
     """The one container of a stage pod (Job `name`), running `eagle3 stage <stage> ...` in the pipeline
-    image. It serves its progress on the `metrics` port (eagle3_contract.progress): the run's stage
+    image. It serves its progress on the `metrics` port (eagle3_contract.stage_metrics): the run's stage
     PodMonitor and the operator read it."""
     metrics = [{"name": ENV_METRICS_PORT, "value": str(METRICS_PORT)}]
     return {

@@ -1,11 +1,12 @@
-"""The PodMonitor of a run's stage pods: their progress metrics (eagle3_contract.progress) in Prometheus."""
+"""The PodMonitor of a run's stage pods: their progress metrics (eagle3_contract.stage_metrics) in
+Prometheus."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from eagle3_contract.api.spec import Eagle3RunSpec
-from eagle3_contract.progress import METRICS_PATH, METRICS_PORT_NAME
+from eagle3_contract.stage_metrics import METRICS_PATH, METRICS_PORT_NAME
 from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef

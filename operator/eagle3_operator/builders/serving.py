@@ -35,8 +35,8 @@ STARTUP_FAILURE_THRESHOLD = 360
 # A rollout waits out the startup probe before the Deployment reports ProgressDeadlineExceeded.
 PROGRESS_DEADLINE_SECONDS = STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD + 600
 # vLLM's CPU backend reserves this many GiB of KV cache (else far more than a small node has): the value the
-# pipeline's evaluate server runs with (eagle3_pipeline.vllm_server.SERVER_ENV_DEFAULTS), so serving measures
-# as evaluated.
+# pipeline's evaluate server runs with (eagle3_pipeline.serving.vllm_server.SERVER_ENV_DEFAULTS), so serving
+# measures as evaluated.
 CPU_KVCACHE_SPACE_GIB = "1"
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
+from eagle3_operator.observability import stage_metrics_queries as pq
 
 RUNBOOK_BASE_URL = "https://github.com/eagle3-operator/eagle3-operator/blob/main/docs/troubleshooting.md"
 RUN = "{{ $labels.namespace }}/{{ $labels.run }}"

@@ -20,9 +20,9 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard
 
 from eagle3_operator.observability import panels as p
-from eagle3_operator.observability import progress_panels as pp
 from eagle3_operator.observability import queries as q
 from eagle3_operator.observability import speculation_panels as sp
+from eagle3_operator.observability import stage_metrics_panels as pp
 
 UID = "eagle3-acceptance"
 TITLE = "EAGLE-3: speculative decoding and training pipeline"

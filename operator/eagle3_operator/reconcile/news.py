@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eagle3_contract.api.status import StagePhase
-from eagle3_contract.progress import eta_text
+from eagle3_contract.stage_metrics import eta_text
 
 STAGE_SUCCEEDED = "StageSucceeded"
 EPOCH_COMPLETED = "EpochCompleted"

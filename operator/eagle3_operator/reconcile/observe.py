@@ -43,7 +43,7 @@ class JobView:
 
     @property
     def progress_key(self) -> str:
-        """The key of its live progress (live_progress.py): the labels its pods carry too."""
+        """The key of its live progress (stage_metrics.py): the labels its pods carry too."""
         return progress_key(self.stage, self.hash, self.attempt)
 
     @property
@@ -104,7 +104,7 @@ class Observed:
     # one does not run
     workloads: Mapping[str, DeploymentView] = field(default_factory=dict)
     workload_blocked_by: Mapping[str, BlockedBy] = field(default_factory=dict)
-    # the live progress of running stage attempts, by JobView.progress_key (live_progress.py)
+    # the live progress of running stage attempts, by JobView.progress_key (stage_metrics.py)
     progress: Mapping[str, StageProgress] = field(default_factory=dict)
     canary: DeploymentView | None = None  # serving.canary's Deployment
     canary_figures: CanaryFigures | None = None  # read while a canary is observed (None: not read)

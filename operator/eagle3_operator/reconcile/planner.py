@@ -21,8 +21,8 @@ from eagle3_contract.api.status import (
 )
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec, spec_document
 from eagle3_contract.estimates import estimates_from_stages
-from eagle3_contract.progress import eta_text, summary
 from eagle3_contract.results import EvaluateResult, ExportResult
+from eagle3_contract.stage_metrics import eta_text, summary
 from eagle3_contract.stages import Stage, StagePlan, content_hash, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.claim import build_artifacts_claim
@@ -35,7 +35,6 @@ from eagle3_operator.reconcile.conditions import set_condition
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.prediction import plan_prediction
 from eagle3_operator.reconcile.producers import plan_producers
-from eagle3_operator.reconcile.progress import Progress, walk_stages
 from eagle3_operator.reconcile.rendezvous import plan_rendezvous
 from eagle3_operator.reconcile.review import (
     candidate,
@@ -53,6 +52,7 @@ from eagle3_operator.reconcile.serving import (
     schedule_of,
     tuned_note,
 )
+from eagle3_operator.reconcile.stage_walk import Progress, walk_stages
 
 
 @dataclass(frozen=True)

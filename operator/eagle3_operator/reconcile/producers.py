@@ -21,7 +21,7 @@ from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.producers import build_producers, build_producers_service, producers_endpoint
 from eagle3_operator.reconcile.actions import Action, object_ref
 from eagle3_operator.reconcile.observe import DeploymentView, Observed
-from eagle3_operator.reconcile.progress import Progress
+from eagle3_operator.reconcile.stage_walk import Progress
 
 LIVE = (StagePhase.PENDING, StagePhase.RUNNING)
 

@@ -18,7 +18,7 @@ from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.training import build_rendezvous_service
 from eagle3_operator.reconcile.actions import Action, object_ref
 from eagle3_operator.reconcile.observe import Observed
-from eagle3_operator.reconcile.progress import Progress
+from eagle3_operator.reconcile.stage_walk import Progress
 
 
 def _fixed(ref: RunRef) -> set[str]:

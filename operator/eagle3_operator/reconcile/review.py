@@ -17,7 +17,7 @@ from eagle3_contract.api.status import Checkpoint, StagePhase, StageProgress, St
 from eagle3_contract.stages import Stage, StagePlan
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import JobView
-from eagle3_operator.reconcile.progress import Progress, walk_stages
+from eagle3_operator.reconcile.stage_walk import Progress, walk_stages
 
 
 def reviewed(spec: Eagle3RunSpec) -> bool:

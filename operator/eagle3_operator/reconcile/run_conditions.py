@@ -10,8 +10,8 @@ from eagle3_contract.api.status import Checkpoint, Condition, ConditionType, Ser
 from eagle3_contract.reasons import AWAITING_PROMOTION
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.conditions import set_condition
-from eagle3_operator.reconcile.progress import Progress
 from eagle3_operator.reconcile.review import awaiting_message, reviewed, waiting_note
+from eagle3_operator.reconcile.stage_walk import Progress
 
 
 def run_conditions(

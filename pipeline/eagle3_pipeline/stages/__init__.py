@@ -1,1 +1,2 @@
-"""One module per stage program; each exposes `run(ctx: StageContext) -> dict` (the stage's JSON result)."""
+"""One package per stage; its `program` module exposes `run(ctx: StageContext) -> dict | StageResult` (the
+stage's JSON result), and the helpers beside it serve that stage only."""

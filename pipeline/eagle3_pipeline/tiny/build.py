@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_pipeline.context import models_root
+from eagle3_pipeline.runtime.context import models_root
 from eagle3_pipeline.tiny import CHAT_FILE, DATASET_FILES, MODEL_DIR, PROMPTS_FILE, SHAREGPT_FILE, STAMP_FILE
 from eagle3_pipeline.tiny.corpus import messages_row, prompt_row, sample, sharegpt_row
 from eagle3_pipeline.tiny.pretrain import PretrainParams
@@ -132,7 +132,7 @@ def build(root: Path, force: bool = False, params: BuildParams | None = None) ->
         if not force and is_built(root, digest):
             log.info("tiny verifier cached in %s (build %s)", root, digest[:12])
             return root
-        from eagle3_pipeline.tiny.model import build_model_dir
+        from eagle3_pipeline.tiny.model import build_model_dir  # lazily: torch, only when a build is due
 
         started = time.monotonic()
         partial = root / PARTIAL_DIR

@@ -70,8 +70,8 @@ OPERATOR_LABELS: dict[str, frozenset[str]] = {
 }
 # `track`: the canary's PodMonitor label (stable: the incumbent's pods, canary: the canary Deployment's)
 VLLM_LABELS = frozenset({"namespace", "run", "model_name", "engine", "track"})
-# The stage pods' series (eagle3_contract.progress): the labels their PodMonitor gives every one, plus each
-# metric's own. `up` is Prometheus's, per target.
+# The stage pods' series (eagle3_contract.stage_metrics): the labels their PodMonitor gives every one, plus
+# each metric's own. `up` is Prometheus's, per target.
 STAGE_TARGET_LABELS = frozenset({"namespace", "run", "stage", "pod"})
 STAGE_LABELS: dict[str, frozenset[str]] = {
     name: STAGE_TARGET_LABELS | extra

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
+from eagle3_operator.observability import stage_metrics_queries as pq
 from eagle3_operator.observability.alerts import RUNBOOK_BASE_URL, build_prometheus_rule, build_rule_groups
 
 ALERTS = {

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
 from eagle3_operator.observability import speculation_queries as sq
+from eagle3_operator.observability import stage_metrics_queries as pq
 from eagle3_operator.observability.dashboard import build_dashboard
 from tests.unit.observability.obs_support import dashboard, panels
 

@@ -12,9 +12,9 @@ import re
 from typing import Any
 
 import pytest
+from devtools.generated import REPO_ROOT
 
 from eagle3_contract.api.crd import build_crd
-from eagle3_operator.observability import generate
 from eagle3_operator.observability.alerts import build_rule_groups
 from eagle3_operator.observability.dashboard import build_dashboard
 
@@ -40,7 +40,7 @@ def _texts(value: Any) -> list[str]:
 def named_paths() -> list[str]:
     texts = [a for g in build_rule_groups()["groups"] for r in g["rules"] for a in r["annotations"].values()]
     texts += _texts(build_dashboard())
-    texts += re.findall(r"`([^`]+)`", (generate.REPO_ROOT / "docs" / "troubleshooting.md").read_text())
+    texts += re.findall(r"`([^`]+)`", (REPO_ROOT / "docs" / "troubleshooting.md").read_text())
     return sorted({path for text in texts for path in PATH.findall(text)})
 
 

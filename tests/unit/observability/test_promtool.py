@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 import yaml
+from devtools import observability as generate
+from devtools.generated import REPO_ROOT
 
-from eagle3_operator.observability import generate
-from eagle3_operator.observability import progress_queries as pq
 from eagle3_operator.observability import queries as q
+from eagle3_operator.observability import stage_metrics_queries as pq
 from eagle3_operator.observability.alerts import build_prometheus_rule
 from tests.unit.observability.obs_support import all_queries
 
-ROOT = generate.REPO_ROOT
+ROOT = REPO_ROOT
 RULES = ROOT / generate.RULES_PATH
 UNIT_TESTS = ROOT / "tests/observability/eagle3-rules.test.yaml"
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from eagle3_contract import progress
-from eagle3_operator.observability import progress_queries as pq
+from eagle3_contract import stage_metrics
 from eagle3_operator.observability import queries as q
+from eagle3_operator.observability import stage_metrics_queries as pq
 from tests.unit.observability.obs_support import (
     CONTRACT_METRICS,
     DRAFT_TOKENS,
@@ -120,25 +120,25 @@ def test_scopes_render_the_same_shape() -> None:
 def test_the_stage_metrics_are_the_contracts() -> None:
     """The names the stage panels and alerts read are those the stage programs serve (counters: `_total`)."""
     pairs = [
-        (pq.UNITS_DONE, progress.UNITS_DONE),
-        (pq.UNITS_TOTAL, progress.UNITS),
-        (pq.UNITS_RATE, progress.UNITS_RATE),
-        (q.ETA, progress.ETA_SECONDS),
-        (pq.STAGE_TOKENS, f"{progress.TOKENS}_total"),
-        (pq.ROW_FAILURES, f"{progress.FAILURES}_total"),
-        (pq.TRAIN_EPOCHS_DONE, progress.TRAIN_EPOCHS_DONE),
-        (pq.TRAIN_LOSS, progress.TRAIN_LOSS),
-        (pq.TRAIN_VAL_LOSS, progress.TRAIN_VAL_LOSS),
-        (pq.TRAIN_VAL_ACCURACY, progress.TRAIN_VAL_ACCURACY),
-        (pq.TRAIN_ACCEPTANCE, progress.TRAIN_ACCEPTANCE),
-        (pq.TRAIN_TOKENS_RATE, progress.TRAIN_TOKENS_RATE),
+        (pq.UNITS_DONE, stage_metrics.UNITS_DONE),
+        (pq.UNITS_TOTAL, stage_metrics.UNITS),
+        (pq.UNITS_RATE, stage_metrics.UNITS_RATE),
+        (q.ETA, stage_metrics.ETA_SECONDS),
+        (pq.STAGE_TOKENS, f"{stage_metrics.TOKENS}_total"),
+        (pq.ROW_FAILURES, f"{stage_metrics.FAILURES}_total"),
+        (pq.TRAIN_EPOCHS_DONE, stage_metrics.TRAIN_EPOCHS_DONE),
+        (pq.TRAIN_LOSS, stage_metrics.TRAIN_LOSS),
+        (pq.TRAIN_VAL_LOSS, stage_metrics.TRAIN_VAL_LOSS),
+        (pq.TRAIN_VAL_ACCURACY, stage_metrics.TRAIN_VAL_ACCURACY),
+        (pq.TRAIN_ACCEPTANCE, stage_metrics.TRAIN_ACCEPTANCE),
+        (pq.TRAIN_TOKENS_RATE, stage_metrics.TRAIN_TOKENS_RATE),
     ]
     assert [ours for ours, _ in pairs] == [theirs for _, theirs in pairs]
 
 
 def test_the_consecutive_rises_gauge_is_the_contracts() -> None:
     """Eagle3ValidationLossRising reads the reporter's count of epochs in a row of rising validation loss."""
-    assert getattr(progress, "TRAIN_VAL_LOSS_RISES", None) == pq.TRAIN_VAL_LOSS_RISES
+    assert getattr(stage_metrics, "TRAIN_VAL_LOSS_RISES", None) == pq.TRAIN_VAL_LOSS_RISES
 
 
 def test_stage_queries_group_by_run_and_stage() -> None:

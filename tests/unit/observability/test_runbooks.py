@@ -15,13 +15,14 @@ from types import ModuleType
 
 import pytest
 import yaml
+from devtools.generated import REPO_ROOT
 
 from eagle3_contract import gate, reasons
-from eagle3_operator.observability import alerts, generate
+from eagle3_operator.observability import alerts
 from eagle3_operator.observability.alerts import ALL_ALERTS, RUNBOOK_BASE_URL, build_rule_groups
 from eagle3_operator.reconcile import canary, planner, run_conditions
 
-ROOT = generate.REPO_ROOT
+ROOT = REPO_ROOT
 DOC = ROOT / "docs" / "troubleshooting.md"
 TEMPLATE = ROOT / "charts" / "eagle3-operator" / "templates" / "prometheusrule.yaml"
 REASON = re.compile(r"^[A-Z][A-Za-z0-9]+$")

@@ -12,7 +12,7 @@ from eagle3_contract.stages import content_hash, plan_stages
 from eagle3_operator.builders import names
 from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.planner import plan_run
-from eagle3_operator.reconcile.progress import MAX_RESULT_ATTEMPT
+from eagle3_operator.reconcile.stage_walk import MAX_RESULT_ATTEMPT
 from tests.harness.results import fake_result
 from tests.unit.reconcile.planner_world import (
     RUN,

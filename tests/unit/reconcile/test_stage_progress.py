@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_contract.api.status import StageProgress
-from eagle3_contract.progress import ENV_METRICS_PORT, METRICS_PORT
+from eagle3_contract.stage_metrics import ENV_METRICS_PORT, METRICS_PORT
 from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
 from eagle3_operator.reconcile.news import EPOCH_COMPLETED, STAGE_SUCCEEDED, progress_news
 from eagle3_operator.reconcile.observe import observe_job
-from eagle3_operator.reconcile.progress import finished_progress
 from eagle3_operator.reconcile.run_report import running_stages, unix_time
+from eagle3_operator.reconcile.stage_walk import finished_progress
 from tests.unit.reconcile.planner_world import RUN, World, tiny, ts
 
 

@@ -1,0 +1,242 @@
+"""Every adaptation that lets speculators' EAGLE-3 trainer run on a machine without an accelerator.
+
+speculators 0.9.0 assumes a GPU in exactly three places (everything else runs on the CPU as is):
+  1. `Trainer` moves the model and every batch to `get_local_rank()` (device 0, i.e. CUDA);
+  2. `SingleGPUCheckpointer` loads a checkpoint onto `get_current_device()` ("cuda:0" without an accelerator);
+  3. the step timer calls `torch.accelerator.synchronize()`, which raises when there is no accelerator.
+`cpu_adapted()` redirects the first two to "cpu" and makes the third a no-op (there is nothing to wait for),
+only while training and only when no accelerator is present; on a GPU it changes nothing.
+
+Under torchrun (several processes, `training.nodes` > 1 on the CPU), a fourth: speculators'
+`maybe_setup_distributed` sets the accelerator's device and asks it for its backend (NCCL), and raises
+"No accelerator found" on the CPU. `setup_distributed()` does what it does with gloo instead: it starts the
+process group and fills in speculators' topology (rank, world size, its data- and sequence-parallel groups)
+as that function would. The rest runs on the CPU as is: speculators trains DDP-style by default (`fsdp_shard`
+stays off), which gloo and CPU tensors support, and its rank-0-only saves, barriers and metric all-reduces
+are plain collectives. Two settings that
+also differ on CPU are chosen by the caller, not patched: SDPA attention (flex attention has no CPU backward)
+and the eager loss (the fused one needs Triton). Autocast stays as speculators sets it ("cuda", which torch
+disables on a CPU-only machine): the CPU computes in float32.
+
+The adaptation is written against speculators==0.9.0 and checks, before patching, that the version and the
+patched lines are what it expects (`verify_library`), so an upgrade fails loudly here instead of training on
+the wrong device or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import inspect
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_VERSION = "0.9.0"
+CPU = "cpu"
+
+
+class UnsupportedSpeculators(RuntimeError):
+    """The installed speculators is not the one the CPU adaptation was written for."""
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A function of speculators whose source must still contain `lines` for a patch to be right."""
+
+    module: str
+    qualname: str
+    lines: tuple[str, ...]
+    why: str
+
+
+# What the patches rely on: the call sites that go to the accelerator, as speculators 0.9.0 writes them.
+EXPECTED: tuple[Expectation, ...] = (
+    Expectation(
+        "speculators.train.trainer",
+        "Trainer.__init__",
+        ("self.local_rank = get_local_rank()",),
+        "the trainer's device comes from trainer.get_local_rank (patched to 'cpu')",
+    ),
+    Expectation(
+        "speculators.train.trainer",
+        "Trainer.setup_model",
+        ("self.model.to(self.local_rank)",),
+        "the model is moved to self.local_rank",
+    ),
+    Expectation(
+        "speculators.train.trainer",
+        "Trainer.train_epoch",
+        ("k: v.to(self.local_rank, non_blocking=True)",),
+        "training batches are moved to self.local_rank",
+    ),
+    Expectation(
+        "speculators.train.trainer",
+        "Trainer.val_epoch",
+        ("k: v.to(self.local_rank, non_blocking=True)",),
+        "validation batches are moved to self.local_rank",
+    ),
+    Expectation(
+        "speculators.train.checkpointer",
+        "SingleGPUCheckpointer.load_model_state_dict",
+        ("device = get_current_device()",),
+        "resuming loads weights onto checkpointer.get_current_device (patched to 'cpu')",
+    ),
+    Expectation(
+        "speculators.train.checkpointer",
+        "SingleGPUCheckpointer.load_optimizer_state_dict",
+        ("device = get_current_device()",),
+        "resuming loads the optimizer state onto checkpointer.get_current_device (patched to 'cpu')",
+    ),
+    Expectation(
+        "speculators.train.distributed",
+        "maybe_setup_distributed",
+        (
+            'distributed = "LOCAL_RANK" in os.environ',
+            "_local_rank = local_rank",
+            "_is_distributed = distributed",
+            "_rank = dist.get_rank()",
+            "_world_size = dist.get_world_size()",
+            "_init_sp_process_groups(_rank, _world_size, sp_size)",
+        ),
+        "setup_distributed sets speculators' topology as maybe_setup_distributed does, with gloo",
+    ),
+    Expectation(
+        "speculators.train.trainer",
+        "_StepTimer.mark",
+        ("torch.accelerator.synchronize()",),
+        "the step timer synchronizes the accelerator (a no-op without one)",
+    ),
+    Expectation(
+        "speculators.train.trainer",
+        "_StepTimer.now",
+        ("torch.accelerator.synchronize()",),
+        "the step timer synchronizes the accelerator (a no-op without one)",
+    ),
+)
+
+# (module, attribute) replaced while training on the CPU, with the value each takes.
+PATCHES: tuple[tuple[str, str, Callable[..., Any]], ...] = (
+    ("speculators.train.trainer", "get_local_rank", lambda: CPU),
+    ("speculators.train.checkpointer", "get_current_device", lambda: CPU),
+    ("torch.accelerator", "synchronize", lambda *args, **kwargs: None),
+)
+
+
+def has_accelerator() -> bool:
+    return bool(torch.accelerator.is_available())
+
+
+def installed_version() -> str:
+    return importlib.metadata.version("speculators")
+
+
+def _resolve(module: str, qualname: str) -> Any:
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def verify_library() -> None:
+    """Raise UnsupportedSpeculators unless speculators is 0.9.0 with the call sites the patches redirect."""
+    version = installed_version()
+    if version != SUPPORTED_VERSION:
+        raise UnsupportedSpeculators(
+            f"speculators {version} is installed, but eagle3_pipeline.adapters.speculators_cpu adapts "
+            f"speculators=={SUPPORTED_VERSION} to the CPU: install speculators=={SUPPORTED_VERSION}, or "
+            "re-check the adaptation against the new version and update SUPPORTED_VERSION and EXPECTED"
+        )
+    problems = []
+    for exp in EXPECTED:
+        try:
+            source = inspect.getsource(_resolve(exp.module, exp.qualname))
+        except (AttributeError, OSError, TypeError) as exc:
+            problems.append(f"{exp.module}.{exp.qualname} cannot be read ({exc})")
+            continue
+        missing = [line for line in exp.lines if line not in source]
+        if missing:
+            problems.append(f"{exp.module}.{exp.qualname} no longer contains {missing} ({exp.why})")
+    for module, attribute, _ in PATCHES:
+        if not hasattr(importlib.import_module(module), attribute):
+            problems.append(f"{module}.{attribute} no longer exists")
+    if problems:
+        raise UnsupportedSpeculators(
+            f"speculators {version} differs from what eagle3_pipeline.adapters.speculators_cpu patches: "
+            + "; ".join(problems)
+        )
+
+
+@contextlib.contextmanager
+def cpu_adapted() -> Iterator[bool]:
+    """Within the block, speculators' trainer runs on the CPU when there is no accelerator.
+
+    Yields whether it does; on a machine with an accelerator nothing is patched.
+    """
+    if has_accelerator():
+        yield False
+        return
+    verify_library()
+    saved = []
+    try:
+        for module_name, attribute, value in PATCHES:
+            module = importlib.import_module(module_name)
+            saved.append((module, attribute, getattr(module, attribute)))
+            setattr(module, attribute, value)
+        with warnings.catch_warnings():
+            # speculators autocasts to "cuda", which torch disables (with this warning) on a CPU-only machine
+            warnings.filterwarnings("ignore", message=".*CUDA is not available.*Disabling")
+            warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator is found")
+            logger.info("no accelerator: training on the CPU (speculators %s, adapted)", SUPPORTED_VERSION)
+            yield True
+    finally:
+        for module, attribute, original in reversed(saved):
+            setattr(module, attribute, original)
+
+
+def fork_loader_workers(loaders: tuple[Any, ...]) -> None:
+    """Without an accelerator, the loaders' workers are forked, not spawned (speculators spawns them always).
+
+    Spawn exists for CUDA, whose state a fork would copy broken; without an accelerator there is none, and
+    fork is torch's own default on Linux. A spawned worker re-imports torch, transformers and speculators,
+    about 14 CPU-s each on this 2-core machine, and online training has 4 workers for training and 4 more for
+    validation: a minute of both cores before the first step and again before the first validation. A forked
+    one starts in milliseconds, with this process's patches (PATCHES) in place. The workers set up their
+    producer client and transfer lazily, after the fork (speculators' `_setup_client`).
+    """
+    if has_accelerator():
+        return
+    for loader in loaders:
+        if loader.num_workers > 0:
+            loader.multiprocessing_context = "fork"
+
+
+def setup_distributed() -> None:
+    """speculators' `maybe_setup_distributed()`, on the CPU with gloo where there is no accelerator.
+
+    Outside torchrun (no LOCAL_RANK), or with an accelerator, it is speculators' own function.
+    `maybe_destroy_distributed()` undoes either.
+    """
+    from speculators.train import distributed
+
+    if has_accelerator() or "LOCAL_RANK" not in os.environ:
+        distributed.maybe_setup_distributed()
+        return
+    verify_library()
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    distributed._local_rank = int(os.environ["LOCAL_RANK"])
+    distributed._is_distributed = True
+    distributed._rank = dist.get_rank()
+    distributed._world_size = dist.get_world_size()
+    distributed._init_sp_process_groups(distributed._rank, distributed._world_size, 1)
+    logger.info("no accelerator: rank %d of %d on the CPU (gloo)", dist.get_rank(), dist.get_world_size())

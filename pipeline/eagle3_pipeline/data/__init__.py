@@ -1,0 +1,2 @@
+"""What stages read and write: datasets, conversations, prepared rows, hidden-state files, draft
+checkpoints."""

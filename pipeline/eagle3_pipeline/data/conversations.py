@@ -1,0 +1,211 @@
+"""Chat datasets in, normalized conversations out: OpenAI messages, ShareGPT or prompt-only rows.
+
+Every row becomes `{"id", "messages": [{"role", "content", "reasoning_content"?}]}` with roles system, user
+and assistant; rows that cannot be read that way are counted by reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from eagle3_pipeline.data.dataset_files import RowError as RowError
+from eagle3_pipeline.data.dataset_files import read_rows
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, str]
+Conversation = dict[str, Any]
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+EXAMPLES_PER_REASON = 5
+
+
+@dataclass
+class Skips:
+    """Rows skipped, by reason, with a few example ids and details per reason."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, reason: str, row_id: str, detail: str) -> None:
+        self.counts[reason] += 1
+        shown = self.examples.setdefault(reason, [])
+        if len(shown) < EXAMPLES_PER_REASON:
+            shown.append(f"{row_id}: {detail}")
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def detect_format(row: Any) -> str | None:
+    if not isinstance(row, dict):
+        return None
+    if isinstance(row.get("messages"), list):
+        return "messages"
+    if isinstance(row.get("conversations"), list):
+        return "sharegpt"
+    if isinstance(row.get("prompt"), str):
+        return "prompts"
+    return None
+
+
+def _text(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) for p in value):
+        if any(p.get("type", "text") != "text" for p in value):
+            raise RowError("multimodal", f"{where} has non-text parts; only text conversations are supported")
+        return "".join(str(p.get("text", "")) for p in value)
+    raise RowError("malformed", f"{where} is {type(value).__name__}, expected a string")
+
+
+def _message(raw: Any, index: int, roles: dict[str, str], role_key: str, content_key: str) -> Message:
+    where = f"turn {index}"
+    if not isinstance(raw, dict):
+        raise RowError("malformed", f"{where} is not an object")
+    role = roles.get(str(raw.get(role_key, "")).lower())
+    if role is None:
+        raise RowError(
+            "malformed", f"{where} has {role_key} {raw.get(role_key)!r}, not one of {sorted(roles)}"
+        )
+    message = {"role": role, "content": _text(raw.get(content_key), f"{where}.{content_key}")}
+    reasoning = raw.get("reasoning_content", raw.get("reasoning"))
+    if role == "assistant" and reasoning:
+        message["reasoning_content"] = _text(reasoning, f"{where}.reasoning_content")
+    return message
+
+
+def normalize(row: Any, fmt: str) -> list[Message]:
+    """The row's messages, or RowError saying why the row cannot be used."""
+    if isinstance(row, RowError):
+        raise row
+    row = _json_columns(row)
+    if detect_format(row) is None:
+        keys = sorted(map(str, row))[:6] if isinstance(row, dict) else type(row).__name__
+        raise RowError("malformed", f"no 'messages', 'conversations' or 'prompt' field (found {keys})")
+    if fmt == "prompts":
+        if not isinstance(row.get("prompt"), str):
+            raise RowError("malformed", "no 'prompt' string")
+        system = row.get("system")
+        head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
+        messages = [*head, {"role": "user", "content": row["prompt"]}]
+    elif fmt == "sharegpt":
+        turns = row.get("conversations")
+        if not isinstance(turns, list):
+            raise RowError("malformed", "no 'conversations' list (is dataset.format right?)")
+        messages = [_message(t, i, SHAREGPT_ROLES, "from", "value") for i, t in enumerate(turns)]
+    else:
+        turns = row.get("messages")
+        if not isinstance(turns, list):
+            raise RowError("malformed", "no 'messages' list (is dataset.format right?)")
+        messages = [_message(t, i, MESSAGE_ROLES, "role", "content") for i, t in enumerate(turns)]
+    return _checked(messages)
+
+
+def _json_columns(row: Any) -> Any:
+    """A row whose turns column holds a JSON string (common in Parquet exports), with the turns decoded."""
+    if not isinstance(row, dict):
+        return row
+    for key in ("messages", "conversations"):
+        value = row.get(key)
+        if isinstance(value, str):
+            try:
+                turns = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise RowError(
+                    "malformed", f"'{key}' is a string, not a list of turns (nor JSON text of one: {exc.msg})"
+                ) from None
+            if not isinstance(turns, list):
+                raise RowError("malformed", f"'{key}' is a JSON string of {type(turns).__name__}, not a list")
+            return {**row, key: turns}
+    return row
+
+
+def _checked(messages: list[Message]) -> list[Message]:
+    if not messages:
+        raise RowError("empty", "no turns")
+    for i, m in enumerate(messages):
+        if not m["content"].strip() and not m.get("reasoning_content"):
+            raise RowError("empty", f"turn {i} ({m['role']}) is empty")
+    if all(m["role"] == "system" for m in messages):
+        raise RowError("empty", "only system turns")
+    return messages
+
+
+def load_conversations(
+    source: str, split: str, fmt: str, max_samples: int | None = None
+) -> tuple[list[Conversation], Skips, str]:
+    """Normalized conversations (in source order), skipped rows, and the format(s) used.
+
+    With format auto, each row's own layout decides, so a directory mixing ShareGPT and OpenAI-messages
+    files loses nothing. Every row read is either returned or counted in the skips.
+    """
+    skips = Skips()
+    out: list[Conversation] = []
+    formats: Counter[str] = Counter()
+    ids = UniqueIds()
+    for row_id, row in read_rows(source, split):
+        if isinstance(row, dict) and isinstance(row.get("id"), str | int) and not isinstance(row["id"], bool):
+            row_id = str(row["id"])
+        row_id = ids.claim(row_id)
+        row_format = fmt if fmt != "auto" else detect_format(_decodable(row)) or "messages"
+        try:
+            messages = normalize(row, row_format)
+        except RowError as exc:
+            skips.add(exc.reason, row_id, str(exc))
+            continue
+        except Exception as exc:  # a row shaped in a way nobody foresaw costs that row only
+            skips.add("error", row_id, f"{type(exc).__name__}: {exc}")
+            continue
+        formats[row_format] += 1
+        out.append({"id": row_id, "messages": messages})
+        if max_samples is not None and len(out) >= max_samples:
+            break
+    return out, skips, "+".join(sorted(formats)) or (fmt if fmt != "auto" else "messages")
+
+
+def _decodable(row: Any) -> Any:
+    try:
+        return _json_columns(row)
+    except RowError:
+        return row
+
+
+class UniqueIds:
+    """Row ids made unique: ids key the split and regeneration's resume, so no two rows may share one."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def claim(self, row_id: str) -> str:
+        unique, n = row_id, 1
+        while unique in self.used:
+            n += 1
+            unique = f"{row_id}#{n}"
+        self.used.add(unique)
+        return unique
+
+
+def prompt_of(messages: list[dict[str, Any]]) -> list[Message] | None:
+    """The conversation up to its first assistant turn (role and content only); None if it has no user turn
+    to answer there."""
+    prompt: list[Message] = []
+    for message in messages:
+        if message.get("role") == "assistant":
+            break
+        prompt.append({"role": str(message.get("role")), "content": str(message.get("content", ""))})
+    if not prompt or prompt[-1]["role"] != "user":
+        return None
+    return prompt

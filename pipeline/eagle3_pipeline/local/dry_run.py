@@ -1,0 +1,226 @@
+"""`eagle3 run FILE --dry-run`: the stage plan and the run's estimates, without running anything.
+
+Which stages would run, be reused (their output is complete under --artifacts) or be skipped, then the figures
+of status.plan.estimates (eagle3_contract.estimates): GPUs and tokens per stage, and the hidden-state bytes
+offline extraction would store and online extraction would move. What this machine can read refines them:
+complete data-stage outputs give the exact token count; a local verifier's config.json gives the hidden size;
+a local dataset is counted cheaply, by tokenizing up to SAMPLE_ROWS evenly spread rows with the verifier's
+chat template and extrapolating to every row (the output says which).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3_contract.api.manifest import Manifest, load_manifest
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.status import Estimates, ModeEstimate
+from eagle3_contract.estimates import (
+    TokenCount,
+    known_from_results,
+    run_estimates,
+    stored_layers,
+)
+from eagle3_contract.mounts import MODEL_CACHE_MOUNT
+from eagle3_contract.results import ExtractResult, GenerateResult, PrepareResult, StageResult, parse_result
+from eagle3_contract.stages import Stage, StagePlan, plan_stages
+from eagle3_pipeline.data.conversations import RowError, load_conversations
+from eagle3_pipeline.data.masking import ChatTemplate, tokenize_conversation
+from eagle3_pipeline.data.verifier import estimated_shape
+from eagle3_pipeline.local.run import check_verifier_config, default_artifacts
+from eagle3_pipeline.runtime.context import is_complete, map_mounts, models_root, read_result
+
+logger = logging.getLogger(__name__)
+SAMPLE_ROWS = 256  # rows tokenized to estimate a dataset's tokens
+
+
+@dataclass(frozen=True)
+class StageLine:
+    plan: StagePlan
+    would: str  # run | reuse | skip
+    result: StageResult | None = None
+
+
+def local_path(path: str, artifacts: Path, models: Path | None) -> str:
+    """A spec path on this machine: /models under the models root (as `eagle3 run` maps it), /artifacts."""
+    if path == MODEL_CACHE_MOUNT or path.startswith(MODEL_CACHE_MOUNT + "/"):
+        return str(models_root(str(models) if models else None)) + path[len(MODEL_CACHE_MOUNT) :]
+    return map_mounts(path, artifacts)
+
+
+def stage_lines(spec: Eagle3RunSpec, artifacts: Path) -> list[StageLine]:
+    """What `eagle3 run` would do with each stage now, with the results of the outputs it would reuse."""
+    lines = []
+    for plan in plan_stages(spec):
+        output = artifacts / plan.output_dir
+        if plan.skipped:
+            lines.append(StageLine(plan, "skip"))
+        elif plan.reuses_output and is_complete(output):
+            lines.append(StageLine(plan, "reuse", parse_result(plan.stage, read_result(output))))
+        else:
+            lines.append(StageLine(plan, "run"))
+    return lines
+
+
+def count_tokens(spec: Eagle3RunSpec, source: str, model: str) -> TokenCount | None:
+    """A local dataset's tokens: a sample of rows tokenized and extrapolated; None if it is not local."""
+    if not Path(source).exists():
+        return None
+
+    ds = spec.dataset
+    conversations, _, _ = load_conversations(source, ds.split, ds.format.value, ds.max_samples)
+    rows, length = len(conversations), ds.max_sequence_length
+    bound = TokenCount(rows * length, f"upper bound: {rows} rows x maxSequenceLength {length}")
+    if not rows:
+        return bound
+    try:
+        lengths = _sample_lengths(spec, conversations, model)
+    except Exception as exc:  # no tokenizer here (a Hub id, no chat template): the bound is what is known
+        logger.info("cannot tokenize the dataset with %s (%s: %s)", model, type(exc).__name__, exc)
+        return bound
+    if not lengths:
+        return bound
+    kept = [n for n in lengths if n <= length]  # prepare skips longer rows
+    tokens = round(sum(kept) / len(lengths) * rows)
+    how = "prepare's own count may differ by the rows it skips"
+    if spec.regeneration.enabled:
+        how = (
+            "with the dataset's own answers, which regeneration rewrites (each up to regeneration.maxTokens)"
+        )
+    if len(lengths) == rows:
+        return TokenCount(
+            tokens, f"counted: all {rows} rows tokenized with the verifier's chat template; {how}"
+        )
+    return TokenCount(
+        tokens,
+        f"estimated: {len(lengths)} of {rows} rows tokenized with the verifier's chat template and "
+        f"extrapolated; {how}",
+    )
+
+
+def _sample_lengths(spec: Eagle3RunSpec, conversations: list[Any], model: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    v = spec.verifier
+    template = ChatTemplate(
+        AutoTokenizer.from_pretrained(
+            model, revision=v.revision, trust_remote_code=v.trust_remote_code, local_files_only=True
+        )
+    )
+    rows = len(conversations)
+    picked = min(rows, SAMPLE_ROWS)  # evenly spread over the file: its start may differ from its end
+    lengths = []
+    for conv in (conversations[i * rows // picked] for i in range(picked)):
+        try:
+            tokenized = tokenize_conversation(template, conv["messages"], spec.dataset.loss_on_reasoning)
+        except RowError:
+            continue
+        lengths.append(len(tokenized.input_ids))
+    return lengths
+
+
+def dry_run_estimates(
+    spec: Eagle3RunSpec, lines: list[StageLine], artifacts: Path, models: Path | None
+) -> Estimates:
+    """The estimates from the reused outputs' results, else the local verifier and dataset, else the spec."""
+    results = {line.plan.stage: line.result for line in lines if line.result is not None}
+    prepare, generate = results.get(Stage.PREPARE), results.get(Stage.GENERATE)
+    shape, tokens = known_from_results(
+        spec,
+        prepare if isinstance(prepare, PrepareResult) else None,
+        generate if isinstance(generate, GenerateResult) else None,
+    )
+    model = local_path(spec.verifier.model, artifacts, models)
+    if shape is None:
+        v = spec.verifier  # read here only: a dry run downloads nothing
+        where = model if Path(model).is_dir() else f"{model} in the Hub cache"
+        shape = estimated_shape(
+            model, v.revision, v.trust_remote_code, f"from the verifier's config ({where})", offline=True
+        )
+    if tokens is None or tokens.basis.startswith("upper bound"):  # the rows here bound it at least as tightly
+        tokens = count_tokens(spec, local_path(spec.dataset.source, artifacts, models), model) or tokens
+    extract = results.get(Stage.EXTRACT)
+    measured = extract.bytes if isinstance(extract, ExtractResult) else None
+    return run_estimates(spec, shape, tokens, measured, [line.plan for line in lines])
+
+
+def _n(value: int | None) -> str:
+    return f"{value:,}" if value is not None else "-"
+
+
+def plan_table(lines: list[StageLine], estimates: Estimates) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="eagle3 run --dry-run: stages")
+    for column in ("stage", "would", "gpus", "pods", "tokens", "note"):
+        table.add_column(column)
+    by_stage = {e.stage: e for e in estimates.stages}
+    for line in lines:
+        e = by_stage[line.plan.stage.value]
+        note = line.plan.skipped or line.plan.output_dir
+        if e.producer_gpus:
+            note = f"+ {e.producer_gpus} GPUs of hidden-state producers; {note}"
+        table.add_row(line.plan.stage.value, line.would, str(e.gpus), str(e.pods), _n(e.tokens), Text(note))
+    return table
+
+
+def hidden_states_table(spec: Eagle3RunSpec, estimates: Estimates) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    hs = estimates.hidden_states
+    table = Table(title=f"hidden states ({hs.layers} layers x hidden {_n(hs.hidden_size)}, {hs.dtype})")
+    for column in ("extraction.mode", "stored", "moved", "note"):
+        table.add_column(column)
+    modes: dict[str, ModeEstimate] = {"offline": hs.offline, "online": hs.online}
+    for mode, m in modes.items():
+        name = f"{mode} (this spec)" if mode == hs.mode else mode
+        table.add_row(name, m.stored or "-", m.moved or "-", Text(m.note))
+    return table
+
+
+def summary_lines(spec: Eagle3RunSpec, estimates: Estimates) -> list[str]:
+    hs = estimates.hidden_states
+    if hs.bytes_per_token is None:
+        per_token = (
+            f"unknown ({stored_layers(spec)} layers x the hidden size x {hs.dtype}): the verifier's config "
+            "is neither in a local directory nor in the Hub cache; prepare's result will give it"
+        )
+    else:
+        scale = " + fp8 scale" if hs.dtype == "fp8" else ""
+        per_token = (
+            f"{_n(hs.bytes_per_token)} B ({stored_layers(spec)} layers x {hs.hidden_size} x {hs.dtype} + "
+            f"token id{scale}); {hs.basis}"
+        )
+    return [
+        f"tokens: {_n(estimates.tokens)} ({estimates.tokens_basis})",
+        f"hidden states per token: {per_token}",
+    ]
+
+
+def main(path: str, artifacts: str | None, models: str | None) -> int:
+    """Print the plan and the estimates of the manifest at `path`; nothing runs, nothing is written."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console, errors = Console(), Console(stderr=True)
+    try:
+        manifest: Manifest = load_manifest(path)
+        check_verifier_config(manifest, Path(models) if models else None)
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 2
+    spec, root = manifest.spec, Path(artifacts) if artifacts else default_artifacts(manifest)
+    models_dir = Path(models) if models else None
+    lines = stage_lines(spec, root)
+    estimates = dry_run_estimates(spec, lines, root, models_dir)
+    console.print(plan_table(lines, estimates))
+    console.print(hidden_states_table(spec, estimates))
+    for text in summary_lines(spec, estimates):
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
+    console.print(f"artifacts: {root.resolve()} (nothing was run or written)", highlight=False, markup=False)
+    return 0

@@ -1,0 +1,237 @@
+"""The status of a local run (`eagle3 status FILE`), in the shape of an Eagle3Run's status, so one table
+shows a local run and a cluster run alike.
+
+It follows from the manifest's stage plan (the content-hashed output directories), what is complete under the
+artifacts directory (each stage's result.json), and what the running or last `eagle3 run` recorded
+(`StatusRecorder`: attempts, times, failure messages, and the live progress of a running stage, read from
+its metrics endpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from eagle3_contract.api.manifest import Manifest
+from eagle3_contract.api.status import StageProgress
+from eagle3_contract.stage_metrics import eta_text, summary
+from eagle3_contract.stages import StagePlan, plan_stages
+from eagle3_pipeline.local.display import RunObserver, StageOutcome
+from eagle3_pipeline.runtime.context import RESULT_FILE, is_complete, read_result
+
+logger = logging.getLogger(__name__)
+
+RECORD_EVERY_S = 1.0  # the status file is rewritten at most this often for progress alone
+STATUS_SUFFIX = ".status.json"
+FILE_NAME_MAX = 255
+
+
+def snapshot_name(name: str, suffix: str) -> str:
+    """`<name><suffix>`, shortened (with a hash of the name) where it would pass the 255-byte file name
+    limit: a run name may have 253 characters, as in a cluster."""
+    if len(name) + len(suffix) <= FILE_NAME_MAX:
+        return name + suffix
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{name[: FILE_NAME_MAX - len(suffix) - len(digest) - 1]}-{digest}{suffix}"
+
+
+def status_file(artifacts: Path, run: str) -> Path:
+    """Where `eagle3 run` records a run's stages: beside its manifest's snapshot."""
+    return artifacts / ".runs" / snapshot_name(run, STATUS_SUFFIX)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class StatusRecorder(RunObserver):
+    """The run's stages as `eagle3 status FILE` reads them, in `path` (written whole, then renamed). The
+    stages an earlier run recorded are kept: a reused stage keeps its times."""
+
+    def __init__(self, path: Path, run: str) -> None:
+        self.path, self.run = path, run
+        stages = read_recorded(path).get("stages")
+        self.stages: dict[str, dict[str, Any]] = stages if isinstance(stages, dict) else {}
+        self.error: str | None = None
+        self._written = 0.0
+        self._lock = threading.RLock()  # the metrics poller's thread reports progress
+
+    def stage_started(self, stage: str, output_dir: str, attempt: int) -> None:
+        with self._lock:
+            entry = self.stages.setdefault(stage, {})
+            if entry.get("outputDir") != output_dir or entry.get("phase") != "Running":
+                entry.clear()
+                entry["startTime"] = _now()
+            entry.update(phase="Running", outputDir=output_dir, attempts=attempt)
+            self._write(force=True)
+
+    def stage_progress(self, stage: str, progress: StageProgress) -> None:
+        document = progress.model_dump(by_alias=True, exclude_none=True)
+        with self._lock:
+            self.stages.setdefault(stage, {})["progress"] = document | {"updated": _now()}
+            self._write()
+
+    def stage_finished(self, outcome: StageOutcome) -> None:
+        if outcome.status in ("cached", "skipped"):
+            return  # `eagle3 status` reads those from the artifacts and the plan
+        with self._lock:
+            entry = self.stages.setdefault(outcome.stage, {})
+            entry.update(
+                phase="Succeeded" if outcome.status == "done" else "Failed",
+                attempts=outcome.attempts,
+                completionTime=_now(),
+                seconds=round(outcome.seconds, 1),
+            )
+            if outcome.note:
+                entry["message"] = outcome.note
+            if outcome.progress is not None:  # a stage that succeeded: all done (display.completed)
+                document = outcome.progress.model_dump(by_alias=True, exclude_none=True)
+                entry["progress"] = document | {"updated": _now()}
+            self._write(force=True)
+
+    def close(self, error: str | None = None) -> None:
+        with self._lock:
+            self.error = error
+            self._write(force=True, running=False)
+
+    def _write(self, force: bool = False, running: bool = True) -> None:
+        if not force and time.monotonic() - self._written < RECORD_EVERY_S:
+            return
+        self._written = time.monotonic()
+        document: dict[str, Any] = {"run": self.run, "pid": os.getpid() if running else None}
+        document["updated"] = _now()
+        document |= {"stages": self.stages, "error": self.error}
+        try:
+            partial = self.path.with_name(self.path.name + ".partial")
+            partial.write_text(json.dumps(document, indent=1, sort_keys=True))
+            partial.replace(self.path)
+        except OSError as exc:  # the run goes on without it
+            logger.debug("cannot write %s: %s", self.path, exc)
+
+
+def read_recorded(path: Path) -> dict[str, Any]:
+    """What a StatusRecorder wrote ({} for nothing readable)."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def alive(pid: Any) -> bool:
+    """Whether process `pid` runs (on this machine)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _completed(plan: StagePlan, output: Path, recorded: dict[str, Any]) -> dict[str, Any]:
+    result = read_result(output)
+    entry: dict[str, Any] = {"phase": "Succeeded", "result": result}
+    entry["attempts"] = recorded.get("attempts") or 1
+    with contextlib.suppress(OSError):
+        finished = datetime.fromtimestamp((output / RESULT_FILE).stat().st_mtime, UTC)
+        entry["completionTime"] = recorded.get("completionTime") or finished.strftime("%Y-%m-%dT%H:%M:%SZ")
+    seconds = recorded.get("seconds", result.get("seconds"))
+    if isinstance(seconds, int | float):
+        entry["seconds"] = seconds
+    for key in ("startTime", "progress"):
+        if key in recorded:
+            entry[key] = recorded[key]
+    return entry
+
+
+def stage_status(plan: StagePlan, artifacts: Path, recorded: dict[str, Any], running: bool) -> dict[str, Any]:
+    """One stage's entry, camelCase like status.stages.<stage>: from the plan, its output and the record
+    (taken only when it is of this output directory: an edited spec is another hash)."""
+    if recorded.get("outputDir") != plan.output_dir:
+        recorded = {}
+    base = {"hash": plan.output_dir.rsplit("/", 1)[-1], "outputDir": plan.output_dir}
+    if plan.skipped:
+        return {"phase": "Skipped", "message": plan.skipped}
+    output = artifacts / plan.output_dir
+    if is_complete(output):
+        return base | _completed(plan, output, recorded)
+    entry = base | {k: v for k, v in recorded.items() if k not in ("outputDir", "phase")}
+    phase = recorded.get("phase")
+    if phase == "Running" and not running:
+        entry["message"] = "the `eagle3 run` that ran it stopped; run it again to resume"
+        phase = "Failed"
+    entry["phase"] = phase if phase in ("Running", "Failed") else "Pending"
+    return entry
+
+
+def local_status(manifest: Manifest, artifacts: Path) -> dict[str, Any]:
+    """The run's status from its artifacts directory, as status.* of an Eagle3Run (camelCase)."""
+    recorded = read_recorded(status_file(artifacts, manifest.name))
+    running = alive(recorded.get("pid"))
+    stages = {
+        plan.stage.value: stage_status(
+            plan, artifacts, recorded.get("stages", {}).get(plan.stage.value, {}), running
+        )
+        for plan in plan_stages(manifest.spec)
+    }
+    error = recorded.get("error") if not running else None
+    return run_status(stages, running, error if isinstance(error, str) else None)
+
+
+def run_status(stages: dict[str, dict[str, Any]], running: bool, error: str | None = None) -> dict[str, Any]:
+    """The run's phase, Ready, current stage, progress and ETA from its stages (`error`: why the last
+    `eagle3 run` stopped short, e.g. the gate)."""
+    phases = [s["phase"] for s in stages.values()]
+    current = next((n for n, s in stages.items() if s["phase"] in ("Running", "Failed")), None)
+    complete = all(p in ("Succeeded", "Skipped") for p in phases)
+    if running and "Running" in phases:
+        phase = "Running"
+    elif "Failed" in phases or (error and not complete):
+        phase = "Failed"
+    elif complete:
+        phase = "Succeeded"
+    else:
+        phase = "Pending"
+        current = next((n for n, s in stages.items() if s["phase"] == "Pending"), None)
+    ready = phase == "Succeeded"
+    status: dict[str, Any] = {"phase": phase, "stages": stages}
+    status["conditions"] = [
+        {
+            "type": "Ready",
+            "status": "True" if ready else "False",
+            "reason": "Complete" if ready else phase,
+            "message": _ready_message(phase, current, error),
+            "lastTransitionTime": _now(),
+        }
+    ]
+    if current is not None:
+        status["currentStage"] = current
+        progress = stages[current].get("progress")
+        parsed = StageProgress.model_validate(progress) if progress else None
+        status["progress"] = summary(current, parsed)
+        if phase == "Running" and parsed is not None and (eta := eta_text(parsed.eta_seconds)):
+            status["eta"] = eta
+    return status
+
+
+def _ready_message(phase: str, current: str | None, error: str | None) -> str:
+    if phase == "Succeeded":
+        return "every stage is complete under the artifacts directory"
+    if error:
+        return error
+    if phase == "Running":
+        return f"stage {current} is running"
+    if phase == "Failed":
+        return f"stage {current} failed; `eagle3 run` runs it again"
+    return f"stage {current} has not run; `eagle3 run` goes on from there"

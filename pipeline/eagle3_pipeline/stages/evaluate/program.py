@@ -1,0 +1,240 @@
+"""evaluate: the draft's acceptance in vLLM, with the verifier, on held-out prompts; the gate's input.
+
+The prompts are the first `evaluation.prompts` validation conversations of the data stage (`generate`'s
+when it ran, else `prepare`'s), each up to its first assistant turn, sent as chat messages that vLLM renders
+with the verifier's chat template (`eagle3_pipeline.stages.evaluate.prompts`). The stage writes train's best
+checkpoint in the shape export ships (`eagle3_pipeline.data.draft_checkpoint`: no embedding copy, bf16, the
+verifier as the spec names it). It serves the verifier alone first: it answers every prompt greedily
+(temperature 0, at most evaluation.maxTokens new tokens, CONCURRENCY requests in flight), and those answers
+are screened (`eagle3_pipeline.serving.degenerate`): a prompt answered with a repetition loop or nothing
+visible would inflate the acceptance, so it is left out (`degeneratePrompts`, `degenerate` by reason,
+`degenerateExamples`; when some are, the verifier answers the kept prompts again for its timing). Then it
+serves the verifier with the draft, which answers the kept prompts only, so that its counters see nothing
+else (every prompt degenerate: no draft server, and the acceptance is null). With `evaluation.sampling` set
+(the serving traffic's temperature, topP, topK), the draft server answers the kept prompts a second time
+with those settings (vLLM's SamplingParams in the OpenAI requests,
+seeded by sampling.seed), and the result's `sampled` holds that measurement's acceptance: the figure the live
+acceptance alert compares sampled traffic with (acceptance falls with the temperature). The gate reads the
+greedy figures only.
+
+The draft server's speculative-decoding counters (`eagle3_pipeline.serving.spec_metrics`), read from
+`/metrics` before and after the requests, give the acceptance rate, the mean acceptance length (tokens per
+verifier step) and the acceptance by draft position; the two runs give output tokens per second and the
+speedup. At temperature 0 speculative decoding is lossless up to numerics: `outputsMatchingBaseline` counts
+the prompts whose answer with the draft is the verifier's own.
+
+The result holds figures, not a verdict: the gate (`eagle3_contract.gate.judge_evaluation`) is judged by the
+operator and `eagle3 run` from `acceptanceLength` and `mappingConsistent` against the spec's current
+`evaluation.minAcceptanceLength` (not part of the stage's content hash), and they stop before export when it
+fails; the stage succeeds either way. `message` notes what the figures do not say (fewer prompts than asked
+for, failed requests, a mapping problem, embeddings of another verifier), or is null. A draft whose mapping
+is broken fails the gate whatever its speed, so the verifier is not served alone for it (the baseline
+figures are null; the draft server's own greedy answers are screened); one whose d2t points outside the
+verifier's vocabulary cannot be served at all: a StageError. The result also says whether the draft's copy
+of the verifier's embeddings is the verifier's own (`embeddingsMatchVerifier`: a draft trained for another
+version of the verifier). The work directory keeps the vLLM logs and the screened answers (`answers.jsonl`);
+the slim draft is deleted after the run (export writes the one that ships).
+With `evaluation.sweep`, the result's `speculation` is the speculation-length table
+(`eagle3_pipeline.stages.evaluate.sweep`): the draft server measures its k's cells after its own runs, a
+server per other k measures theirs (before the slim draft is deleted), and the verifier alone its baselines.
+Progress: prompts answered, by the verifier alone and then by the draft server (greedy, then sampled)
+(failed requests included, and counted as failures), and their output tokens; the sweep's cells' too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_contract.api.spec import Sampling
+from eagle3_contract.params import EvaluateParams, EvaluateTuning
+from eagle3_contract.stages import Stage
+from eagle3_contract.vllm_command import eagle3_speculative_config
+from eagle3_pipeline.data.draft_checkpoint import (
+    best_checkpoint,
+    foreign_embeddings,
+    mapping_problem,
+    read_config,
+    target_vocab_size,
+    unservable_mapping,
+    write_serving_checkpoint,
+)
+from eagle3_pipeline.runtime.context import StageContext
+from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.serving.degenerate import Screening, screen
+from eagle3_pipeline.serving.requests import (
+    Measurement,
+    Message,
+    answer_all,
+    read_counters,
+    settled_counters,
+)
+from eagle3_pipeline.serving.vllm_server import VllmServer
+from eagle3_pipeline.stages.evaluate.prompts import (
+    answered,
+    held_out_prompts,
+    write_answers,
+)
+from eagle3_pipeline.stages.evaluate.summary import Evaluation, summarize, with_sweep
+from eagle3_pipeline.stages.evaluate.sweep import SpeculationSweep, prompts_wanted, server_options
+
+logger = logging.getLogger(__name__)
+
+CONVERSATIONS_FILE = "conversations.jsonl"
+DRAFT_DIR = "draft"
+ANSWERS_FILE = "answers.jsonl"
+
+
+Context = StageContext[EvaluateParams, EvaluateTuning]
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    started = time.monotonic()
+    wanted = max(ctx.params.prompts, prompts_wanted(ctx.params))  # evaluation.sweep's cells may want more
+    held = held_out_prompts(ctx.data_input() / CONVERSATIONS_FILE, wanted)
+    available = held.prompts
+    prompts = available[: ctx.params.prompts]
+    source = best_checkpoint(ctx.input(Stage.TRAIN))
+    vocab = target_vocab_size(read_config(source))
+    slim = write_serving_checkpoint(source, ctx.work / DRAFT_DIR, ctx.params.verifier.model)
+    d2t, t2d = slim.weights.tensors.get("d2t"), slim.weights.tensors.get("t2d")
+    unservable = unservable_mapping(d2t, vocab)
+    if unservable:
+        raise StageError(
+            f"the draft {source} cannot be served: {unservable}; its mapping is corrupt: re-run stages "
+            "vocab and train"
+        )
+    problem = mapping_problem(d2t, t2d, vocab)
+    foreign = foreign_embeddings(source, ctx.local_path(ctx.params.verifier.model))
+    passes = (2 if problem is None else 1) + (1 if ctx.params.sampling is not None else 0)
+    # evaluation.sweep: not for a draft whose mapping is broken (it fails the gate whatever its speed)
+    sweep = SpeculationSweep.of(ctx, available) if problem is None else None
+    swept = sweep.total_prompts if sweep is not None else 0
+    ctx.progress.begin("prompts", len(prompts) * passes + swept)  # alone, with the draft (greedy, sampled)
+    if problem is None:
+        # the verifier alone first: its greedy answers screen the prompts
+        # (eagle3_pipeline.serving.degenerate), so the draft server's counters only see the prompts kept
+        baseline = measure(ctx, prompts, None, sweep)
+        screening = screening_of(baseline)
+        swept = sweep.total_prompts if sweep is not None else 0  # without the prompts screened out
+        ctx.progress.set_total(answered(len(prompts), len(screening.kept), passes) + swept)
+        with_draft = measure(ctx, prompts, slim.path, sweep, screening.kept) if screening.kept else None
+        if sweep is not None and with_draft is not None:
+            sweep.measure_other_ks(slim.path, ctx.params.num_speculative_tokens)
+    else:
+        # a broken mapping fails the gate whatever its speed: no need to serve the verifier alone; the draft
+        # server's greedy answers (the verifier's own, up to numerics) screen the prompts
+        baseline, with_draft = None, measure(ctx, prompts, slim.path)
+        screening = screening_of(with_draft)
+        ctx.progress.set_total(answered(len(prompts), len(screening.kept), passes))
+    shutil.rmtree(slim.path, ignore_errors=True)
+    write_answers(ctx.work / ANSWERS_FILE, held, screening, baseline or with_draft)
+    ev = Evaluation(prompts, held.available, with_draft, baseline, problem, source, foreign, screening, held)
+    result = with_sweep(summarize(ctx, ev), sweep if with_draft is not None else None)
+    return result | {"seconds": round(time.monotonic() - started, 3)}
+
+
+# --- one server: the runs over the prompts ---------------------------------------------------------------
+
+
+def measure(
+    ctx: Context,
+    prompts: list[list[Message]],
+    draft: Path | None,
+    sweep: SpeculationSweep | None = None,
+    kept: list[int] | None = None,
+) -> Measurement:
+    """Serve the verifier (with `draft` when given), answer the prompts greedily, and read the counters around
+    it. Without `kept`, every prompt, and the answers are screened (`screened`); with it, those prompts only
+    (when fewer than all, after answering them once unmeasured: the screening server measured them with
+    their prefixes cached). With a draft and evaluation.sampling, the kept prompts are answered again with
+    those settings on the same server; with evaluation.sweep, its cells at this server's k (or its
+    baselines) are measured there too."""
+    label = "draft" if draft is not None else "baseline"
+    # the serving Deployment's speculative config (eagle3_contract.vllm_command), with the slim draft
+    k = ctx.params.num_speculative_tokens
+    config = None if draft is None else eagle3_speculative_config(str(draft), k)
+    engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
+    log = ctx.work / f"vllm-{label}.log"
+    sampling = ctx.params.sampling if draft is not None else None
+    options = server_options(ctx.params)
+    with VllmServer(
+        ctx, engine, seed=ctx.tuning.seed, speculative_config=config, log_path=log, options=options
+    ) as server:
+        subset = prompts if kept is None else [prompts[i] for i in kept]
+        if len(subset) < len(prompts):
+            asyncio.run(answer_all(server, subset, 1))  # prefixes cached, as on the screening server
+        result = counted_run(ctx, server, subset, None, counted=draft is not None)
+        result.server_start_s = server.started_s
+        server.check()
+        checked(ctx, result, label, len(subset))
+        if kept is None:
+            result = screened(ctx, server, prompts, result, label, counted=draft is not None)
+            subset = [prompts[i] for i in screening_of(result).kept]
+        if sampling is not None and subset:
+            result.sampled = counted_run(ctx, server, subset, sampling, counted=True)
+            server.check()
+            checked(ctx, result.sampled, f"{label} (sampled)", len(subset))
+        if sweep is not None and draft is not None:
+            sweep.measure_draft(server, k)
+        elif sweep is not None:
+            if result.screening is not None:
+                sweep.leave_out(result.screening.degenerate)  # its cells measure the kept prompts only
+            sweep.measure_baseline(server)
+    return result
+
+
+def screened(
+    ctx: Context,
+    server: VllmServer,
+    prompts: list[list[Message]],
+    first: Measurement,
+    label: str,
+    counted: bool,
+) -> Measurement:
+    """`first`'s greedy answers screened (`eagle3_pipeline.serving.degenerate`); when some are degenerate and
+    some are not, the kept prompts answered again on the same server: that run holds the figures."""
+    screening = first.screening = screen(first.outputs, first.token_ids)
+    kept = screening.kept
+    if len(kept) in (0, len(prompts)):
+        return first
+    left_out, counts = len(prompts) - len(kept), screening.counts()
+    logger.info("%s: %d of %d answers degenerate %s", label, left_out, len(prompts), counts)
+    again = counted_run(ctx, server, [prompts[i] for i in kept], None, counted)
+    again.server_start_s, again.screening, again.screened = first.server_start_s, screening, first
+    server.check()
+    checked(ctx, again, f"{label} (kept prompts)", len(kept))
+    return again
+
+
+def screening_of(run: Measurement) -> Screening:
+    assert run.screening is not None  # measure() screens the prompts when it is not given the kept ones
+    return run.screening
+
+
+def counted_run(
+    ctx: Context, server: VllmServer, prompts: list[list[Message]], sampling: Sampling | None, counted: bool
+) -> Measurement:
+    """Every prompt answered once (greedy when `sampling` is None); `counted`: with the spec-decode counters'
+    difference over the run."""
+    before = read_counters(server) if counted else None
+    result = asyncio.run(answer_all(server, prompts, ctx.params.max_tokens, ctx.progress, sampling))
+    if counted:
+        after = settled_counters(server, before, result.output_tokens)
+        result.counters = after - before if before is not None else after
+    return result
+
+
+def checked(ctx: Context, result: Measurement, label: str, prompts: int) -> None:
+    """Log the run; a run where every request failed measured nothing: a StageError."""
+    tokens, seconds = result.output_tokens, result.seconds
+    logger.info("%s: %d prompts, %d output tokens in %.1f s", label, prompts, tokens, seconds)
+    if len(result.failures) == prompts:
+        log = ctx.work / f"vllm-{label.split()[0]}.log"
+        raise StageError(
+            f"every request to the {label} server failed, e.g. {result.failures[0]} (log: {log})"
+        )

@@ -1,0 +1,1 @@
+"""The predict stage: its program (program.py, `run(ctx)`) and the helpers only it uses."""

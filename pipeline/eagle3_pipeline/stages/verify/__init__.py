@@ -1,0 +1,1 @@
+"""The verify stage: its program (program.py, `run(ctx)`) and the helpers only it uses."""
