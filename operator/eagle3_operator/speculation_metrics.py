@@ -10,22 +10,17 @@ concurrency cell, the verifier alone as k 0, and the tuned schedule): at most 17
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Gauge
-from pydantic import ValidationError
 
-from eagle3_contract.api.speculation import SpeculationTable
-from eagle3_contract.api.status import CanaryPhase, CanaryStatus, TrackFigures
+from eagle3_contract.api.status import CanaryPhase, Eagle3RunStatus, TrackFigures
 
 logger = logging.getLogger(__name__)
 RUN = ("namespace", "run")
 STABLE, CANARY = "stable", "canary"  # the `track` of the incumbent's and the canary's pods (the PodMonitor's)
 BASELINE_K = "0"  # the sweep's `k` of the verifier alone (as in the schedule: k 0 = speculation off)
 CANARY_SLOTS, SWEEP_SLOTS = "canary_", "sweep_"
-P = TypeVar("P", CanaryStatus, SpeculationTable)
 
 
 @dataclass(frozen=True)
@@ -83,21 +78,9 @@ class SpeculationGauges:
         )  # fmt: skip
 
 
-def status_part(document: Mapping[str, Any], key: str, model: type[P]) -> P | None:
-    """document[key] as `model`; None when absent or malformed (a figure is left out, never a crash)."""
-    raw = document.get(key)
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        return model.model_validate(raw)
-    except ValidationError as err:
-        logger.warning("Ignoring a malformed status %s for the metrics: %s", key, err)
-        return None
-
-
-def canary_samples(g: SpeculationGauges, namespace: str, run: str, status: Mapping[str, Any]) -> list[Sample]:
+def canary_samples(g: SpeculationGauges, namespace: str, run: str, status: Eagle3RunStatus) -> list[Sample]:
     """status.canary: its phase (one-hot), both tracks' known figures, the seconds to its decision."""
-    canary = status_part(status, "canary", CanaryStatus)
+    canary = status.canary
     if canary is None:
         return []
     out = [
@@ -132,10 +115,10 @@ def _track_figures(g: SpeculationGauges, figures: TrackFigures | None) -> list[t
 
 
 def sweep_samples(
-    g: SpeculationGauges, namespace: str, run: str, model: str | None, status: Mapping[str, Any]
+    g: SpeculationGauges, namespace: str, run: str, model: str | None, status: Eagle3RunStatus
 ) -> list[Sample]:
     """status.checkpoint.speculation: each cell's figures, the baselines as k 0, the schedule's k by range."""
-    table = status_part(status.get("checkpoint") or {}, "speculation", SpeculationTable)
+    table = status.checkpoint.speculation if status.checkpoint is not None else None
     if table is None or model is None:
         return []
     labels = (namespace, run, model)

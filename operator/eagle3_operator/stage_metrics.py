@@ -2,8 +2,8 @@
 
 Every stage program serves its progress on the `metrics` port (eagle3_contract.stage_metrics). A task of the
 operator reads, once per round, the endpoint of every running stage pod (node 0's of a multi-node stage)
-and keeps the figures in `memo.progress[run key][JobView.progress_key]`; the planner copies them into
-`status.stages.<stage>.progress` and the Progress and ETA columns. Only a run whose figures moved is
+and keeps the figures in `ReconcileState.progress[run key][JobView.progress_key]`; the planner copies them
+into `status.stages.<stage>.progress` and the Progress and ETA columns. Only a run whose figures moved is
 reconciled, so a run writes its status at most once per round for its progress; the round lasts
 `progress_seconds` (default 30 s), longer when many stages run (at most WRITES_PER_SECOND progress writes a
 second over all runs: 500 running stages make a 100 s round), so 500 runs cause no status write storm.
@@ -28,23 +28,23 @@ from eagle3_contract.api.status import StageProgress
 from eagle3_contract.stage_metrics import METRICS_PATH, METRICS_PORT, parse_progress
 from eagle3_operator.builders import names
 from eagle3_operator.reconcile.observe import progress_key, running_pod_ip
+from eagle3_operator.reconcile.state import Key, ReconcileState
 
 logger = logging.getLogger(__name__)
 PROGRESS_SECONDS = 30.0
 WRITES_PER_SECOND = 5.0
 READ_SECONDS = 3.0
 CONCURRENT_READS = 32
-Key = tuple[str, str]
 # (run key, progress key, pod IP)
 Target = tuple[Key, str, str]
 # when the figures moved (a fresh read of them is otherwise no news)
 SAME_EXCEPT = {"updated", "eta", "eta_seconds"}
 
 
-def round_seconds(memo: Mapping[str, Any], running: int) -> float:
-    """How long a round lasts: `progress_seconds`, or longer so that the reads' status writes stay under
-    WRITES_PER_SECOND over all runs."""
-    base = float(memo.get("progress_seconds") or PROGRESS_SECONDS)
+def round_seconds(progress_seconds: float | None, running: int) -> float:
+    """How long a round lasts: `progress_seconds` (None: PROGRESS_SECONDS), or longer so that the reads'
+    status writes stay under WRITES_PER_SECOND over all runs."""
+    base = float(progress_seconds or PROGRESS_SECONDS)
     return max(base, running / WRITES_PER_SECOND)
 
 
@@ -129,14 +129,14 @@ async def read_round(reader: Reader, found: list[Target]) -> dict[Key, dict[str,
 
 
 def remember(
-    memo_progress: dict[Key, dict[str, StageProgress]], fresh: dict[Key, dict[str, StageProgress]]
+    known_progress: dict[Key, dict[str, StageProgress]], fresh: dict[Key, dict[str, StageProgress]]
 ) -> set[Key]:
     """Keep the round's figures, and only those: a stage that ended (or did not answer this round) keeps
     the figures its status holds. Returns the runs whose figures moved (their reconcile writes them)."""
     changed = set()
     kept: dict[Key, dict[str, StageProgress]] = {}
     for key, jobs in fresh.items():
-        known = memo_progress.get(key, {})
+        known = known_progress.get(key, {})
         kept[key] = {}
         for job, progress in jobs.items():
             if moved(known.get(job), progress):
@@ -144,13 +144,15 @@ def remember(
                 kept[key][job] = progress
             else:  # the figures as written: a reconcile for another cause writes nothing for them
                 kept[key][job] = known[job]
-    memo_progress.clear()
-    memo_progress.update(kept)
+    known_progress.clear()
+    known_progress.update(kept)
     return changed
 
 
 async def poll(
-    memo: Any,
+    reader: Reader,
+    state: ReconcileState,
+    progress_seconds: float | None,
     runs: Mapping[Key, Any],
     pods: Mapping[Key, Any],
     reconcile_run: Callable[[Mapping[str, Any]], Awaitable[None]],
@@ -159,15 +161,14 @@ async def poll(
     """Read the progress of every running stage pod for ever, a round at a time, and reconcile the runs
     whose figures moved; a round is skipped while `acting()` says no (a standby operator). Survives every
     exception: a failing round must not end the readings for good."""
-    reader: Reader = memo.progress_reader
     while True:
         if acting is not None and not await acting():
-            await asyncio.sleep(round_seconds(memo, 0))
+            await asyncio.sleep(round_seconds(progress_seconds, 0))
             continue
-        found = targets(runs, pods, memo.setdefault("gone", set()))
+        found = targets(runs, pods, state.gone)
         started = time.monotonic()
         try:
-            changed = remember(memo.progress, await read_round(reader, found))
+            changed = remember(state.progress, await read_round(reader, found))
             for key in sorted(changed):
                 for run in list(runs.get(key, [])):
                     if not (run.get("metadata") or {}).get("deletionTimestamp"):
@@ -177,4 +178,4 @@ async def poll(
         except Exception:
             logger.exception("a round of reading the stages' progress failed; the next one retries")
         elapsed = time.monotonic() - started
-        await asyncio.sleep(max(round_seconds(memo, len(found)) - elapsed, 0.5))
+        await asyncio.sleep(max(round_seconds(progress_seconds, len(found)) - elapsed, 0.5))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+
+from eagle3_contract.api.status import Eagle3RunStatus
 
 
 def _stage(args: argparse.Namespace) -> int:
@@ -36,7 +37,7 @@ def _plan(args: argparse.Namespace) -> int:
     return plan_main(args.file, args.artifacts, args.models, args.vllm, args.acceptance_length)
 
 
-def local_status_reader(path: str, artifacts: str | None) -> Callable[[], tuple[str, dict[str, Any]]]:
+def local_status_reader(path: str, artifacts: str | None) -> Callable[[], tuple[str, Eagle3RunStatus]]:
     """`eagle3 status FILE`: a function that reads the local run of manifest `path` (its artifacts, and
     what `eagle3 run` recorded there), titled `local run NAME (ARTIFACTS)`; ValueError for a bad manifest."""
     from pathlib import Path
@@ -45,7 +46,7 @@ def local_status_reader(path: str, artifacts: str | None) -> Callable[[], tuple[
     from eagle3_pipeline.local.run import default_artifacts
     from eagle3_pipeline.local.status import local_status
 
-    def read() -> tuple[str, dict[str, Any]]:
+    def read() -> tuple[str, Eagle3RunStatus]:
         manifest = load_manifest(path)  # every time: an edited spec is another plan
         root = Path(artifacts) if artifacts else default_artifacts(manifest)
         return f"local run {manifest.name} ({root})", local_status(manifest, root)

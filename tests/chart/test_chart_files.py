@@ -64,13 +64,13 @@ def test_write_and_check_round_trip(tmp_path: Path, capsys: pytest.CaptureFixtur
     for source in chart.COPIES.values():
         (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / source, tmp_path / source)
-    assert chart.main(["--check", "--root", str(tmp_path)]) == 1
-    assert chart.main(["--root", str(tmp_path)]) == 0
-    assert chart.main(["--check", "--root", str(tmp_path)]) == 0
+    assert chart.GENERATOR.main(["--check", "--root", str(tmp_path)]) == 1
+    assert chart.GENERATOR.main(["--root", str(tmp_path)]) == 0
+    assert chart.GENERATOR.main(["--check", "--root", str(tmp_path)]) == 0
     dashboard = tmp_path / chart.CHART_DIR / "files" / "eagle3-dashboard.json"
     dashboard.write_text("{}\n")
     capsys.readouterr()
-    assert chart.main(["--check", "--root", str(tmp_path)]) == 1
+    assert chart.GENERATOR.main(["--check", "--root", str(tmp_path)]) == 1
     assert "eagle3-dashboard.json differs from its source: run `make chart`" in capsys.readouterr().err
 
 

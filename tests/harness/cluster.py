@@ -27,6 +27,7 @@ from eagle3_contract.api.defaults import OperatorDefaults
 from eagle3_operator.builders import names
 from eagle3_operator.k8s import Kube
 from eagle3_operator.metrics import OperatorMetrics
+from eagle3_operator.state import OperatorState, state_of
 
 MERGE = "application/merge-patch+json"
 NS = "e3"
@@ -336,6 +337,13 @@ async def eventually(
         await asyncio.sleep(pause)
         pause = min(pause * POLL_GROWTH, POLL_MAX_S)
     raise AssertionError(f"not reached within {timeout}s: {what or check}; last error: {last!r}")
+
+
+def operator_state(memo: kopf.Memo) -> OperatorState:
+    """The state the operator's startup handler put in `memo` (eagle3_operator.state)."""
+    state = state_of(memo)
+    assert state is not None, "the operator has not started"
+    return state
 
 
 @asynccontextmanager

@@ -1,7 +1,7 @@
 """One table of fake stage results for every test and benchmark, built from the contract's result models.
 
 The values are shaped as the stage programs write them (eagle3_contract.results), every key a program writes
-(tests/unit/test_results.py checks both), small enough for a termination message, and consistent with each
+(tests/contract/test_results.py checks both), small enough for a termination message, and consistent with each
 other (extract stores the tokens prepare counted, train's epochs add up, export's sha256 is the
 checkpoint's). A test that needs another result for one stage derives it: `fake_result("evaluate",
 acceptance_length=1.05)` (snake_case field names, as `model_copy`).

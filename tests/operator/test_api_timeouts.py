@@ -19,6 +19,8 @@ from eagle3_operator.k8s import ApiUnreachable, Kube
 from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.reconcile.executor import CHILD_INDEXES, OWNED_INDEXES, reconcile, run_key
 from eagle3_operator.reconcile.slim import slim_job
+from eagle3_operator.reconcile.state import ReconcileState
+from tests.harness.cluster import operator_state
 from tests.harness.scenario import tiny
 
 pytestmark = pytest.mark.operator
@@ -77,9 +79,7 @@ async def test_a_call_on_a_silent_connection_times_out_as_a_transient_error():
 async def test_a_reconcile_whose_write_stalls_is_retried_and_releases_the_runs_lock():
     async with silent_server() as url:
         api = kube(url)
-        memo = kopf.Memo(
-            kube=api, metrics=OperatorMetrics(), locks={}, statuses={}, pending={}, pod_monitors=False
-        )
+        state = ReconcileState(kube=api, metrics=OperatorMetrics())
         body = {
             "apiVersion": API_VERSION,
             "kind": KIND,
@@ -89,8 +89,8 @@ async def test_a_reconcile_whose_write_stalls_is_retried_and_releases_the_runs_l
         indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
         try:
             with pytest.raises(kopf.TemporaryError, match="no answer within its timeout"):
-                await asyncio.wait_for(reconcile(body, memo, logging.getLogger(__name__), indices), 10)
-            assert not any(lock.locked() for lock in memo.locks.values())
+                await asyncio.wait_for(reconcile(body, state, logging.getLogger(__name__), indices), 10)
+            assert not any(lock.locked() for lock in state.locks.values())
         finally:
             await api.close()
 
@@ -108,12 +108,12 @@ async def test_kopfs_own_calls_are_bounded_like_the_operators():
     settings = kopf.OperatorSettings()
     memo = kopf.Memo(kube=_Serves(), metrics=OperatorMetrics(), api_timeout_seconds=3.0, resync_seconds=600)
     await handlers.startup(settings=settings, memo=memo)
-    memo.resync.cancel()
+    operator_state(memo).resync.cancel()
     assert settings.networking.request_timeout == 3.0
     assert settings.networking.connect_timeout == 3.0 and settings.watching.connect_timeout == 3.0
     default, plain = kopf.OperatorSettings(), kopf.Memo(kube=_Serves(), metrics=OperatorMetrics())
     await handlers.startup(settings=default, memo=plain)
-    plain.resync.cancel()
+    operator_state(plain).resync.cancel()
     assert default.networking.request_timeout == 30.0 and default.networking.connect_timeout == 10.0
 
 
@@ -162,12 +162,10 @@ async def test_a_status_patch_that_got_no_answer_is_not_taken_back_by_the_next_r
         "spec": tiny(stages={"prepare": {"backoffLimit": 0}}),
     }
     api = _LandsSilently(body)
-    memo = kopf.Memo(
-        kube=api, metrics=OperatorMetrics(), locks={}, statuses={}, pending={}, pod_monitors=False
-    )
+    state = ReconcileState(kube=api, metrics=OperatorMetrics())
     indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
     log = logging.getLogger(__name__)
-    await reconcile(body, memo, log, indices)
+    await reconcile(body, state, log, indices)
     job = next(j for j in api.created if j["kind"] == "Job")
     failed = {
         "failed": 1,
@@ -176,11 +174,11 @@ async def test_a_status_patch_that_got_no_answer_is_not_taken_back_by_the_next_r
     indices["stage_jobs"] = {run_key("e3", "retry"): [slim_job(job | {"status": failed})]}
     api.silent = True
     with pytest.raises(kopf.TemporaryError, match="no answer"):
-        await reconcile(body, memo, log, indices)  # the body is kopf's copy, older than the patch
+        await reconcile(body, state, log, indices)  # the body is kopf's copy, older than the patch
     assert api.run["status"]["stages"]["prepare"]["phase"] == "Failed", "the patch landed"
     indices["stage_jobs"] = {}  # the failed Job is deleted to retry
     api.created.clear()
-    await reconcile(body, memo, log, indices)  # still kopf's older copy: the server's status is read
+    await reconcile(body, state, log, indices)  # still kopf's older copy: the server's status is read
     assert [j["metadata"]["name"] for j in api.created if j["kind"] == "Job"] == [
         job["metadata"]["name"] + "-r1"
     ]
@@ -197,15 +195,13 @@ async def test_after_a_lost_answer_a_run_created_again_under_the_name_is_not_pla
         "spec": tiny(),
     }
     api = _LandsSilently(body)
-    memo = kopf.Memo(
-        kube=api, metrics=OperatorMetrics(), locks={}, statuses={}, pending={}, pod_monitors=False
-    )
+    state = ReconcileState(kube=api, metrics=OperatorMetrics())
     indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
     api.silent = True
     with pytest.raises(kopf.TemporaryError, match="no answer"):
-        await reconcile(body, memo, logging.getLogger(__name__), indices)
+        await reconcile(body, state, logging.getLogger(__name__), indices)
     api.run = copy.deepcopy(body) | {"metadata": {**body["metadata"], "uid": "u-new"}, "status": {}}
     api.created.clear()
-    await reconcile(body, memo, logging.getLogger(__name__), indices)
+    await reconcile(body, state, logging.getLogger(__name__), indices)
     assert api.created == [] and api.run["status"] == {}
-    assert "u-old" in memo.gone and not memo.unsure and not memo.statuses
+    assert "u-old" in state.gone and not state.unsure and not state.statuses

@@ -23,7 +23,8 @@ from eagle3_operator.reconcile.executor import (
     reconcile_current,
     sweep_ghosts,
 )
-from tests.harness.cluster import eventually, running_operator
+from eagle3_operator.reconcile.state import ReconcileState
+from tests.harness.cluster import eventually, operator_state, running_operator
 from tests.harness.scenario import tiny, wait_job, wait_phase
 
 pytestmark = pytest.mark.operator
@@ -58,7 +59,7 @@ async def test_an_exception_in_one_runs_reconcile_does_not_stop_the_resync(backe
             lambda: _async(calls.get("broken", 0) >= 3 and calls.get("tiny", 0) >= 3),
             what="three resync rounds over both runs",
         )
-        assert not memo.resync.done(), "the resync task is still running"
+        assert not operator_state(memo).resync.done(), "the resync task is still running"
         # the probe goes green with the next round's beat (a starved machine may delay that beat past the
         # probe's 3 intervals of 0.2 s, which is no failure of the loop)
         await eventually(lambda: _probe_green(memo), what="the resync's liveness probe green")
@@ -73,9 +74,9 @@ async def test_a_dead_resync_task_fails_the_liveness_probe(backend):
     url = f"http://127.0.0.1:{_free_port()}/healthz"
     async with running_operator(backend.url, resync_seconds=0.2, liveness=url) as memo:
         assert handlers.resync_alive(memo=memo)["running"], "alive while the task runs"
-        memo.resync.cancel()
+        operator_state(memo).resync.cancel()
         await asyncio.sleep(0)
-        await asyncio.wait([memo.resync])
+        await asyncio.wait([operator_state(memo).resync])
         with pytest.raises(Exception, match="the periodic resync was cancelled"):
             handlers.resync_alive(memo=memo)
         async with aiohttp.ClientSession() as session, session.get(url) as response:
@@ -86,7 +87,9 @@ async def test_a_resync_that_made_no_progress_for_a_few_intervals_fails_the_prob
     if backend.real:
         pytest.skip("the loop's own behaviour, not the server's")
     async with running_operator(backend.url, resync_seconds=0.2) as memo:
-        memo.resync_beat -= handlers.RESYNC_STALE_ROUNDS * 0.2 + 1  # as if a round hung for that long
+        operator_state(memo).resync_beat -= (
+            handlers.RESYNC_STALE_ROUNDS * 0.2 + 1
+        )  # as if a round hung for that long
         with pytest.raises(Exception, match="made no progress"):
             handlers.resync_alive(memo=memo)
 
@@ -117,14 +120,20 @@ async def test_a_run_deleted_while_missed_gets_nothing_created_and_is_forgotten(
         job = await wait_job(cluster, "gone", "prepare")
         uid = (await cluster.run("gone"))["metadata"]["uid"]
         await asyncio.sleep(0.5)  # the events of the creation have been handled
-        assert memo.statuses and any(run == "gone" for _, run in metrics.memory)
+        assert operator_state(memo).reconcile.statuses and any(run == "gone" for _, run in metrics.memory)
         _delete_silently(backend.mock, "eagle3runs", "gone")  # stays in kopf's eagle3_runs index
         await cluster.delete("batch/v1", "jobs", job["metadata"]["name"])  # the garbage collector's part
-        await eventually(lambda: _async(uid in memo.get("gone", ())), what="the run found gone")
+        await eventually(
+            lambda: _async(uid in operator_state(memo).reconcile.gone), what="the run found gone"
+        )
         await asyncio.sleep(1.0)  # five resync rounds over the stale index entry
         jobs = await cluster.jobs("gone")
         assert not jobs, f"nothing is created for a run that is gone: {[j['metadata']['name'] for j in jobs]}"
-        assert not memo.statuses and not memo.pending and not memo.locks, "its state is forgotten"
+        assert (
+            not operator_state(memo).reconcile.statuses
+            and not operator_state(memo).reconcile.pending
+            and not operator_state(memo).reconcile.locks
+        ), "its state is forgotten"
         assert not any(run == "gone" for _, run in metrics.memory), "its metric series are dropped"
 
 
@@ -147,17 +156,17 @@ class _GoneKube:
 
 async def test_a_create_that_fails_because_the_run_is_gone_forgets_the_run():
     metrics = OperatorMetrics()
-    memo = kopf.Memo(kube=_GoneKube(), metrics=metrics, locks={}, statuses={}, pending={}, pod_monitors=False)
+    state = ReconcileState(kube=_GoneKube(), metrics=metrics)
     body = {
         "metadata": {"name": "gone", "namespace": "e3", "uid": "u-gone", "generation": 1},
         "spec": tiny(),
     }
     indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
-    await reconcile(body, memo, logging.getLogger(__name__), indices)  # no error: the run is simply gone
-    assert len(memo.kube.writes) == 1, "it stopped at the first create the missing run refused"
-    assert "u-gone" in memo.gone and not memo.statuses and not memo.pending and not memo.locks
-    await reconcile_current(body, memo, logging.getLogger(__name__), indices)
-    assert len(memo.kube.writes) == 1, "a stale index entry of it is never acted on again"
+    await reconcile(body, state, logging.getLogger(__name__), indices)  # no error: the run is simply gone
+    assert len(state.kube.writes) == 1, "it stopped at the first create the missing run refused"
+    assert "u-gone" in state.gone and not state.statuses and not state.pending and not state.locks
+    await reconcile_current(body, state, logging.getLogger(__name__), indices)
+    assert len(state.kube.writes) == 1, "a stale index entry of it is never acted on again"
 
 
 class _SweptKube:
@@ -165,13 +174,13 @@ class _SweptKube:
     (the reconcile awaited the server; the sweep ran meanwhile)."""
 
     def __init__(self) -> None:
-        self.memo: kopf.Memo | None = None
+        self.state: ReconcileState | None = None
         self.writes: list[str] = []
 
     async def apply(self, verb: str, body: dict) -> bool:
         self.writes.append(f"{verb} {body['kind']}")
-        if self.memo is not None and len(self.writes) == 1:
-            forget_run(self.memo, "e3", "swept", "u-swept")
+        if self.state is not None and len(self.writes) == 1:
+            forget_run(self.state, "e3", "swept", "u-swept")
         return True
 
     async def patch_run_status(self, namespace: str, name: str, patch: dict) -> None:
@@ -182,16 +191,16 @@ async def test_a_run_forgotten_while_its_reconcile_awaited_the_server_gets_no_se
     """A reconcile that was under way when the sweep forgot its run must not put the run's status and metric
     series back when it ends (the real-server fault scenario saw them come back under load)."""
     metrics, kube = OperatorMetrics(), _SweptKube()
-    memo = kopf.Memo(kube=kube, metrics=metrics, locks={}, statuses={}, pending={}, pod_monitors=False)
-    kube.memo = memo
+    state = ReconcileState(kube=kube, metrics=metrics)
+    kube.state = state
     body = {
         "metadata": {"name": "swept", "namespace": "e3", "uid": "u-swept", "generation": 1},
         "spec": tiny(),
     }
     indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
-    await reconcile(body, memo, logging.getLogger(__name__), indices)
+    await reconcile(body, state, logging.getLogger(__name__), indices)
     assert kube.writes, "the reconcile carried out its plan"
-    assert "u-swept" in memo.gone and not memo.statuses
+    assert "u-swept" in state.gone and not state.statuses
     assert not any(run == "swept" for _, run in metrics.memory), "its metric series stay dropped"
 
 
@@ -212,9 +221,14 @@ async def test_a_failed_job_deleted_while_the_watch_missed_it_is_swept_and_its_r
                 backend.mock.objects[obj].delete()
         retry = await eventually(lambda: _retry(cluster), timeout=5, what="the next attempt's Job")
         assert retry["metadata"]["name"].endswith("-r1")
-        assert job["metadata"]["uid"] in memo.gone, "the deleted Job is remembered as gone"
+        assert job["metadata"]["uid"] in operator_state(memo).reconcile.gone, (
+            "the deleted Job is remembered as gone"
+        )
         run_uid = (await cluster.run("tiny"))["metadata"]["uid"]
-        assert run_uid not in memo.gone and retry["metadata"]["uid"] not in memo.gone, "live objects are not"
+        assert (
+            run_uid not in operator_state(memo).reconcile.gone
+            and retry["metadata"]["uid"] not in operator_state(memo).reconcile.gone
+        ), "live objects are not"
         running = await eventually(lambda: _events(cluster, "Running", 2), what="the resync's Event")
     assert running[-1]["message"] == "stage prepare", "the resync posts the Events of what it changed"
     assert not [r for r in caplog.records if "resync of" in r.getMessage()], "no resync round failed"
@@ -238,10 +252,10 @@ async def test_a_listing_wakes_the_resync_early(backend):
         pytest.skip("the loop's own behaviour, not the server's")
     await backend.cluster.apply_run("tiny", tiny())  # listed when the operator starts
     async with running_operator(backend.url, resync_seconds=600) as memo:
-        started = memo.resync_beat
+        started = operator_state(memo).resync_beat
         # early: well inside the 600 s interval, however long a starved event loop takes to get there
         await eventually(
-            lambda: _async(memo.resync_beat > started),
+            lambda: _async(operator_state(memo).resync_beat > started),
             what="a resync round after the startup listing",
         )  # fmt: skip
 
@@ -258,9 +272,9 @@ class _ListFails:
 async def test_a_sweep_whose_listing_fails_marks_nothing_gone(caplog):
     job = {"metadata": {"name": "j", "uid": "u-job"}}
     run = {"metadata": {"name": "r", "namespace": "n", "uid": "u-run"}}
-    memo = kopf.Memo(kube=_ListFails(), metrics=OperatorMetrics(), locks={}, statuses={}, pending={})
+    state = ReconcileState(kube=_ListFails(), metrics=OperatorMetrics())
     indices: dict = {name: {} for name in (*CHILD_INDEXES, *OWNED_INDEXES)}
     indices |= {"eagle3_runs": {("n", "r"): [run]}, "stage_jobs": {("n", "r"): [job]}}
-    await sweep_ghosts(memo, indices, logging.getLogger(__name__))
-    assert not memo.get("gone"), "a partial listing would take live objects for deleted"
+    await sweep_ghosts(state, indices, logging.getLogger(__name__))
+    assert not state.gone, "a partial listing would take live objects for deleted"
     assert "re-listing the runs and their children failed" in caplog.text

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.manifest import Manifest, load_manifest
-from eagle3_contract.api.status import Eagle3RunStatus
+from eagle3_contract.api.status import RunPhase, StagePhase
 from eagle3_contract.stages import plan_stages
 from eagle3_pipeline.local.status import local_status, run_status, status_file
 from tests.pipeline.manifests import base_spec, write_manifest
@@ -36,19 +36,14 @@ def test_complete_outputs_succeed_and_the_rest_is_pending(tmp_path: Path) -> Non
     art = tmp_path / "art"
     complete(art, dirs["prepare"], {"samples": 12, "seconds": 3.5})
     status = local_status(manifest, art)
-    assert status["phase"] == "Pending" and status["currentStage"] == "extract"
-    prepare = status["stages"]["prepare"]
-    assert (
-        prepare["phase"] == "Succeeded" and prepare["seconds"] == 3.5 and prepare["result"]["samples"] == 12
-    )
-    assert prepare["hash"] == dirs["prepare"].split("/")[1] and "completionTime" in prepare
-    assert status["stages"]["generate"]["phase"] == "Skipped"  # regeneration is off in this spec
-    assert {status["stages"][s]["phase"] for s in ("extract", "vocab", "train")} == {"Pending"}
-    ready = status["conditions"][0]
-    assert (ready["type"], ready["status"]) == ("Ready", "False") and "extract has not run" in ready[
-        "message"
-    ]
-    Eagle3RunStatus.model_validate(status)  # the shape of a cluster run's status
+    assert status.phase == RunPhase.PENDING and status.current_stage == "extract"
+    prepare = status.stages["prepare"]
+    assert prepare.phase == StagePhase.SUCCEEDED and prepare.result == {"samples": 12, "seconds": 3.5}
+    assert prepare.hash == dirs["prepare"].split("/")[1] and prepare.completion_time is not None
+    assert status.stages["generate"].phase == StagePhase.SKIPPED  # regeneration is off in this spec
+    assert {status.stages[s].phase for s in ("extract", "vocab", "train")} == {StagePhase.PENDING}
+    [ready] = status.conditions
+    assert (ready.type, ready.status) == ("Ready", "False") and "extract has not run" in ready.message
 
 
 def test_a_running_stage_shows_its_live_progress(tmp_path: Path) -> None:
@@ -58,18 +53,18 @@ def test_a_running_stage_shows_its_live_progress(tmp_path: Path) -> None:
     running = {"phase": "Running", "outputDir": dirs["extract"], "attempts": 2, "progress": progress}
     record(art, os.getpid(), {"extract": running})
     status = local_status(manifest, art)
-    assert status["phase"] == "Running" and status["progress"] == "extract 120/400 samples"
-    assert status["eta"] == "35s" and status["stages"]["extract"]["attempts"] == 2
+    assert status.phase == RunPhase.RUNNING and status.progress == "extract 120/400 samples"
+    assert status.eta == "35s" and status.stages["extract"].attempts == 2
 
 
 def test_a_record_of_another_hash_or_a_dead_run_is_not_taken_as_running(tmp_path: Path) -> None:
     manifest, dirs = manifest_and_dirs(tmp_path)
     art = tmp_path / "art"
     record(art, os.getpid(), {"extract": {"phase": "Running", "outputDir": "extract/0123456789ab"}})
-    assert local_status(manifest, art)["stages"]["extract"]["phase"] == "Pending"  # the spec was edited
+    assert local_status(manifest, art).stages["extract"].phase == StagePhase.PENDING  # the spec was edited
     record(art, 2**22 + 1, {"extract": {"phase": "Running", "outputDir": dirs["extract"]}})  # no such pid
     status = local_status(manifest, art)
-    assert status["phase"] == "Failed" and "stopped" in status["stages"]["extract"]["message"]
+    assert status.phase == RunPhase.FAILED and "stopped" in (status.stages["extract"].message or "")
 
 
 def test_why_the_last_run_stopped_is_the_runs_message() -> None:

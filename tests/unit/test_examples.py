@@ -23,7 +23,7 @@ from eagle3_contract.api.validation import parse_spec
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run
-from tests.unit.api.api_support import (
+from tests.contract.api.api_support import (
     cel_program,
     crd_validator,
     defaulted,

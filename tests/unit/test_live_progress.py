@@ -49,9 +49,9 @@ def test_targets_are_the_running_pods_with_an_ip_node_0_of_a_multi_node_stage() 
 
 
 def test_a_round_lasts_longer_when_many_stages_run_so_writes_stay_bounded() -> None:
-    assert round_seconds({}, 10) == 30.0
-    assert round_seconds({"progress_seconds": 1.0}, 2) == 1.0
-    assert round_seconds({}, 500) == 100.0  # 5 progress writes a second over all runs
+    assert round_seconds(None, 10) == 30.0
+    assert round_seconds(1.0, 2) == 1.0
+    assert round_seconds(None, 500) == 100.0  # 5 progress writes a second over all runs
 
 
 def test_only_moved_figures_are_news_and_an_unmoved_reading_keeps_the_written_one() -> None:

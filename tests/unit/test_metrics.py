@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eagle3_contract.api.status import RunPhase, StagePhase
+from eagle3_contract.api.status import Eagle3RunStatus, RunPhase, StagePhase
 from eagle3_contract.exit_codes import OOM_EXIT_CODE
 from eagle3_contract.policy import EXPECTED_SECONDS
 from eagle3_contract.results import TrainEpoch
@@ -67,7 +67,8 @@ def stage(phase: StagePhase, result: dict[str, Any] | None = None, **fields: Any
 def report(
     phase: RunPhase = RunPhase.RUNNING, run: str = "a", namespace: str = "ns", **fields: Any
 ) -> RunReport:
-    fields.setdefault("status", {"phase": phase.value})
+    document = fields.pop("status", None) or {"phase": phase.value}  # as the API server stores it
+    fields["status"] = Eagle3RunStatus.model_validate(document)
     fields.setdefault("model", "Qwen/Qwen3-8B")
     return RunReport(namespace=namespace, run=run, phase=phase, now=fields.pop("now", NOW), **fields)
 
@@ -481,7 +482,12 @@ def test_a_pod_that_does_not_run_is_a_series_by_stage_and_reason_while_it_lasts(
     crash = {"reason": "CrashLoopBackOff", "message": "pod a-vllm-y, container vllm: CrashLoopBackOff: ..."}
     blocked = {
         "stages": {"prepare": stage(StagePhase.RUNNING, blockedBy=pull)},
-        "serving": {"blockedBy": crash},
+        "serving": {
+            "deployment": "a-vllm",
+            "service": "a-vllm",
+            "url": "http://a-vllm:8000/v1",
+            "blockedBy": crash,
+        },
     }
     metrics.observe(report(status=blocked))
     assert sample(metrics, name, **run, stage="prepare", reason="ImagePullBackOff") == 1
@@ -540,7 +546,13 @@ def test_a_draft_already_serving_at_the_start_keeps_its_rollout_time() -> None:
     metrics.observe(report(RunPhase.SERVING, status=serving_status(draft, stages={"export": export})))
     rollout = "eagle3_serving_draft_rollout_timestamp_seconds"
     assert sample(metrics, rollout, namespace="ns", run="a", sha256=SHA) == unix_time(ts(3600))
-    ready = {"type": "Ready", "status": "True", "lastTransitionTime": ts(7200)}
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Serving",
+        "message": "m",
+        "lastTransitionTime": ts(7200),
+    }
     pinned = serving_status("/mnt/pinned", sha=None, conditions=[ready])
     other = OperatorMetrics()
     other.observe(report(RunPhase.SERVING, status=pinned))

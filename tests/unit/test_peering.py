@@ -245,9 +245,9 @@ async def test_when_the_server_does_not_answer_the_last_standing_holds():
 
 
 async def test_the_background_tasks_act_without_peering_and_follow_the_gate_with_it():
-    assert await peering.acting({})
+    assert await peering.acting(None)
     kube = FakeKube({"ns": {"status": {"boss": live(9)}}})
-    assert not await peering.acting({"peering": gate(kube, "me", 5)})
+    assert not await peering.acting(gate(kube, "me", 5))
 
 
 def test_the_rbac_rules_let_the_operator_peer_and_grant_no_lease():

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from eagle3_cli.status import plain_table, prediction_lines
-from eagle3_contract.api.status import StageStatus
+from eagle3_contract.api.status import Eagle3RunStatus, RunPhase, RunPlan, StageStatus
 from eagle3_contract.api.validation import parse_spec
 from eagle3_contract.results import PredictResult, check_result, parse_result
 from eagle3_contract.stages import NO_PREDICTION, Stage, plan_stages
@@ -198,10 +198,10 @@ def test_status_plan_prediction_from_the_stage_result() -> None:
 def test_eagle3_status_shows_the_prediction() -> None:
     prediction = prediction_of(canned())
     assert prediction is not None
-    status = {"phase": "Running", "plan": {"prediction": prediction.model_dump(by_alias=True)}}
+    status = Eagle3RunStatus(phase=RunPhase.RUNNING, plan=RunPlan(prediction=prediction))
     lines = prediction_lines(status)
     assert lines[0] == "predicted speedup (step-cost, k=3) at concurrency 1 / 8:"
     assert "acceptance length 2.88: 2.30x / 1.44x" in lines[2]
     assert lines[-2] == "  break-even acceptance length: 1.25 / 2.00"
     assert "predicted speedup" in plain_table("Eagle3Run default/tiny", status)
-    assert prediction_lines({"phase": "Running"}) == []
+    assert prediction_lines(Eagle3RunStatus(phase=RunPhase.RUNNING)) == []

@@ -55,6 +55,11 @@ class StatusModel(ApiModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    def document(self) -> dict[str, Any]:
+        """The camelCase JSON document the API server stores, unset fields left out."""
+        out: dict[str, Any] = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return out
+
 
 class Condition(StatusModel):
     """A standard Kubernetes condition."""

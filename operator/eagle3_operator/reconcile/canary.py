@@ -16,10 +16,8 @@ pod's events reconcile the run sooner.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from eagle3_contract.api.fields import duration_seconds
 from eagle3_contract.api.spec import Canary, Eagle3RunSpec
@@ -272,18 +270,18 @@ def _clock(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s left" if minutes else f"{secs}s left"
 
 
-def canary_news(known: Mapping[str, Any], status: Mapping[str, Any]) -> list[tuple[bool, str, str]]:
+def canary_news(known: Eagle3RunStatus, status: Eagle3RunStatus) -> list[tuple[bool, str, str]]:
     """The Events of a canary's transitions between the last written status and the new one: (warning,
     reason, message) once when a canary starts, is promoted or is rolled back; none while it is observed."""
-    old, new = known.get("canary") or {}, status.get("canary") or {}
-    if not new or (old.get("phase"), old.get("draft")) == (new.get("phase"), new.get("draft")):
+    old, new = known.canary, status.canary
+    if new is None or (old is not None and (old.phase, old.draft) == (new.phase, new.draft)):
         return []
-    if new.get("phase") == CanaryPhase.OBSERVING.value:
+    if new.phase == CanaryPhase.OBSERVING:
         message = (
-            f"canary {new.get('deployment')} serves draft {new.get('draft')} with {new.get('replicas')} "
-            f"replica(s) next to incumbent draft {new.get('incumbentDraft')}"
+            f"canary {new.deployment} serves draft {new.draft} with {new.replicas} "
+            f"replica(s) next to incumbent draft {new.incumbent_draft}"
         )
         return [(False, "CanaryStarted", message)]
-    if new.get("phase") == CanaryPhase.PROMOTED.value:
-        return [(False, "CanaryPromoted", str(new.get("message") or ""))]
-    return [(True, "CanaryRolledBack", str(new.get("message") or ""))]
+    if new.phase == CanaryPhase.PROMOTED:
+        return [(False, "CanaryPromoted", new.message or "")]
+    return [(True, "CanaryRolledBack", new.message or "")]

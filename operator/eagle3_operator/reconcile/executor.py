@@ -17,8 +17,8 @@ from typing import Any, cast
 
 import kopf
 
-from eagle3_contract.api.defaults import OperatorDefaults, with_operator_defaults
-from eagle3_contract.api.status import RunPhase
+from eagle3_contract.api.defaults import with_operator_defaults
+from eagle3_contract.api.status import ConditionType, RunPhase
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.k8s import ApiError, ApiUnreachable, Kube
@@ -36,14 +36,14 @@ from eagle3_operator.reconcile.observe import (
     split_deployments,
     workloads_blocked_by,
 )
-from eagle3_operator.reconcile.planner import Plan, plan_run
+from eagle3_operator.reconcile.planner import Plan, plan_run, previous_status
 from eagle3_operator.reconcile.relist import entry_uid, list_ghosts
 from eagle3_operator.reconcile.run_report import blocked_pods, run_report
+from eagle3_operator.reconcile.state import Key, ReconcileState
 from eagle3_operator.reconcile.status_patch import merge_patch
 
 logger = logging.getLogger(__name__)
 PENDING_SECONDS = 30.0
-Key = tuple[str, str]
 Owned = tuple[str, str, str | None, str | None]  # kind, name, eagle3.dev/spec-hash, uid
 # kopf's indexes of a run's children, by the handler that fills them (handlers.py)
 CHILD_INDEXES = ("stage_jobs", "stage_pods", "serving_deployments")
@@ -54,8 +54,6 @@ OWNED_INDEXES = (
     "owned_pod_monitors",
     "owned_disruption_budgets",
 )
-# indexes of kinds a cluster may not serve -> the memo flag that says it does (set at startup)
-OPTIONAL_INDEXES = {"owned_pod_monitors": "pod_monitors", "owned_disruption_budgets": "disruption_budgets"}
 
 
 def run_key(namespace: str | None, run_label: str | None) -> Key:
@@ -63,20 +61,22 @@ def run_key(namespace: str | None, run_label: str | None) -> Key:
     return (namespace or "", run_label or "")
 
 
-def recently_created(memo: kopf.Memo, key: Key, indexed: set[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+def recently_created(
+    state: ReconcileState, key: Key, indexed: set[tuple[str, str]]
+) -> dict[tuple[str, str], Any]:
     """Objects this process created that the watch has not delivered yet (forgotten once seen, or after
     PENDING_SECONDS): without them a second reconcile right after the first would create them again."""
-    pending: dict[tuple[str, str], tuple[float, dict[str, Any]]] = memo.pending.setdefault(key, {})
+    pending: dict[tuple[str, str], tuple[float, dict[str, Any]]] = state.pending.setdefault(key, {})
     horizon = time.monotonic() - PENDING_SECONDS
     for obj in [o for o, (at, _) in pending.items() if o in indexed or at < horizon]:
         del pending[obj]
     return {obj: body for obj, (_, body) in pending.items()}
 
 
-def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
+def observe(key: Key, state: ReconcileState, indices: Mapping[str, Any]) -> Observed:
     """The run's children as the indexes (and this process's own recent creates) know them, without the
     index entries of objects found deleted (relist.py)."""
-    gone: set[str] = memo.setdefault("gone", set())
+    gone: set[str] = state.gone
 
     def live(index: str) -> list[Any]:
         return [v for v in indices[index].get(key, []) if entry_uid(v) not in gone]
@@ -87,7 +87,7 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
     hashes = {(kind, name): spec_hash for kind, name, spec_hash, _ in owned if spec_hash}
     indexed = objects | {("Job", j["metadata"]["name"]) for j in jobs}
     indexed |= {("Deployment", d["metadata"]["name"]) for d in deployments}
-    for (kind, name), body in recently_created(memo, key, indexed).items():
+    for (kind, name), body in recently_created(state, key, indexed).items():
         if kind == "Job":
             jobs.append(body)
         elif kind == "Deployment":
@@ -104,11 +104,11 @@ def observe(key: Key, memo: kopf.Memo, indices: Mapping[str, Any]) -> Observed:
         objects=frozenset(objects),
         spec_hashes=hashes,
         serving_blocked_by=blocked_by(serving_pods(pods)),
-        pod_monitors_served=bool(memo.pod_monitors),
-        disruption_budgets_served=bool(memo.get("disruption_budgets")),
+        pod_monitors_served=state.pod_monitors,
+        disruption_budgets_served=state.disruption_budgets,
         workloads=workloads,
         workload_blocked_by=workloads_blocked_by(pods),
-        progress=dict(memo.setdefault("progress", {}).get(key) or {}),
+        progress=dict(state.progress.get(key) or {}),
     )
 
 
@@ -152,32 +152,32 @@ class RunGone(Exception):
     """The run is not on the API server any more (HTTP 404): deleted while this process missed or raced it."""
 
 
-def forget_run(memo: kopf.Memo, namespace: str, name: str, uid: str | None = None) -> None:
+def forget_run(state: ReconcileState, namespace: str, name: str, uid: str | None = None) -> None:
     """Drop everything this process keeps about a run that is gone: cached status, pending creates, lock and
     metric series; `uid` (when known) is remembered so a stale index entry of it is never acted on again."""
     key = run_key(namespace, names.run_label(name))
-    memo.statuses.pop(key, None)
-    memo.setdefault("unsure", set()).discard(key)
-    memo.pending.pop(key, None)
-    memo.locks.pop(key, None)
-    memo.setdefault("progress", {}).pop(key, None)
-    memo.metrics.forget_run(namespace, name)
+    state.statuses.pop(key, None)
+    state.unsure.discard(key)
+    state.pending.pop(key, None)
+    state.locks.pop(key, None)
+    state.progress.pop(key, None)
+    state.metrics.forget_run(namespace, name)
     if uid:
-        memo.setdefault("gone", set()).add(uid)
+        state.gone.add(uid)
 
 
-def kopf_error(memo: kopf.Memo, err: ApiError) -> kopf.TemporaryError | kopf.PermanentError:
+def kopf_error(state: ReconcileState, err: ApiError) -> kopf.TemporaryError | kopf.PermanentError:
     """A failed API call as kopf's retry (transient: the server's 5xx, 409, 429, a timeout) or give-up."""
-    memo.metrics.reconciles.labels("error").inc()
+    state.metrics.reconciles.labels("error").inc()
     if err.transient:
         return kopf.TemporaryError(str(err), delay=5)
     return kopf.PermanentError(str(err))
 
 
-async def _run_exists(memo: kopf.Memo, ref: RunRef) -> bool:
+async def _run_exists(state: ReconcileState, ref: RunRef) -> bool:
     """Whether the run is still there (a create's 404 is its namespace gone, or a kind not served)."""
     try:
-        current = await memo.kube.get_run(ref.namespace, ref.name)
+        current = await state.kube.get_run(ref.namespace, ref.name)
     except ApiError as err:
         if err.status == 404:
             return False
@@ -186,60 +186,62 @@ async def _run_exists(memo: kopf.Memo, ref: RunRef) -> bool:
 
 
 async def carry_out(
-    memo: kopf.Memo, ref: RunRef, key: Key, known: dict[str, Any], plan: Plan, logger: Any
+    state: ReconcileState, ref: RunRef, key: Key, known: dict[str, Any], plan: Plan, logger: Any
 ) -> None:
     """Apply the plan's writes in order, then patch status with what changed since the last write. A create
     or the status patch answered 404 means the run (or its namespace) is gone: `RunGone`."""
     try:
         for action in plan.actions:
             try:
-                done = await memo.kube.apply(action.verb, action.body)
+                done = await state.kube.apply(action.verb, action.body)
             except ApiError as err:
-                if err.status == 404 and action.verb == "create" and not await _run_exists(memo, ref):
+                if err.status == 404 and action.verb == "create" and not await _run_exists(state, ref):
                     raise RunGone(str(err)) from err
                 raise
             kind, name = action.body["kind"], action.body["metadata"]["name"]
             if action.verb == "create":
-                memo.pending.setdefault(key, {})[(kind, name)] = (time.monotonic(), action.body)
+                state.pending.setdefault(key, {})[(kind, name)] = (time.monotonic(), action.body)
             if done:
                 logger.info("%s %s %s", action.verb, kind, name)
-        patch = merge_patch(known, plan.status, ignore=("kopf",))
+        patch = merge_patch(known, plan.status.document(), ignore=("kopf",))
         if patch:
             try:
-                await memo.kube.patch_run_status(ref.namespace, ref.name, patch)
+                await state.kube.patch_run_status(ref.namespace, ref.name, patch)
             except ApiUnreachable:
                 # no answer: the patch may have landed. The status cached here is then older than the
                 # server's, and the next reconcile must start from the server's (a stage it shows Failed
                 # whose Job is deleted gets its next attempt, not its first again).
-                memo.statuses.pop(key, None)
-                memo.setdefault("unsure", set()).add(key)
+                state.statuses.pop(key, None)
+                state.unsure.add(key)
                 raise
             except ApiError as err:
                 if err.status == 404:
                     raise RunGone(str(err)) from err
                 raise
     except ApiError as err:
-        raise kopf_error(memo, err) from err
+        raise kopf_error(state, err) from err
 
 
-async def _known_status(memo: kopf.Memo, key: Key, ref: RunRef, body: Mapping[str, Any]) -> dict[str, Any]:
+async def _known_status(
+    state: ReconcileState, key: Key, ref: RunRef, body: Mapping[str, Any]
+) -> dict[str, Any]:
     """The status this process last wrote for this very run (same uid), else the body's. A run deleted and
     created again under the same name while the deletion was missed starts from its own status, and the
     previous one's pending creates are dropped. After a status patch that got no answer (it may or may not
     have landed), the server's status as it is now: the body may be a copy older than that patch."""
-    cached: tuple[str, dict[str, Any]] | None = memo.statuses.get(key)
+    cached: tuple[str, dict[str, Any]] | None = state.statuses.get(key)
     if cached is not None and cached[0] == ref.uid:
         return cached[1]
     if cached is not None:
-        memo.pending.pop(key, None)
-    unsure: set[Key] = memo.setdefault("unsure", set())
+        state.pending.pop(key, None)
+    unsure: set[Key] = state.unsure
     if key in unsure:
         try:
-            body = await memo.kube.get_run(ref.namespace, ref.name)
+            body = await state.kube.get_run(ref.namespace, ref.name)
         except ApiError as err:
             if err.status == 404:
                 raise RunGone(str(err)) from err
-            raise kopf_error(memo, err) from err
+            raise kopf_error(state, err) from err
         if body["metadata"].get("uid") != ref.uid:
             raise RunGone(f"run {ref.namespace}/{ref.name} was deleted and created again (a new uid)")
         unsure.discard(key)
@@ -257,62 +259,65 @@ def announce(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) -> N
         logger.info("%s/%s is %s (no Event posted)", meta["namespace"], meta["name"], plan.phase.value)
 
 
-def _post_events(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) -> None:
+def _post_events(body: Mapping[str, Any], known_document: Mapping[str, Any], plan: Plan) -> None:
     target = kopf.Body(cast(kopf.RawBody, dict(body)))
+    known = previous_status(dict(known_document))
     before = blocked_pods(known)
     for stage, why in blocked_pods(plan.status).items():
-        if (before.get(stage) or {}).get("reason") != why["reason"]:
-            kopf.warn(target, reason="PodNotRunning", message=f"stage {stage}: {why.get('message')}"[:1000])
+        earlier = before.get(stage)
+        if earlier is None or earlier.reason != why.reason:
+            kopf.warn(target, reason="PodNotRunning", message=f"stage {stage}: {why.message}"[:1000])
     for reason, message in progress_news(known, plan.status, dict(plan.finished)):
         kopf.info(target, reason=reason, message=message[:1000])
     for warning, reason, message in canary_news(known, plan.status):
         (kopf.warn if warning else kopf.info)(target, reason=reason, message=message[:1000])
-    if known.get("phase") == plan.phase.value:
+    if "phase" in known.model_fields_set and known.phase == plan.phase:
         return
-    failed = next((c for c in plan.status.get("conditions", []) if c["type"] == "Failed"), None)
-    detail = (
-        failed["message"] if failed and failed["status"] == "True" else plan.status.get("currentStage") or ""
-    )
+    failed = next((c for c in plan.status.conditions if c.type == ConditionType.FAILED), None)
+    if failed is not None and failed.status == "True":
+        detail = failed.message
+    else:
+        detail = plan.status.current_stage or ""
     if plan.phase in (RunPhase.FAILED, RunPhase.INVALID):
-        kopf.warn(target, reason=plan.phase.value, message=str(detail)[:1000])
+        kopf.warn(target, reason=plan.phase.value, message=detail[:1000])
     else:
         kopf.info(target, reason=plan.phase.value, message=f"stage {detail}" if detail else "")
 
 
 async def reconcile(
-    body: Mapping[str, Any], memo: kopf.Memo, logger: Any, indices: Mapping[str, Any]
+    body: Mapping[str, Any], state: ReconcileState, logger: Any, indices: Mapping[str, Any]
 ) -> None:
     """Plan one run from its observed children, carry out the plan, write status once if it changed."""
     meta = body["metadata"]
     ref = RunRef(meta["name"], meta["namespace"], meta.get("uid", ""))
     key = run_key(ref.namespace, names.run_label(ref.name))
-    async with memo.locks.setdefault(key, asyncio.Lock()):
+    async with state.locks.setdefault(key, asyncio.Lock()):
         started = time.perf_counter()
         try:
-            known = await _known_status(memo, key, ref, body)
+            known = await _known_status(state, key, ref, body)
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            observed = observe(key, memo, indices)
-            spec = with_operator_defaults(body.get("spec"), memo.get("defaults") or OperatorDefaults())
+            observed = observe(key, state, indices)
+            spec = with_operator_defaults(body.get("spec"), state.defaults)
             observed = await with_canary_figures(observed, ref, spec, known, now)
             plan = plan_run(ref, meta.get("generation"), spec, known, observed, now)
-            await carry_out(memo, ref, key, known, plan, logger)
+            await carry_out(state, ref, key, known, plan, logger)
         except RunGone as gone:
             logger.info("run %s/%s is gone; forgetting it: %s", ref.namespace, ref.name, gone)
-            forget_run(memo, ref.namespace, ref.name, ref.uid)
+            forget_run(state, ref.namespace, ref.name, ref.uid)
             return
-        if ref.uid and ref.uid in memo.setdefault("gone", set()):
+        if ref.uid and ref.uid in state.gone:
             return  # forgotten while this reconcile awaited the API server (the re-list's sweep): keep it so
-        memo.statuses[key] = (ref.uid, plan.status)
+        state.statuses[key] = (ref.uid, plan.status.document())
         announce(body, known, plan)
-        memo.metrics.observe(run_report(ref, plan, observed.jobs, time.time()))
-        memo.metrics.reconciles.labels("ok").inc()  # last: a scrape that sees it sees the run's series
-        memo.metrics.latency.observe(time.perf_counter() - started)
+        state.metrics.observe(run_report(ref, plan, observed.jobs, time.time()))
+        state.metrics.reconciles.labels("ok").inc()  # last: a scrape that sees it sees the run's series
+        state.metrics.latency.observe(time.perf_counter() - started)
     if plan.problems:
         raise kopf.PermanentError("invalid spec: " + "; ".join(plan.problems))
 
 
 async def reconcile_current(
-    indexed: Mapping[str, Any], memo: kopf.Memo, logger: Any, indices: Mapping[str, Any]
+    indexed: Mapping[str, Any], state: ReconcileState, logger: Any, indices: Mapping[str, Any]
 ) -> None:
     """Reconcile a run reached through kopf's `eagle3_runs` index (a child's event, the resync) from the run
     as the API server has it now, never from the index's copy.
@@ -326,43 +331,43 @@ async def reconcile_current(
     """
     meta = indexed["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
-    if uid and uid in memo.setdefault("gone", set()):
+    if uid and uid in state.gone:
         return
     try:
-        current = await memo.kube.get_run(namespace, name)
+        current = await state.kube.get_run(namespace, name)
     except ApiError as err:
         if err.status != 404:
-            raise kopf_error(memo, err) from err
+            raise kopf_error(state, err) from err
         logger.info(
             "run %s/%s is gone (HTTP 404); forgetting it and creating nothing for it", namespace, name
         )
-        forget_run(memo, namespace, name, uid)
+        forget_run(state, namespace, name, uid)
         return
     current_uid = current["metadata"].get("uid")
     if uid and current_uid != uid:
-        memo.gone.add(uid)  # deleted and created again under the same name: reconcile the new one
+        state.gone.add(uid)  # deleted and created again under the same name: reconcile the new one
     if not current["metadata"].get("deletionTimestamp"):
-        await reconcile(current, memo, logger, indices)
+        await reconcile(current, state, logger, indices)
 
 
-async def sweep_ghosts(memo: kopf.Memo, indices: Mapping[str, Any], logger: Any) -> None:
+async def sweep_ghosts(state: ReconcileState, indices: Mapping[str, Any], logger: Any) -> None:
     """Re-list what kopf's indexes (`indices`: eagle3_runs and the children's) hold and remember the entries
     of objects deleted unseen as gone (relist.py); a run among them is forgotten. A failed list skips this
     sweep (the next resync round tries again): a partial listing would take live objects for deleted."""
-    served = {k: v for k, v in indices.items() if k not in OPTIONAL_INDEXES or memo.get(OPTIONAL_INDEXES[k])}
+    served = {k: v for k, v in indices.items() if state.serves(k)}
     try:
-        ghosts, held = await list_ghosts(memo.kube, served, memo.get("namespaces") or ())
+        ghosts, held = await list_ghosts(state.kube, served, state.namespaces)
     except ApiError as err:
         logger.warning("re-listing the runs and their children failed (the next round retries): %s", err)
         return
-    gone: set[str] = memo.setdefault("gone", set())
+    gone: set[str] = state.gone
     new = ghosts - gone
     for key in list(indices["eagle3_runs"]):
         for run in list(indices["eagle3_runs"].get(key, [])):
             meta = run["metadata"]
             if meta.get("uid") in new:
                 logger.info("run %s/%s was deleted unseen; forgetting it", meta["namespace"], meta["name"])
-                forget_run(memo, meta["namespace"], meta["name"], meta["uid"])
+                forget_run(state, meta["namespace"], meta["name"], meta["uid"])
     if new:
         logger.warning(
             "%d objects were deleted while a watch was away (kopf's indexes still held them); ignoring them",

@@ -9,9 +9,8 @@ waits for promotion.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from eagle3_contract.api.status import StagePhase
+from eagle3_contract.api.status import Eagle3RunStatus, StagePhase, StageProgress, StageStatus
 from eagle3_contract.stage_metrics import eta_text
 
 STAGE_SUCCEEDED = "StageSucceeded"
@@ -19,67 +18,69 @@ EPOCH_COMPLETED = "EpochCompleted"
 CANDIDATE_READY = "CandidateReady"
 
 
-def _figures(progress: Mapping[str, Any]) -> str:
+def _figures(progress: StageProgress | None) -> str:
     """The train figures a person looks at after an epoch."""
+    if progress is None:
+        return ""
     parts = []
-    if isinstance(progress.get("valLoss"), int | float):
-        parts.append(f"val loss {progress['valLoss']:.4g}")
-    if isinstance(progress.get("trainLoss"), int | float):
-        parts.append(f"train loss {progress['trainLoss']:.4g}")
-    if isinstance(progress.get("estimatedAcceptanceLength"), int | float):
-        parts.append(f"est. acceptance length {progress['estimatedAcceptanceLength']:.3g}")
-    if isinstance(progress.get("step"), int):
-        parts.append(f"step {progress['step']}")
+    if progress.val_loss is not None:
+        parts.append(f"val loss {progress.val_loss:.4g}")
+    if progress.train_loss is not None:
+        parts.append(f"train loss {progress.train_loss:.4g}")
+    if progress.estimated_acceptance_length is not None:
+        parts.append(f"est. acceptance length {progress.estimated_acceptance_length:.3g}")
+    if progress.step is not None:
+        parts.append(f"step {progress.step}")
     return ", ".join(parts)
 
 
-def _succeeded(stage: str, status: Mapping[str, Any], seconds: float | None) -> str:
+def _succeeded(stage: str, status: StageStatus, seconds: float | None) -> str:
     took = f" in {eta_text(seconds)}" if seconds is not None else ""
-    attempts = status.get("attempts") or 0
-    retry = f" (attempt {attempts})" if attempts > 1 else ""
-    figures = _figures(status.get("progress") or {}) if stage == "train" else ""
+    retry = f" (attempt {status.attempts})" if status.attempts > 1 else ""
+    figures = _figures(status.progress) if stage == "train" else ""
     return f"stage {stage} succeeded{took}{retry}" + (f": {figures}" if figures else "")
 
 
-def _epochs(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
-    done, total = after.get("epochsDone"), after.get("epochs")
-    previous = before.get("epochsDone") or 0
-    if not isinstance(done, int) or done <= previous:
+def _epochs(before: StageProgress | None, after: StageProgress) -> str | None:
+    done, total = after.epochs_done, after.epochs
+    previous = (before.epochs_done if before is not None else None) or 0
+    if done is None or done <= previous:
         return None
     which = f"{done}" if done == previous + 1 else f"{previous + 1}-{done}"
     figures = _figures(after)
     return f"train epoch {which}/{total} completed" + (f": {figures}" if figures else "")
 
 
-def _candidate(known: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
+def _candidate(known: Eagle3RunStatus, status: Eagle3RunStatus) -> str | None:
     """A candidate draft that the last written status did not name yet."""
-    new, old = status.get("candidate") or {}, known.get("candidate") or {}
-    if not new.get("path") or (new.get("path"), new.get("sha256")) == (old.get("path"), old.get("sha256")):
+    new, old = status.candidate, known.candidate
+    if new is None or not new.path:
         return None
-    length = new.get("acceptanceLength")
-    figure = f"mean acceptance length {length:.3f}" if isinstance(length, int | float) else "no acceptance"
+    if old is not None and (new.path, new.sha256) == (old.path, old.sha256):
+        return None
+    length = new.acceptance_length
+    figure = f"mean acceptance length {length:.3f}" if length is not None else "no acceptance"
     return (
-        f"candidate draft {new['path']} ({figure}) passed the gate and waits for promotion "
+        f"candidate draft {new.path} ({figure}) passed the gate and waits for promotion "
         "(serving.promotion reviewed): `eagle3 promote` writes the pinned manifest to commit"
     )
 
 
 def progress_news(
-    known: Mapping[str, Any], status: Mapping[str, Any], durations: Mapping[str, float | None]
+    known: Eagle3RunStatus, status: Eagle3RunStatus, durations: Mapping[str, float | None]
 ) -> list[tuple[str, str]]:
     """Events for what moved between `known` (last written) and `status` (the new one): stages that
     succeeded (`durations` from the walk) and train epochs completed while train still runs."""
     news: list[tuple[str, str]] = []
-    before: Mapping[str, Any] = known.get("stages") or {}
-    for stage, now in (status.get("stages") or {}).items():
-        then = before.get(stage) or {}
-        same_attempt = then.get("hash") == now.get("hash")
-        if now.get("phase") == StagePhase.SUCCEEDED.value:
-            if then.get("phase") != StagePhase.SUCCEEDED.value or not same_attempt:
+    for stage, now in status.stages.items():
+        then = known.stages.get(stage)
+        same_attempt = (then.hash if then is not None else None) == now.hash
+        if now.phase == StagePhase.SUCCEEDED:
+            if then is None or then.phase != StagePhase.SUCCEEDED or not same_attempt:
                 news.append((STAGE_SUCCEEDED, _succeeded(stage, now, durations.get(stage))))
-        elif now.get("phase") == StagePhase.RUNNING.value and now.get("progress"):
-            earlier = (then.get("progress") or {}) if same_attempt else {}
-            if (epochs := _epochs(earlier, now["progress"])) is not None:
+        elif now.phase == StagePhase.RUNNING and now.progress is not None:
+            earlier = then.progress if then is not None and same_attempt else None
+            if (epochs := _epochs(earlier, now.progress)) is not None:
                 news.append((EPOCH_COMPLETED, epochs))
     if (waiting := _candidate(known, status)) is not None:
         news.append((CANDIDATE_READY, waiting))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -57,10 +57,10 @@ from eagle3_operator.reconcile.stage_walk import Progress, walk_stages
 
 @dataclass(frozen=True)
 class Plan:
-    """What to write: `actions` in order, then `status` (a camelCase document) if it changed."""
+    """What to write: `actions` in order, then `status` if it changed (its document is the status patch)."""
 
     actions: tuple[Action, ...]
-    status: dict[str, Any]
+    status: Eagle3RunStatus
     phase: RunPhase
     finished: tuple[tuple[str, float | None], ...] = ()
     problems: tuple[str, ...] = ()
@@ -75,11 +75,6 @@ def previous_status(document: dict[str, Any] | None) -> Eagle3RunStatus:
         return Eagle3RunStatus()
 
 
-def _dump(status: Eagle3RunStatus) -> dict[str, Any]:
-    out: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return out
-
-
 def plan_invalid(
     generation: int | None, error: InvalidSpecError, previous: Eagle3RunStatus, now: str
 ) -> Plan:
@@ -92,7 +87,7 @@ def plan_invalid(
     status = previous.model_copy(
         update={"phase": RunPhase.INVALID, "observed_generation": generation, "conditions": [cond, *others]}
     )
-    return Plan(actions=(), status=_dump(status), phase=RunPhase.INVALID, problems=tuple(error.problems))
+    return Plan(actions=(), status=status, phase=RunPhase.INVALID, problems=tuple(error.problems))
 
 
 def _mounts_spec(action: Action) -> bool:
@@ -263,7 +258,7 @@ def plan_run(
     online_actions, producers = plan_producers(
         ref, spec, list(stage_plans), progress, observed, configmap, previous.producers
     )
-    plan_rendezvous(ref, spec, progress, observed)
+    progress = replace(progress, actions=list(plan_rendezvous(ref, spec, progress, observed)))
     drafts = _drafts(spec, progress, check, previous)
     progress = with_check(progress, check) if check is not None else progress
     # exported past the gate, or pinned and verified; with serving.canary, served once its canary passed
@@ -312,7 +307,7 @@ def plan_run(
     )
     return Plan(
         actions=tuple(actions),
-        status=_dump(status),
+        status=status,
         phase=phase,
         finished=tuple(progress.finished),
         spec=spec,

@@ -39,11 +39,14 @@ def _service_for(ref: RunRef, job: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def plan_rendezvous(ref: RunRef, spec: Eagle3RunSpec, progress: Progress, observed: Observed) -> None:
-    """Put the Service's create before each Indexed train Job's create in `progress.actions`, create it for a
-    live multi-node train Job that lacks it, and delete the Services of train Jobs that ended or went."""
+def plan_rendezvous(
+    ref: RunRef, spec: Eagle3RunSpec, progress: Progress, observed: Observed
+) -> tuple[Action, ...]:
+    """The walk's actions with the rendezvous Services in place: the Service's create before each Indexed
+    train Job's create, a create for a live multi-node train Job that lacks it, and the deletes of the
+    Services of train Jobs that ended or went."""
     if spec.training.nodes <= 1 and not any(k == "Service" for k, _ in observed.objects):
-        return
+        return tuple(progress.actions)
     actions: list[Action] = []
     live: set[str] = set()
     for action in progress.actions:
@@ -66,4 +69,4 @@ def plan_rendezvous(ref: RunRef, spec: Eagle3RunSpec, progress: Progress, observ
     for kind, name in sorted(observed.objects):
         if kind == "Service" and name not in fixed and name not in live:
             actions.append(Action("delete", object_ref("v1", "Service", name, ref)))
-    progress.actions = actions
+    return tuple(actions)

@@ -1,8 +1,8 @@
 """What one reconcile tells the metrics about a run, read from the plan, the status and the observed Jobs.
 
-Pure: the readers here take plain data (the camelCase status document, JobViews) and return numbers or the
-stages' typed results (eagle3_contract.results, which also knows the tokens each stage processed);
-`OperatorMetrics` (metrics.py) turns them into Prometheus series and remembers what it counted.
+Pure: the readers here take the run's typed status (eagle3_contract.api.status) and JobViews, and return
+numbers or the stages' typed results (eagle3_contract.results, which also knows the tokens each stage
+processed); `OperatorMetrics` (metrics.py) turns them into Prometheus series and remembers what it counted.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from eagle3_contract.api.status import RunPhase, StagePhase
+from eagle3_contract.api.status import BlockedBy, Eagle3RunStatus, RunPhase, StagePhase, StageStatus
 from eagle3_contract.policy import expected_seconds, stage_deadline
 from eagle3_contract.reasons import DEADLINE_EXCEEDED, ERROR, OUT_OF_MEMORY
 from eagle3_contract.results import EvaluateResult, StageResult, parse_result
@@ -31,7 +31,7 @@ class RunReport:
     namespace: str
     run: str
     phase: RunPhase
-    status: Mapping[str, Any]
+    status: Eagle3RunStatus
     now: float
     model: str | None = None
     deadlines: Mapping[str, int] = field(default_factory=dict)
@@ -85,27 +85,26 @@ def unix_time(value: Any) -> float | None:
         return None
 
 
-def stage_results(status: Mapping[str, Any]) -> dict[Stage, StageResult]:
+def stage_results(status: Eagle3RunStatus) -> dict[Stage, StageResult]:
     """The typed result of every stage that succeeded, by stage (a stage this version does not know is left
     out; a malformed result keeps its well-typed fields)."""
     out: dict[Stage, StageResult] = {}
-    for stage, st in (status.get("stages") or {}).items():
-        raw = st.get("result")
-        if st.get("phase") != StagePhase.SUCCEEDED.value or not isinstance(raw, Mapping):
+    for stage, st in status.stages.items():
+        if st.phase != StagePhase.SUCCEEDED or st.result is None:
             continue
-        if (result := parse_result(stage, raw)) is not None:
+        if (result := parse_result(stage, st.result)) is not None:
             out[Stage(stage)] = result
     return out
 
 
-def running_stages(status: Mapping[str, Any], deadlines: Mapping[str, int]) -> dict[str, tuple[float, int]]:
+def running_stages(status: Eagle3RunStatus, deadlines: Mapping[str, int]) -> dict[str, tuple[float, int]]:
     """Stages whose current attempt runs now: (unix time it started, seconds it is expected to take). The
     expectation is the stage's live one where its progress has an ETA (the time it has run when its figures
     were read, plus the ETA then), else its deadline or the default for the stage."""
     out: dict[str, tuple[float, int]] = {}
-    for stage, st in (status.get("stages") or {}).items():
-        started = unix_time(st.get("startTime"))
-        if st.get("phase") == StagePhase.RUNNING.value and started is not None:
+    for stage, st in status.stages.items():
+        started = unix_time(st.start_time)
+        if st.phase == StagePhase.RUNNING and started is not None:
             out[stage] = (
                 started,
                 _live_expectation(started, st) or deadlines.get(stage) or expected_seconds(stage),
@@ -113,27 +112,24 @@ def running_stages(status: Mapping[str, Any], deadlines: Mapping[str, int]) -> d
     return out
 
 
-def _live_expectation(started: float, stage: Mapping[str, Any]) -> int | None:
-    progress = stage.get("progress") or {}
-    read, eta = unix_time(progress.get("updated")), progress.get("etaSeconds")
-    if read is None or not isinstance(eta, int | float):
+def _live_expectation(started: float, stage: StageStatus) -> int | None:
+    progress = stage.progress
+    if progress is None or progress.eta_seconds is None:
         return None
-    return max(round(read - started + eta), 1)
+    read = unix_time(progress.updated)
+    if read is None:
+        return None
+    return max(round(read - started + progress.eta_seconds), 1)
 
 
-def blocked_pods(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+def blocked_pods(status: Eagle3RunStatus) -> dict[str, BlockedBy]:
     """Stage (or `serve`, `producers`) to why its pod does not run (status blockedBy: reason, message)."""
-    out: dict[str, Mapping[str, Any]] = {}
     places = [
-        *(status.get("stages") or {}).items(),
-        (names.SERVE_STAGE, status.get("serving") or {}),
-        (names.PRODUCERS_STAGE, status.get("producers") or {}),
+        *((stage, st.blocked_by) for stage, st in status.stages.items()),
+        (names.SERVE_STAGE, status.serving.blocked_by if status.serving is not None else None),
+        (names.PRODUCERS_STAGE, status.producers.blocked_by if status.producers is not None else None),
     ]
-    for stage, st in places:
-        blocked = st.get("blockedBy") or {}
-        if isinstance(blocked.get("reason"), str) and blocked["reason"]:
-            out[stage] = blocked
-    return out
+    return {stage: blocked for stage, blocked in places if blocked is not None and blocked.reason}
 
 
 @dataclass(frozen=True)
@@ -144,31 +140,31 @@ class ServingDraft:
     sha256: str
 
 
-def serving_draft(status: Mapping[str, Any]) -> ServingDraft | None:
+def serving_draft(status: Eagle3RunStatus) -> ServingDraft | None:
     """The draft of status.serving; its sha256 from status.checkpoint when that is the same directory."""
-    draft = (status.get("serving") or {}).get("draft")
-    if not isinstance(draft, str) or not draft:
+    draft = status.serving.draft if status.serving is not None else None
+    if not draft:
         return None
-    checkpoint = status.get("checkpoint") or {}
-    sha = checkpoint.get("sha256") if checkpoint.get("path") == draft else None
-    return ServingDraft(draft, sha if isinstance(sha, str) else "")
+    checkpoint = status.checkpoint
+    sha = checkpoint.sha256 if checkpoint is not None and checkpoint.path == draft else None
+    return ServingDraft(draft, sha or "")
 
 
-def rolled_out_before(status: Mapping[str, Any], draft: ServingDraft) -> float | None:
+def rolled_out_before(status: Eagle3RunStatus, draft: ServingDraft) -> float | None:
     """When a draft that served before the operator started was rolled out, as far as status tells: when
     the stage that cleared it finished (the rollout follows at once): verify for the pinned draft, export
     for the run's own; else when serving became Ready."""
-    stages = status.get("stages") or {}
-    pinned = (status.get("checkpoint") or {}).get("path") == draft.checkpoint
-    verify, export = stages.get(Stage.VERIFY.value) or {}, stages.get(Stage.EXPORT.value) or {}
-    for stage, cleared in ((verify, pinned), (export, export.get("outputDir") == draft.checkpoint)):
-        if cleared and stage.get("phase") == StagePhase.SUCCEEDED.value:
-            done = unix_time(stage.get("completionTime"))
+    pinned = status.checkpoint is not None and status.checkpoint.path == draft.checkpoint
+    verify, export = status.stages.get(Stage.VERIFY.value), status.stages.get(Stage.EXPORT.value)
+    exported = export is not None and export.output_dir == draft.checkpoint
+    for stage, cleared in ((verify, pinned), (export, exported)):
+        if cleared and stage is not None and stage.phase == StagePhase.SUCCEEDED:
+            done = unix_time(stage.completion_time)
             if done is not None:
                 return done
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "Ready" and cond.get("status") == "True":
-            return unix_time(cond.get("lastTransitionTime"))
+    for cond in status.conditions:
+        if cond.type == "Ready" and cond.status == "True":
+            return unix_time(cond.last_transition_time)
     return None
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.manifest import Manifest
-from eagle3_contract.api.status import StageProgress
+from eagle3_contract.api.status import Eagle3RunStatus, StageProgress
 from eagle3_contract.stage_metrics import eta_text, summary
 from eagle3_contract.stages import StagePlan, plan_stages
 from eagle3_pipeline.local.display import RunObserver, StageOutcome
@@ -175,8 +175,9 @@ def stage_status(plan: StagePlan, artifacts: Path, recorded: dict[str, Any], run
     return entry
 
 
-def local_status(manifest: Manifest, artifacts: Path) -> dict[str, Any]:
-    """The run's status from its artifacts directory, as status.* of an Eagle3Run (camelCase)."""
+def local_status(manifest: Manifest, artifacts: Path) -> Eagle3RunStatus:
+    """The run's status from its artifacts directory, as an Eagle3Run's (ValueError: a record this version
+    cannot read)."""
     recorded = read_recorded(status_file(artifacts, manifest.name))
     running = alive(recorded.get("pid"))
     stages = {
@@ -186,7 +187,9 @@ def local_status(manifest: Manifest, artifacts: Path) -> dict[str, Any]:
         for plan in plan_stages(manifest.spec)
     }
     error = recorded.get("error") if not running else None
-    return run_status(stages, running, error if isinstance(error, str) else None)
+    return Eagle3RunStatus.model_validate(
+        run_status(stages, running, error if isinstance(error, str) else None)
+    )
 
 
 def run_status(stages: dict[str, dict[str, Any]], running: bool, error: str | None = None) -> dict[str, Any]:

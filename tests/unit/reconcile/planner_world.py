@@ -174,7 +174,7 @@ class World:
         """Plan, apply every action and keep the new status (what one reconcile does)."""
         plan = self.plan(now)
         self.apply(plan.actions)
-        self.status = plan.status
+        self.status = plan.status.document()  # what the API server stores
         return plan
 
     def edit(self, **sections: Any) -> None:

@@ -252,12 +252,16 @@ def test_a_decided_canary_is_kept_and_a_rolled_back_draft_is_not_canaried_again(
 
 
 def test_events_once_per_transition() -> None:
-    started = {"canary": {"phase": "Observing", "draft": NEW, "deployment": CANARY_NAME, "replicas": 1}}
-    assert [(w, r) for w, r, _ in canary_news({}, started)] == [(False, "CanaryStarted")]
+    def status(phase: CanaryPhase, **fields: Any) -> Eagle3RunStatus:
+        canary = CanaryStatus(phase=phase, draft=NEW, deployment=CANARY_NAME, **fields)
+        return Eagle3RunStatus(canary=canary)
+
+    started = status(CanaryPhase.OBSERVING, replicas=1)
+    assert [(w, r) for w, r, _ in canary_news(Eagle3RunStatus(), started)] == [(False, "CanaryStarted")]
     assert canary_news(started, started) == []
-    promoted = {"canary": {"phase": "Promoted", "draft": NEW, "message": "figures"}}
+    promoted = status(CanaryPhase.PROMOTED, message="figures")
     assert canary_news(started, promoted) == [(False, "CanaryPromoted", "figures")]
-    rolled = {"canary": {"phase": "RolledBack", "draft": NEW, "message": "figures"}}
+    rolled = status(CanaryPhase.ROLLED_BACK, message="figures")
     assert canary_news(started, rolled) == [(True, "CanaryRolledBack", "figures")]
 
 
@@ -298,24 +302,24 @@ def test_plan_run_canaries_a_new_pin_and_promotes_it() -> None:
     canary = world.workloads[CANARY_NAME]
     assert draft_of(canary) == NEW and draft_of(world.deployment) == OLD
     assert canary["spec"]["template"]["metadata"]["labels"][names.LABEL_TRACK] == names.TRACK_CANARY
-    assert condition_of(plan.status, "Ready")["status"] == "True"  # the incumbent serves on
-    assert condition_of(plan.status, "Canary")["status"] == "Unknown"
+    assert condition_of(plan.status.document(), "Ready")["status"] == "True"  # the incumbent serves on
+    assert condition_of(plan.status.document(), "Canary")["status"] == "Unknown"
     canary["status"] = {"readyReplicas": 1}
     world.clock = 60
-    assert world.step().status["canary"]["started"] == ts(60)
+    assert world.step().status.document()["canary"]["started"] == ts(60)
     world.figures = figures()
     world.clock = 60 + 600
     plan = world.step()
-    assert plan.status["canary"]["phase"] == "Promoted"
+    assert plan.status.document()["canary"]["phase"] == "Promoted"
     assert keys(plan)[-2:] == [
         ("patch", "Deployment", names.serving_name(RUN.name)),
         ("delete", "Deployment", CANARY_NAME),
     ]
     assert draft_of(world.deployment) == NEW and CANARY_NAME not in world.workloads
-    assert condition_of(plan.status, "Canary")["reason"] == "Promoted"
+    assert condition_of(plan.status.document(), "Canary")["reason"] == "Promoted"
     world.clock += 30
     after = world.step()  # the incumbent now serves NEW: nothing more to do, the decision stays in status
-    assert after.actions == () and after.status["canary"]["phase"] == "Promoted"
+    assert after.actions == () and after.status.document()["canary"]["phase"] == "Promoted"
 
 
 def test_plan_run_rolls_a_bad_canary_back_and_keeps_the_incumbent() -> None:
@@ -327,11 +331,11 @@ def test_plan_run_rolls_a_bad_canary_back_and_keeps_the_incumbent() -> None:
     world.figures = figures(canary=GOOD.model_copy(update={"acceptance_length": 1.0}))
     world.clock = 601
     plan = world.step()
-    assert plan.status["canary"]["phase"] == "RolledBack"
+    assert plan.status.document()["canary"]["phase"] == "RolledBack"
     assert keys(plan) == [("delete", "Deployment", CANARY_NAME)]
     assert draft_of(world.deployment) == OLD
-    assert plan.status["serving"]["draft"] == OLD
-    assert condition_of(plan.status, "Ready")["status"] == "True"
+    assert plan.status.document()["serving"]["draft"] == OLD
+    assert condition_of(plan.status.document(), "Ready")["status"] == "True"
     world.clock += 600
     assert world.step().actions == ()  # not canaried again while NEW stays the pin
 
@@ -343,7 +347,7 @@ def test_tuned_without_a_schedule_serves_num_speculative_tokens_and_ready_says_s
     world = World(tiny(serving={"pinnedCheckpoint": {"path": OLD}, "speculationLength": "tuned"}))
     world.step()
     world.ready()
-    ready = condition_of(world.step().status, "Ready")
+    ready = condition_of(world.step().status.document(), "Ready")
     assert ready["status"] == "True"
     assert f"serving.speculationLength is tuned but draft {OLD} has no measured schedule" in ready["message"]
     assert SCHEDULE_KEY not in json.dumps(world.deployment)

@@ -65,7 +65,7 @@ def test_a_fresh_run_creates_the_claim_the_spec_configmap_and_the_prepare_job_in
     [job] = creates(plan, "Job")
     volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
     assert volumes["spec"]["configMap"]["name"] == spec_cm
-    status = plan.status
+    status = plan.status.document()
     assert plan.phase == status["phase"] == RunPhase.RUNNING
     assert status["currentStage"] == "prepare"
     assert status["observedGeneration"] == 1
@@ -102,8 +102,8 @@ def test_a_running_stage_needs_no_action() -> None:
     world.start("prepare")
     plan = world.plan()
     assert plan.actions == ()
-    assert plan.status["stages"]["prepare"]["phase"] == "Running"
-    assert plan.status["stages"]["prepare"]["startTime"] == ts(0)
+    assert plan.status.document()["stages"]["prepare"]["phase"] == "Running"
+    assert plan.status.document()["stages"]["prepare"]["startTime"] == ts(0)
     assert plan.phase == RunPhase.RUNNING
 
 
@@ -114,12 +114,12 @@ def test_a_succeeded_stage_records_its_result_and_starts_the_next() -> None:
     world.succeed("prepare", {"samples": 240, "skipped": {"tooLong": 3}}, seconds=90)
     plan = world.step()
     assert keys(plan) == [("create", "Job", job_name(world.spec, "extract"))]
-    prepare = plan.status["stages"]["prepare"]
+    prepare = plan.status.document()["stages"]["prepare"]
     assert prepare["phase"] == "Succeeded"
     assert prepare["result"] == {"samples": 240, "skipped": {"tooLong": 3}}
     assert (prepare["startTime"], prepare["completionTime"]) == (ts(0), ts(90))
     assert plan.finished == (("prepare", 90.0),)
-    assert plan.status["currentStage"] == "extract"
+    assert plan.status.document()["currentStage"] == "extract"
     # reported once: the next reconcile has nothing new to tell the metrics
     assert world.step().finished == ()
 
@@ -128,7 +128,7 @@ def test_a_text_termination_message_is_kept_as_the_message() -> None:
     world = World(tiny())
     world.step()
     world.succeed("prepare", "done, no JSON here")
-    assert world.plan().status["stages"]["prepare"]["result"] == {"message": "done, no JSON here"}
+    assert world.plan().status.document()["stages"]["prepare"]["result"] == {"message": "done, no JSON here"}
 
 
 def test_a_completed_job_whose_pod_has_not_terminated_is_still_running() -> None:
@@ -138,8 +138,8 @@ def test_a_completed_job_whose_pod_has_not_terminated_is_still_running() -> None
     world.succeed("prepare", pod_terminated=False)  # the Job says Complete; the pod's status lags
     plan = world.plan()
     assert plan.actions == ()
-    assert plan.status["stages"]["prepare"]["phase"] == "Running"
-    assert plan.status["stages"]["prepare"]["message"] == "waiting for the stage's result"
+    assert plan.status.document()["stages"]["prepare"]["phase"] == "Running"
+    assert plan.status.document()["stages"]["prepare"]["message"] == "waiting for the stage's result"
     assert plan.finished == ()
 
 
@@ -164,16 +164,16 @@ def test_a_failed_job_fails_the_run_with_its_reason_and_last_message() -> None:
     world.fail("extract", last_message="Traceback ...\nValueError: layer 99 does not exist")
     plan = world.step()
     assert plan.actions == ()
-    assert plan.phase == plan.status["phase"] == RunPhase.FAILED
-    failed = condition_of(plan.status, "Failed")
+    assert plan.phase == plan.status.document()["phase"] == RunPhase.FAILED
+    failed = condition_of(plan.status.document(), "Failed")
     assert (failed["status"], failed["reason"]) == ("True", "BackoffLimitExceeded")
     assert "ValueError: layer 99 does not exist" in failed["message"]
     assert "Job has reached the specified backoff limit" in failed["message"]
     assert failed["message"].startswith("stage extract: ")
-    assert condition_of(plan.status, "Progressing")["reason"] == "Failed"
-    extract = plan.status["stages"]["extract"]
+    assert condition_of(plan.status.document(), "Progressing")["reason"] == "Failed"
+    extract = plan.status.document()["stages"]["extract"]
     assert extract["phase"] == "Failed" and "ValueError" in extract["message"]
-    assert plan.status["currentStage"] == "extract"
+    assert plan.status.document()["currentStage"] == "extract"
     assert world.step().actions == ()  # stays failed: no retry until the spec changes or the Job is deleted
 
 
@@ -182,7 +182,7 @@ def test_a_failed_job_without_pods_names_the_job_condition() -> None:
     world.step()
     world.fail("prepare", reason="DeadlineExceeded", message="Job was active longer than specified deadline")
     world.pods.clear()
-    failed = condition_of(world.plan().status, "Failed")
+    failed = condition_of(world.plan().status.document(), "Failed")
     assert failed["reason"] == "DeadlineExceeded"
     assert "Job was active longer than specified deadline" in failed["message"]
     assert "last message" not in failed["message"]
@@ -197,7 +197,7 @@ def test_deleting_a_failed_job_retries_the_stage_as_the_next_attempt() -> None:
     plan = world.step()
     assert keys(plan) == [("create", "Job", job_name(world.spec, "prepare", 1))]
     assert plan.phase == RunPhase.RUNNING
-    assert condition_of(plan.status, "Failed")["status"] == "False"
+    assert condition_of(plan.status.document(), "Failed")["status"] == "False"
 
 
 def test_an_out_of_memory_exit_retries_with_half_the_token_budget() -> None:
@@ -212,11 +212,11 @@ def test_an_out_of_memory_exit_retries_with_half_the_token_budget() -> None:
     assert job["metadata"]["labels"][names.LABEL_ATTEMPT] == "1"
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[-2:] == ["--token-budget", "512"]
-    extract = plan.status["stages"]["extract"]
+    extract = plan.status.document()["stages"]["extract"]
     assert (extract["phase"], extract["attempts"], extract["tokenBudget"]) == ("Pending", 2, 512)
     assert "out of memory at a token budget of 1024; retrying with 512" in extract["message"]
     assert plan.phase == RunPhase.RUNNING
-    assert condition_of(plan.status, "Failed")["status"] == "False"
+    assert condition_of(plan.status.document(), "Failed")["status"] == "False"
 
 
 def test_an_oom_killed_container_retries_too() -> None:
@@ -240,12 +240,12 @@ def test_repeated_out_of_memory_stops_at_the_sequence_length_floor() -> None:
             break
     assert budgets == [1024, 512, 256]
     assert plan.actions == ()
-    failed = condition_of(plan.status, "Failed")
+    failed = condition_of(plan.status.document(), "Failed")
     assert failed["reason"] == "OutOfMemory"
     assert "even at a token budget of 256" in failed["message"]
     assert "halving stops at 256" in failed["message"]
     assert "verifier.tensorParallelSize" in failed["message"]  # says what to do
-    assert plan.status["stages"]["extract"]["attempts"] == 3
+    assert plan.status.document()["stages"]["extract"]["attempts"] == 3
 
 
 def test_out_of_memory_in_a_stage_without_a_token_budget_fails_at_once() -> None:
@@ -255,8 +255,8 @@ def test_out_of_memory_in_a_stage_without_a_token_budget_fails_at_once() -> None
     plan = world.step()
     assert plan.actions == ()
     assert plan.phase == RunPhase.FAILED
-    assert condition_of(plan.status, "Failed")["reason"] == "OutOfMemory"
-    assert "tiny-train-" in condition_of(plan.status, "Failed")["message"]
+    assert condition_of(plan.status.document(), "Failed")["reason"] == "OutOfMemory"
+    assert "tiny-train-" in condition_of(plan.status.document(), "Failed")["message"]
 
 
 # --- suspend -------------------------------------------------------------------------------------------
@@ -267,8 +267,8 @@ def test_a_suspended_run_creates_nothing() -> None:
     plan = world.plan()
     assert plan.actions == ()
     assert plan.phase == RunPhase.SUSPENDED
-    assert condition_of(plan.status, "Progressing")["reason"] == "Suspended"
-    assert "spec.suspend" in plan.status["stages"]["prepare"]["message"]
+    assert condition_of(plan.status.document(), "Progressing")["reason"] == "Suspended"
+    assert "spec.suspend" in plan.status.document()["stages"]["prepare"]["message"]
 
 
 def test_suspending_between_stages_holds_the_next_job_and_resuming_creates_it() -> None:
@@ -279,7 +279,7 @@ def test_suspending_between_stages_holds_the_next_job_and_resuming_creates_it() 
     plan = world.step()
     assert creates(plan, "Job") == []
     assert plan.phase == RunPhase.SUSPENDED
-    assert plan.status["stages"]["prepare"]["phase"] == "Succeeded"
+    assert plan.status.document()["stages"]["prepare"]["phase"] == "Succeeded"
     world.edit(suspend=False)
     assert [stage_of(j) for j in creates(world.step(), "Job")] == ["extract"]
 
@@ -293,15 +293,15 @@ def test_a_pod_that_cannot_pull_its_image_is_reported_until_it_runs() -> None:
     world.pods[job["metadata"]["name"]] = pod_of(job, "a", waiting, "Pending")
     plan = world.step()
     assert creates(plan) == [] and plan.phase == RunPhase.RUNNING, "the Job does not fail; the run waits"
-    blocked = plan.status["stages"]["prepare"]["blockedBy"]["message"]
-    assert plan.status["stages"]["prepare"]["blockedBy"]["reason"] == "ImagePullBackOff"
+    blocked = plan.status.document()["stages"]["prepare"]["blockedBy"]["message"]
+    assert plan.status.document()["stages"]["prepare"]["blockedBy"]["reason"] == "ImagePullBackOff"
     assert blocked.endswith("container prepare: ImagePullBackOff: Back-off pulling image")
-    progressing = condition_of(plan.status, "Progressing")
+    progressing = condition_of(plan.status.document(), "Progressing")
     assert (progressing["reason"], progressing["message"]) == ("PodNotRunning", f"stage prepare: {blocked}")
     world.start("prepare")  # the image arrived
     plan = world.step()
-    assert "blockedBy" not in plan.status["stages"]["prepare"]
-    assert condition_of(plan.status, "Progressing")["reason"] == "StageRunning"
+    assert "blockedBy" not in plan.status.document()["stages"]["prepare"]
+    assert condition_of(plan.status.document(), "Progressing")["reason"] == "StageRunning"
 
 
 # --- the acceptance gate, export and serving -----------------------------------------------------------
@@ -318,14 +318,14 @@ def test_a_draft_below_the_gate_fails_and_is_not_exported() -> None:
     plan = world.step()
     assert creates(plan) == []
     assert plan.phase == RunPhase.FAILED
-    failed = condition_of(plan.status, "Failed")
+    failed = condition_of(plan.status.document(), "Failed")
     assert failed["reason"] == "AcceptanceBelowGate"
     assert "1.600 is below evaluation.minAcceptanceLength 2.0" in failed["message"]
-    gate = condition_of(plan.status, "GatePassed")
+    gate = condition_of(plan.status.document(), "GatePassed")
     assert (gate["status"], gate["reason"]) == ("False", "AcceptanceBelowGate")
-    assert plan.status["acceptanceLength"] == 1.6
-    assert plan.status["stages"]["export"]["phase"] == "Pending"
-    assert "checkpoint" not in plan.status and "serving" not in plan.status
+    assert plan.status.document()["acceptanceLength"] == 1.6
+    assert plan.status.document()["stages"]["export"]["phase"] == "Pending"
+    assert plan.status.checkpoint is None and plan.status.serving is None
 
 
 def test_an_evaluation_without_acceptance_length_cannot_pass_a_gate() -> None:
@@ -334,7 +334,7 @@ def test_an_evaluation_without_acceptance_length_cannot_pass_a_gate() -> None:
     world.succeed("evaluate", {"acceptanceRate": 0.3})
     plan = world.step()
     assert plan.phase == RunPhase.FAILED
-    assert condition_of(plan.status, "Failed")["reason"] == "EvaluationIncomplete"
+    assert condition_of(plan.status.document(), "Failed")["reason"] == "EvaluationIncomplete"
 
 
 def test_a_draft_with_an_inconsistent_mapping_fails_even_without_a_gate() -> None:
@@ -343,9 +343,9 @@ def test_a_draft_with_an_inconsistent_mapping_fails_even_without_a_gate() -> Non
     world.succeed("evaluate", {"acceptanceLength": 3.0, "mappingConsistent": False})
     plan = world.step()
     assert creates(plan) == [] and plan.phase == RunPhase.FAILED
-    gate = condition_of(plan.status, "GatePassed")
+    gate = condition_of(plan.status.document(), "GatePassed")
     assert (gate["status"], gate["reason"]) == ("False", "MappingInconsistent")
-    assert "re-run stages vocab and train" in condition_of(plan.status, "Failed")["message"]
+    assert "re-run stages vocab and train" in condition_of(plan.status.document(), "Failed")["message"]
 
 
 def test_a_draft_above_the_gate_is_exported_then_served() -> None:
@@ -354,29 +354,29 @@ def test_a_draft_above_the_gate_is_exported_then_served() -> None:
     world.succeed("evaluate", {"acceptanceLength": 1.6})
     plan = world.step()
     assert keys(plan) == [("create", "Job", job_name(world.spec, "export"))]
-    assert condition_of(plan.status, "GatePassed")["status"] == "True"
+    assert condition_of(plan.status.document(), "GatePassed")["status"] == "True"
     world.succeed("export", {"sha256": "cd" * 32, "bytes": 4096})
     plan = world.step()
     vllm = names.serving_name(RUN.name)
     assert keys(plan) == [("create", "Deployment", vllm), ("create", "Service", vllm)]
     export_dir = f"export/{stage_hash(world.spec, 'export')}"
-    assert plan.status["checkpoint"] == {
+    assert plan.status.document()["checkpoint"] == {
         "path": export_dir, "sha256": "cd" * 32, "bytes": 4096, "acceptanceLength": 1.6,
     }  # fmt: skip
     [deployment] = creates(plan, "Deployment")
     assert deployment["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT] == export_dir
     [check] = deployment["spec"]["template"]["spec"]["initContainers"]  # the pods check export's digest
     assert {"name": "EAGLE3_DRAFT_SHA256", "value": "cd" * 32} in check["env"]
-    assert plan.status["serving"]["draft"] == export_dir
-    assert plan.status["serving"]["readyReplicas"] == 0
-    assert plan.phase == RunPhase.RUNNING and plan.status["currentStage"] == "serve"
-    assert condition_of(plan.status, "Progressing")["reason"] == "StagesComplete"
+    assert plan.status.document()["serving"]["draft"] == export_dir
+    assert plan.status.document()["serving"]["readyReplicas"] == 0
+    assert plan.phase == RunPhase.RUNNING and plan.status.document()["currentStage"] == "serve"
+    assert condition_of(plan.status.document(), "Progressing")["reason"] == "StagesComplete"
     world.ready(1)
     plan = world.step()
     assert plan.actions == ()
     assert plan.phase == RunPhase.SERVING
-    assert condition_of(plan.status, "Ready")["status"] == "True"
-    assert plan.status["serving"]["readyReplicas"] == 1
+    assert condition_of(plan.status.document(), "Ready")["status"] == "True"
+    assert plan.status.document()["serving"]["readyReplicas"] == 1
 
 
 def test_a_pod_monitor_only_where_the_api_serves_pod_monitors() -> None:
@@ -437,8 +437,8 @@ def test_disabling_serving_deletes_the_deployment_and_service() -> None:
     vllm = names.serving_name(RUN.name)
     assert keys(plan) == [("delete", "Deployment", vllm), ("delete", "Service", vllm)]
     assert plan.phase == RunPhase.SUCCEEDED
-    assert "serving" not in plan.status
-    assert condition_of(plan.status, "Ready")["message"] == "serving.enabled is false"
+    assert plan.status.serving is None
+    assert condition_of(plan.status.document(), "Ready")["message"] == "serving.enabled is false"
     assert world.step().actions == ()
 
 
@@ -484,18 +484,18 @@ def test_a_crash_looping_vllm_pod_is_why_the_run_is_not_ready() -> None:
     }
     world.pods["tiny-vllm-x"] = pod
     plan = world.step()
-    assert plan.status["serving"]["blockedBy"]["reason"] == "CrashLoopBackOff"
-    blocked = plan.status["serving"]["blockedBy"]["message"]
+    assert plan.status.document()["serving"]["blockedBy"]["reason"] == "CrashLoopBackOff"
+    blocked = plan.status.document()["serving"]["blockedBy"]["message"]
     assert blocked.endswith(
         "CrashLoopBackOff: back-off 40s restarting failed container; last exit code 1: bad args"
     )
-    ready = condition_of(plan.status, "Ready")
+    ready = condition_of(plan.status.document(), "Ready")
     assert (ready["status"], ready["reason"], ready["message"]) == ("False", "PodNotRunning", blocked)
     world.ready(1)
     del world.pods["tiny-vllm-x"]
     plan = world.step()
-    assert "blockedBy" not in plan.status["serving"]
-    assert condition_of(plan.status, "Ready")["status"] == "True"
+    assert "blockedBy" not in plan.status.document()["serving"]
+    assert condition_of(plan.status.document(), "Ready")["status"] == "True"
 
 
 def test_a_draft_failing_its_gate_leaves_the_serving_deployment_alone() -> None:
@@ -512,8 +512,8 @@ def test_a_draft_failing_its_gate_leaves_the_serving_deployment_alone() -> None:
     assert [a for a in plan.actions if a.body["kind"] in ("Deployment", "Service")] == []
     assert world.deployment == served
     old_draft = served["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT]
-    assert plan.status["serving"]["draft"] == old_draft
-    assert plan.status["checkpoint"]["path"] == old_draft
+    assert plan.status.document()["serving"]["draft"] == old_draft
+    assert plan.status.document()["checkpoint"]["path"] == old_draft
 
 
 def test_a_pinned_checkpoint_without_a_sha256_is_served_without_running_a_stage() -> None:
@@ -521,9 +521,9 @@ def test_a_pinned_checkpoint_without_a_sha256_is_served_without_running_a_stage(
     world = World(tiny(serving={"pinnedCheckpoint": pinned}))
     plan = world.step()
     assert [k for _, k, _ in keys(plan)] == ["PersistentVolumeClaim", "Deployment", "Service"]
-    assert plan.status["checkpoint"] == pinned
-    assert {s["phase"] for s in plan.status["stages"].values()} == {"Skipped"}
-    assert "sha256 is not set" in plan.status["stages"]["verify"]["message"]
+    assert plan.status.document()["checkpoint"] == pinned
+    assert {s["phase"] for s in plan.status.document()["stages"].values()} == {"Skipped"}
+    assert "sha256 is not set" in plan.status.document()["stages"]["verify"]["message"]
     assert "initContainers" not in creates(plan, "Deployment")[0]["spec"]["template"]["spec"]
 
 
@@ -576,7 +576,7 @@ def test_disabling_regeneration_deletes_the_running_generate_job() -> None:
     plan = world.step()
     assert ("delete", "Job", running) in keys(plan)
     assert [stage_of(j) for j in creates(plan, "Job")] == ["extract"]  # now reading prepare's output
-    assert plan.status["stages"]["generate"]["phase"] == "Skipped"
+    assert plan.status.document()["stages"]["generate"]["phase"] == "Skipped"
 
 
 def test_finished_jobs_of_an_old_hash_are_kept() -> None:
@@ -621,8 +621,8 @@ def test_a_remembered_success_survives_its_job_being_deleted() -> None:
     plan = world.step()
     assert creates(plan, "Job") == []
     for stage in ("prepare", "extract"):
-        assert plan.status["stages"][stage]["phase"] == "Succeeded"
-        assert plan.status["stages"][stage]["result"] == fake_result(stage)
+        assert plan.status.document()["stages"][stage]["phase"] == "Succeeded"
+        assert plan.status.document()["stages"][stage]["result"] == fake_result(stage)
     assert plan.finished == ()
 
 
@@ -634,8 +634,8 @@ def test_a_remembered_result_survives_the_pods_of_a_kept_job_being_deleted() -> 
     plan = world.step()
     assert plan.actions == ()
     assert plan.phase != RunPhase.FAILED
-    assert plan.status["stages"]["evaluate"]["result"] == fake_result("evaluate")
-    assert plan.status["checkpoint"]["sha256"] == fake_result("export")["sha256"]
+    assert plan.status.document()["stages"]["evaluate"]["result"] == fake_result("evaluate")
+    assert plan.status.document()["checkpoint"]["sha256"] == fake_result("export")["sha256"]
 
 
 def test_a_status_of_another_spec_hash_is_not_trusted() -> None:
@@ -651,10 +651,10 @@ def test_conditions_keep_their_transition_time_while_unchanged() -> None:
     world = World(tiny())
     first = world.step(now=ts(0))
     again = world.plan(now=ts(100))
-    assert again.status["conditions"] == first.status["conditions"]
+    assert again.status.document()["conditions"] == first.status.document()["conditions"]
     world.fail("prepare")
     failed = world.plan(now=ts(200))
-    times = {c["type"]: c["lastTransitionTime"] for c in failed.status["conditions"]}
+    times = {c["type"]: c["lastTransitionTime"] for c in failed.status.document()["conditions"]}
     assert times == {"SpecValid": ts(0), "Progressing": ts(200), "Ready": ts(0), "Failed": ts(200)}
 
 
@@ -672,9 +672,9 @@ def test_an_invalid_spec_creates_nothing_and_says_where_it_is_wrong() -> None:
     world = World(tiny(training={"gpus": "two"}))
     plan = world.plan()
     assert plan.actions == ()
-    assert plan.phase == plan.status["phase"] == RunPhase.INVALID
+    assert plan.phase == plan.status.document()["phase"] == RunPhase.INVALID
     assert plan.problems and plan.problems[0].startswith("spec.training.gpus: ")
-    valid = condition_of(plan.status, "SpecValid")
+    valid = condition_of(plan.status.document(), "SpecValid")
     assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
     assert "spec.training.gpus" in valid["message"] and "Fix the spec" in valid["message"]
 
@@ -685,10 +685,10 @@ def test_an_invalid_edit_keeps_what_the_run_did() -> None:
     world.edit(verifier={"tensorParallelSize": 0})
     plan = world.step(now=ts(500))
     assert plan.actions == ()
-    assert plan.status["observedGeneration"] == 2
-    assert plan.status["stages"]["prepare"]["phase"] == "Succeeded"
-    assert condition_of(plan.status, "SpecValid")["lastTransitionTime"] == ts(500)
-    assert condition_of(plan.status, "Failed")["status"] == "False"  # kept from before
+    assert plan.status.document()["observedGeneration"] == 2
+    assert plan.status.document()["stages"]["prepare"]["phase"] == "Succeeded"
+    assert condition_of(plan.status.document(), "SpecValid")["lastTransitionTime"] == ts(500)
+    assert condition_of(plan.status.document(), "Failed")["status"] == "False"  # kept from before
 
 
 def test_a_spec_that_is_no_object_is_invalid() -> None:
@@ -712,15 +712,15 @@ def test_a_completed_evaluation_whose_result_was_lost_is_rerun_not_failed() -> N
     plan = world.step()
     assert keys(plan) == [("create", "Job", job_name(world.spec, "evaluate", 1))]
     assert plan.phase != RunPhase.FAILED
-    assert condition_of(plan.status, "Failed")["status"] == "False"
-    evaluate = plan.status["stages"]["evaluate"]
+    assert condition_of(plan.status.document(), "Failed")["status"] == "False"
+    evaluate = plan.status.document()["stages"]["evaluate"]
     assert (evaluate["phase"], evaluate["attempts"]) == ("Pending", 2)
     assert "result could not be read" in evaluate["message"] and "re-reads it" in evaluate["message"]
     assert plan.finished == ()
     world.succeed("evaluate")  # the program finds its output complete and reports its result again
     plan = world.step()
-    assert plan.status["stages"]["evaluate"]["result"] == fake_result("evaluate")
-    assert condition_of(plan.status, "GatePassed")["status"] == "True"
+    assert plan.status.document()["stages"]["evaluate"]["result"] == fake_result("evaluate")
+    assert condition_of(plan.status.document(), "GatePassed")["status"] == "True"
     assert [stage_of(j) for j in creates(plan, "Job")] == ["export"]
 
 
@@ -730,7 +730,7 @@ def test_a_lost_result_of_any_stage_reruns_it_before_the_next_stage_starts() -> 
     _lose_pod(world, "prepare")
     plan = world.step()
     assert keys(plan) == [("create", "Job", job_name(world.spec, "prepare", 1))]
-    assert plan.status["stages"]["prepare"]["phase"] == "Pending"
+    assert plan.status.document()["stages"]["prepare"]["phase"] == "Pending"
 
 
 def test_deleting_a_job_remembered_as_succeeded_without_a_result_starts_the_next_attempt() -> None:
@@ -756,6 +756,6 @@ def test_results_lost_again_and_again_end_in_a_message_instead_of_endless_attemp
         assert keys(world.step()) == [("create", "Job", job_name(world.spec, "prepare", attempt))]
     _lose_pod(world, "prepare")
     plan = world.step()
-    prepare = plan.status["stages"]["prepare"]
+    prepare = plan.status.document()["stages"]["prepare"]
     assert prepare["phase"] == "Succeeded" and prepare.get("result") is None
     assert "could not be read after" in prepare["message"] and "termination message" in prepare["message"]

@@ -25,9 +25,9 @@ from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_deployment
 from eagle3_operator.reconcile.planner import Plan, plan_run
+from tests.contract.api.api_support import valid_specs
+from tests.contract.api.test_spec_validation import JSON, field_mutations
 from tests.harness.results import fake_result
-from tests.unit.api.api_support import valid_specs
-from tests.unit.api.test_spec_validation import JSON, field_mutations
 from tests.unit.reconcile.planner_world import World, job_status, pod_of, terminated, ts
 
 PROPERTIES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -130,9 +130,9 @@ def situations(draw: st.DrawFn) -> World:
 def check_plan(plan: Plan) -> None:
     """What every plan of a valid spec must be."""
     assert plan.phase != RunPhase.INVALID and plan.problems == ()
-    status = Eagle3RunStatus.model_validate(plan.status)
-    assert status.model_dump(mode="json", by_alias=True, exclude_none=True) == plan.status
-    assert plan.status["phase"] == plan.phase
+    status = plan.status
+    assert Eagle3RunStatus.model_validate(status.document()) == status, "the patch reads back as written"
+    assert status.document()["phase"] == plan.phase
     failed = next(c for c in status.conditions if c.type == "Failed")
     assert (failed.status == "True") == (plan.phase == RunPhase.FAILED)
     targets = Counter((a.body["kind"], a.body["metadata"]["name"]) for a in plan.actions)
@@ -173,7 +173,7 @@ def test_a_fresh_run_plans_its_first_stage(doc: dict[str, Any], run: str) -> Non
 def test_any_children_plan_without_error(world: World) -> None:
     plan = world.plan()
     check_plan(plan)
-    world.status = plan.status
+    world.status = plan.status.document()
     check_plan(world.plan(ts(10**7)))  # and once more, remembering the status
 
 
@@ -195,15 +195,15 @@ def test_an_invalid_spec_plans_nothing_and_names_the_field(
     case: tuple[dict[str, Any], str, str], world: World
 ) -> None:
     doc, path, what = case
-    previous = world.plan().status
+    previous = world.plan().status.document()
     plan = plan_run(world.ref, 7, doc, previous, world.observed(), ts(1))
     assert plan.actions == (), what
-    assert plan.phase == plan.status["phase"] == RunPhase.INVALID
+    assert plan.phase == plan.status.document()["phase"] == RunPhase.INVALID
     assert plan.problems and all(p.startswith(f"{path}: ") for p in plan.problems), (what, plan.problems)
-    valid = next(c for c in plan.status["conditions"] if c["type"] == "SpecValid")
+    valid = next(c for c in plan.status.document()["conditions"] if c["type"] == "SpecValid")
     assert valid["status"] == "False" and path in valid["message"]
-    assert plan.status["observedGeneration"] == 7
-    assert plan.status["stages"] == previous["stages"]  # what the run did stays on record
+    assert plan.status.document()["observedGeneration"] == 7
+    assert plan.status.document()["stages"] == previous["stages"]  # what the run did stays on record
 
 
 @PROPERTIES

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3_contract.api.status import BlockedBy
 from eagle3_operator.builders import names
 from eagle3_operator.reconcile.run_report import blocked_pods
 from tests.unit.reconcile.planner_world import World, condition_of, creates, keys, tiny
@@ -44,17 +45,17 @@ def test_producers_and_the_master_come_first_and_the_train_job_waits_for_them() 
         ("create", "Deployment", PRODUCERS),
         ("create", "Service", PRODUCERS),
     ]
-    train = plan.status["stages"]["train"]
+    train = plan.status.document()["stages"]["train"]
     assert train["phase"] == "Pending" and "jobName" not in train and train["attempts"] == 0
     assert (
         "waiting for the hidden-state producers (0 of 2 available) and the Mooncake master"
         in train["message"]
     )
-    producers = plan.status["producers"]
+    producers = plan.status.document()["producers"]
     assert producers["phase"] == "Pending" and producers["replicas"] == 2
     assert producers["endpoint"] == "http://tiny-producers.eagle3.svc:8000/v1"
     assert producers["mooncakeMaster"] == "tiny-mooncake.eagle3.svc:50051"
-    assert plan.status["currentStage"] == "train" and plan.phase == "Running"
+    assert plan.status.document()["currentStage"] == "train" and plan.phase == "Running"
     assert not creates(world.step(), "Job"), "nothing is available yet"
     world.available(PRODUCERS)
     assert not creates(world.step(), "Job"), "the master is not available yet"
@@ -62,9 +63,9 @@ def test_producers_and_the_master_come_first_and_the_train_job_waits_for_them() 
     plan = world.step()
     job_name = train_job_name(world)
     assert keys(plan) == [("create", "Service", job_name), ("create", "Job", job_name)]
-    assert plan.status["stages"]["train"]["jobName"] == job_name
-    assert plan.status["producers"]["phase"] == "Running"
-    assert plan.status["producers"]["message"] == "1 of 2 producer(s) available to the train stage"
+    assert plan.status.document()["stages"]["train"]["jobName"] == job_name
+    assert plan.status.document()["producers"]["phase"] == "Running"
+    assert plan.status.document()["producers"]["message"] == "1 of 2 producer(s) available to the train stage"
 
 
 def test_the_volume_transfer_runs_no_master() -> None:
@@ -94,14 +95,16 @@ def test_producers_live_while_training_and_go_once_it_succeeded() -> None:
         ("create", "Job", keys(plan)[4][2]),  # evaluate
     ]
     assert ("delete", "Service", job_name) in keys(plan), "the headless Service goes with its Job"
-    producers = plan.status["producers"]
+    producers = plan.status.document()["producers"]
     assert producers["phase"] == "Deleted" and producers["replicas"] == 0
     assert (
         producers["message"] == "the train stage succeeded: the producers are deleted, their 2 GPU(s) freed"
     )
     assert world.workloads == {}
     later = world.step()
-    assert later.status["producers"] == producers and not [k for k in keys(later) if k[0] == "delete"]
+    assert later.status.document()["producers"] == producers and not [
+        k for k in keys(later) if k[0] == "delete"
+    ]
 
 
 def test_producers_go_when_the_train_stage_fails_for_good() -> None:
@@ -112,22 +115,24 @@ def test_producers_go_when_the_train_stage_fails_for_good() -> None:
     world.fail("train")
     plan = world.step()
     assert ("delete", "Deployment", PRODUCERS) in keys(plan) and plan.phase == "Failed"
-    assert plan.status["producers"]["message"].startswith("the train stage failed")
+    assert plan.status.document()["producers"]["message"].startswith("the train stage failed")
 
 
 def test_a_producer_that_cannot_start_is_reported_like_a_stage_pod() -> None:
     world = at_train(online(transfer="volume"))
     producer_pod(world, {"waiting": {"reason": "ImagePullBackOff", "message": "pull access denied"}})
     plan = world.step()
-    blocked = plan.status["producers"]["blockedBy"]
+    blocked = plan.status.document()["producers"]["blockedBy"]
     assert blocked["reason"] == "ImagePullBackOff"
     assert blocked["message"] == (
         "pod tiny-producers-abc-0, container producer: ImagePullBackOff: pull access denied"
     )
-    progressing = condition_of(plan.status, "Progressing")
+    progressing = condition_of(plan.status.document(), "Progressing")
     assert progressing["reason"] == "PodNotRunning" and "ImagePullBackOff" in progressing["message"]
-    assert blocked_pods(plan.status) == {"producers": blocked}
-    assert "blockedBy" not in plan.status["stages"]["train"], "the train pod is not the one blocked"
+    assert blocked_pods(plan.status) == {"producers": BlockedBy.model_validate(blocked)}
+    assert "blockedBy" not in plan.status.document()["stages"]["train"], (
+        "the train pod is not the one blocked"
+    )
 
 
 def test_no_gpus_for_the_producers_is_the_schedulers_message() -> None:
@@ -141,7 +146,7 @@ def test_no_gpus_for_the_producers_is_the_schedulers_message() -> None:
         "metadata": {"name": "tiny-producers-x", "labels": labels},
         "status": {"phase": "Pending", "conditions": [unschedulable]},
     }
-    blocked = world.step().status["producers"]["blockedBy"]
+    blocked = world.step().status.document()["producers"]["blockedBy"]
     assert blocked["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in blocked["message"]
 
 
@@ -165,11 +170,11 @@ def test_a_producer_crash_mid_training_keeps_the_train_job_and_the_producers() -
     }  # fmt: skip
     plan = world.step()
     assert plan.actions == ()
-    producers = plan.status["producers"]
+    producers = plan.status.document()["producers"]
     assert producers["phase"] == "Running" and producers["availableReplicas"] == 1
     assert producers["blockedBy"]["reason"] == "CrashLoopBackOff"
     assert "last exit code 137: OOMKilled" in producers["blockedBy"]["message"]
-    assert plan.status["stages"]["train"]["phase"] == "Running"
+    assert plan.status.document()["stages"]["train"]["phase"] == "Running"
 
 
 def test_a_new_train_hash_replaces_the_producers_and_keeps_their_spec_configmap_meanwhile() -> None:
@@ -200,7 +205,7 @@ def test_scaling_servers_patches_the_replicas_only() -> None:
 def test_an_offline_run_has_no_producers() -> None:
     world = World(tiny(training={"nodes": 2}))
     plan = world.run_to("train")
-    assert "producers" not in plan.status
+    assert plan.status.producers is None
     job = creates(plan, "Job")[0]
     assert keys(plan)[-2:] == [
         ("create", "Service", job["metadata"]["name"]),

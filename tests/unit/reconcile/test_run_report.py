@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_contract.api.status import RunPhase, StagePhase
+from eagle3_contract.api.status import Eagle3RunStatus, RunPhase, StagePhase
 from eagle3_contract.exit_codes import OOM_EXIT_CODE
 from eagle3_contract.policy import EXPECTED_SECONDS
 from eagle3_contract.results import PrepareResult
@@ -21,6 +21,11 @@ from eagle3_operator.reconcile.run_report import (
     unix_time,
 )
 from tests.unit.reconcile.planner_world import RUN, World, tiny, ts
+
+
+def status_of(document: dict[str, Any]) -> Eagle3RunStatus:
+    """A status as the API server stores it, read as the operator reads it."""
+    return Eagle3RunStatus.model_validate(document)
 
 
 def test_times() -> None:
@@ -55,15 +60,15 @@ def test_only_succeeded_stages_have_results() -> None:
             "serve": {"phase": "Succeeded", "result": {"x": 1}},  # not a stage of this version
         }
     }
-    assert stage_results(status) == {Stage.PREPARE: PrepareResult(tokens=3)}
-    assert stage_results({}) == {}
+    assert stage_results(status_of(status)) == {Stage.PREPARE: PrepareResult(tokens=3)}
+    assert stage_results(Eagle3RunStatus()) == {}
 
 
 def test_results_are_typed_and_a_malformed_one_keeps_its_good_fields() -> None:
     status = {"stages": {"prepare": {"phase": "Succeeded", "result": {"tokens": "3", "samples": 2}}}}
-    [(stage, result)] = stage_results(status).items()
+    [(stage, result)] = stage_results(status_of(status)).items()
     assert stage == Stage.PREPARE and result.document() == {"samples": 2}
-    assert result.tokens_processed is None  # the tokens each stage processed: see tests/unit/test_results.py
+    assert result.tokens_processed is None  # the tokens each stage processed: tests/contract/test_results.py
 
 
 def test_running_stages_have_a_start_and_an_expected_duration() -> None:
@@ -74,35 +79,41 @@ def test_running_stages_have_a_start_and_an_expected_duration() -> None:
             "train": {"phase": "Running"},  # waiting for its result or not started: no start time
         }
     }
-    assert running_stages(status, {}) == {"extract": (unix_time(ts(60)), EXPECTED_SECONDS["extract"])}
-    assert running_stages(status, {"extract": 600}) == {"extract": (unix_time(ts(60)), 600)}
+    typed = status_of(status)
+    assert running_stages(typed, {}) == {"extract": (unix_time(ts(60)), EXPECTED_SECONDS["extract"])}
+    assert running_stages(typed, {"extract": 600}) == {"extract": (unix_time(ts(60)), 600)}
     assert set(EXPECTED_SECONDS) == {s.value for s in Stage}
 
 
 def test_the_serving_draft_takes_the_checkpoint_sha_only_for_the_same_directory() -> None:
-    serving = {"serving": {"draft": "export/abc"}}
-    assert serving_draft({}) is None and serving_draft({"serving": {"deployment": "d"}}) is None
-    assert serving_draft(serving | {"checkpoint": {"path": "export/abc", "sha256": "ff"}}) == ServingDraft(
-        "export/abc", "ff"
-    )
+    serving = {"deployment": "d", "service": "d", "url": "http://d:8000/v1"}
+    drafted = {"serving": serving | {"draft": "export/abc"}}
+    assert serving_draft(Eagle3RunStatus()) is None
+    assert serving_draft(status_of({"serving": serving})) is None
+    same = status_of(drafted | {"checkpoint": {"path": "export/abc", "sha256": "ff"}})
+    assert serving_draft(same) == ServingDraft("export/abc", "ff")
     # a new export whose gate failed: the Deployment still serves the previous draft, whose sha is unknown
-    assert serving_draft(serving | {"checkpoint": {"path": "export/def", "sha256": "ee"}}) == ServingDraft(
-        "export/abc", ""
-    )
+    newer = status_of(drafted | {"checkpoint": {"path": "export/def", "sha256": "ee"}})
+    assert serving_draft(newer) == ServingDraft("export/abc", "")
 
 
 def test_rolled_out_before_reads_the_export_or_the_ready_condition() -> None:
     draft = ServingDraft("export/abc", "ff")
     export = {"phase": "Succeeded", "outputDir": "export/abc", "completionTime": ts(100)}
-    ready = {"type": "Ready", "status": "True", "lastTransitionTime": ts(200)}
-    assert rolled_out_before({"stages": {"export": export}, "conditions": [ready]}, draft) == unix_time(
-        ts(100)
-    )
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Serving",
+        "message": "m",
+        "lastTransitionTime": ts(200),
+    }
+    exported = status_of({"stages": {"export": export}, "conditions": [ready]})
+    assert rolled_out_before(exported, draft) == unix_time(ts(100))
     other = export | {"outputDir": "export/old"}
-    assert rolled_out_before({"stages": {"export": other}, "conditions": [ready]}, draft) == unix_time(
-        ts(200)
-    )
-    assert rolled_out_before({"conditions": [ready | {"status": "False"}]}, draft) is None
+    assert rolled_out_before(
+        status_of({"stages": {"export": other}, "conditions": [ready]}), draft
+    ) == unix_time(ts(200))
+    assert rolled_out_before(status_of({"conditions": [ready | {"status": "False"}]}), draft) is None
 
 
 def test_run_report_of_a_reconcile() -> None:

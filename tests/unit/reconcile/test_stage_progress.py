@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_contract.api.status import StageProgress
+from eagle3_contract.api.status import Eagle3RunStatus, StageProgress
 from eagle3_contract.stage_metrics import ENV_METRICS_PORT, METRICS_PORT
 from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
@@ -13,6 +13,11 @@ from eagle3_operator.reconcile.observe import observe_job
 from eagle3_operator.reconcile.run_report import running_stages, unix_time
 from eagle3_operator.reconcile.stage_walk import finished_progress
 from tests.unit.reconcile.planner_world import RUN, World, tiny, ts
+
+
+def status_of(document: dict[str, Any]) -> Eagle3RunStatus:
+    """A status as the API server stores it, read as the operator reads it."""
+    return Eagle3RunStatus.model_validate(document)
 
 
 def train_progress(epochs_done: int, step: int, eta: float | None = 600.0, **extra: Any) -> StageProgress:
@@ -34,23 +39,29 @@ def test_a_running_stage_shows_its_live_progress_and_the_columns_say_how_far_it_
     key = running_prepare(world)
     world.progress[key] = StageProgress(unit="rows", done=120, total=480, rate=4.0, eta_seconds=90.0)
     plan = world.step()
-    prepare = plan.status["stages"]["prepare"]
+    prepare = plan.status.document()["stages"]["prepare"]
     assert prepare["progress"] == {"unit": "rows", "done": 120, "total": 480, "rate": 4.0, "etaSeconds": 90.0}
-    assert (plan.status["progress"], plan.status["eta"]) == ("prepare 120/480 rows", "1m")
+    assert (plan.status.document()["progress"], plan.status.document()["eta"]) == (
+        "prepare 120/480 rows",
+        "1m",
+    )
     assert plan.actions == ()
 
 
 def test_without_live_figures_the_stage_keeps_those_last_written_and_a_pending_one_says_so() -> None:
     world = World(tiny())
     world.step()
-    assert (world.plan().status["progress"], world.plan().status.get("eta")) == ("prepare pending", None)
+    assert (world.plan().status.document()["progress"], world.plan().status.document().get("eta")) == (
+        "prepare pending",
+        None,
+    )
     key = running_prepare(world)
     world.progress[key] = StageProgress(unit="rows", done=120, total=480)
     world.step()
     world.progress.clear()  # the pod did not answer this round
     plan = world.step()
-    assert plan.status["stages"]["prepare"]["progress"]["done"] == 120
-    assert plan.status["progress"] == "prepare 120/480 rows"
+    assert plan.status.document()["stages"]["prepare"]["progress"]["done"] == 120
+    assert plan.status.document()["progress"] == "prepare 120/480 rows"
 
 
 def test_a_finished_stage_keeps_its_last_figures_as_complete() -> None:
@@ -61,8 +72,12 @@ def test_a_finished_stage_keeps_its_last_figures_as_complete() -> None:
     world.progress.clear()
     world.succeed("prepare", {"samples": 480})
     plan = world.step()
-    assert plan.status["stages"]["prepare"]["progress"] == {"unit": "rows", "done": 480, "total": 480}
-    assert plan.status["progress"] == "extract pending"
+    assert plan.status.document()["stages"]["prepare"]["progress"] == {
+        "unit": "rows",
+        "done": 480,
+        "total": 480,
+    }
+    assert plan.status.document()["progress"] == "extract pending"
 
 
 def test_finished_progress_completes_the_epochs_and_drops_the_rate() -> None:
@@ -79,41 +94,55 @@ def test_the_eta_column_is_for_people_and_an_unknown_eta_leaves_it_empty() -> No
     world.progress[key] = StageProgress(
         unit="rows", done=1, total=10**6, rate=0.1, eta_seconds=3 * 3600 + 1200
     )
-    assert world.plan().status["eta"] == "3h20m"
+    assert world.plan().status.document()["eta"] == "3h20m"
     world.progress[key] = StageProgress(unit="rows", done=1)
     plan = world.plan()
-    assert "eta" not in plan.status and plan.status["progress"] == "prepare 1 rows"
+    assert "eta" not in plan.status.document() and plan.status.document()["progress"] == "prepare 1 rows"
 
 
 def test_an_epoch_completed_between_two_readings_is_one_event_and_a_finished_stage_another() -> None:
     before = {
-        "stages": {"train": {"phase": "Running", "hash": "h", "progress": {"epochsDone": 5, "epochs": 10}}}
+        "stages": {
+            "train": {
+                "phase": "Running",
+                "hash": "h",
+                "progress": {"unit": "steps", "epochsDone": 5, "epochs": 10},
+            }
+        }
     }
     after = train_progress(6, 60, train_loss=1.3).model_dump(mode="json", by_alias=True, exclude_none=True)
     now = {"stages": {"train": {"phase": "Running", "hash": "h", "progress": after}}}
-    [(reason, message)] = progress_news(before, now, {})
+    [(reason, message)] = progress_news(status_of(before), status_of(now), {})
     assert reason == EPOCH_COMPLETED
     assert (
         message
         == "train epoch 6/10 completed: val loss 0.9, train loss 1.3, est. acceptance length 2, step 60"
     )
     skipped = {"stages": {"train": {"phase": "Running", "hash": "h", "progress": {**after, "epochsDone": 8}}}}
-    assert progress_news(before, skipped, {})[0][1].startswith("train epoch 6-8/10 completed")
-    assert progress_news(now, now, {}) == []  # nothing moved
+    assert progress_news(status_of(before), status_of(skipped), {})[0][1].startswith(
+        "train epoch 6-8/10 completed"
+    )
+    assert progress_news(status_of(now), status_of(now), {}) == []  # nothing moved
     ended = {"stages": {"train": {"phase": "Succeeded", "hash": "h", "attempts": 2, "progress": after}}}
-    [(reason, message)] = progress_news(now, ended, {"train": 7384.0})
+    [(reason, message)] = progress_news(status_of(now), status_of(ended), {"train": 7384.0})
     assert reason == STAGE_SUCCEEDED
     assert message.startswith("stage train succeeded in 2h03m (attempt 2): val loss 0.9")
-    assert progress_news(ended, ended, {}) == []
+    assert progress_news(status_of(ended), status_of(ended), {}) == []
     reused = {"stages": {"vocab": {"phase": "Succeeded", "hash": "v", "attempts": 1}}}
-    assert progress_news({}, reused, {"vocab": 4.0}) == [(STAGE_SUCCEEDED, "stage vocab succeeded in 4s")]
+    assert progress_news(Eagle3RunStatus(), status_of(reused), {"vocab": 4.0}) == [
+        (STAGE_SUCCEEDED, "stage vocab succeeded in 4s")
+    ]
 
 
 def test_the_expected_time_of_a_running_stage_is_its_live_one_where_it_reports_an_eta() -> None:
     started = ts(0)
-    live = {"phase": "Running", "startTime": started, "progress": {"updated": ts(600), "etaSeconds": 1800.0}}
+    live = {
+        "phase": "Running",
+        "startTime": started,
+        "progress": {"unit": "steps", "updated": ts(600), "etaSeconds": 1800.0},
+    }
     plain = {"phase": "Running", "startTime": started}
-    out = running_stages({"stages": {"train": live, "extract": plain}}, {})
+    out = running_stages(status_of({"stages": {"train": live, "extract": plain}}), {})
     assert out["train"] == (unix_time(started), 2400)
     assert out["extract"][1] > 0 and out["extract"][1] != 2400  # the stage's default
 

@@ -70,9 +70,9 @@ def test_a_pinned_sha256_is_verified_before_any_deployment() -> None:
     assert "resources" not in container or not container["resources"].get("limits")  # no GPU
     rule = job["spec"]["podFailurePolicy"]["rules"][1]
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [CHECK_FAILED_EXIT_CODE]
-    assert plan.phase == RunPhase.RUNNING and plan.status["currentStage"] == "verify"
-    assert plan.status["checkpoint"] == {"path": PATH, "sha256": GOOD}
-    assert {k for k, s in plan.status["stages"].items() if s["phase"] == "Skipped"} == {
+    assert plan.phase == RunPhase.RUNNING and plan.status.document()["currentStage"] == "verify"
+    assert plan.status.document()["checkpoint"] == {"path": PATH, "sha256": GOOD}
+    assert {k for k, s in plan.status.document()["stages"].items() if s["phase"] == "Skipped"} == {
         "predict", "prepare", "generate", "extract", "vocab", "train", "evaluate", "export",
     }  # fmt: skip
     world.start("verify")
@@ -91,12 +91,12 @@ def test_a_matching_sha256_rolls_vllm_to_the_pinned_draft() -> None:
     [check] = pod["initContainers"]  # the pods check the weights again before vLLM starts
     assert {"name": "EAGLE3_DRAFT_SHA256", "value": GOOD} in check["env"]
     assert {"name": "EAGLE3_DRAFT_WEIGHTS", "value": f"/artifacts/{PATH}/model.safetensors"} in check["env"]
-    assert plan.status["stages"]["verify"]["phase"] == "Succeeded"
-    assert plan.status["stages"]["verify"]["result"]["sha256"] == GOOD
+    assert plan.status.document()["stages"]["verify"]["phase"] == "Succeeded"
+    assert plan.status.document()["stages"]["verify"]["result"]["sha256"] == GOOD
     world.ready(1)
     plan = world.step()
     assert plan.actions == () and plan.phase == RunPhase.SERVING
-    assert condition_of(plan.status, "Ready")["status"] == "True"
+    assert condition_of(plan.status.document(), "Ready")["status"] == "True"
 
 
 def test_a_mismatch_is_refused_with_both_digests_and_what_to_do() -> None:
@@ -106,16 +106,16 @@ def test_a_mismatch_is_refused_with_both_digests_and_what_to_do() -> None:
     plan = world.step()
     assert deployment_changes(plan) == [] and creates(plan, "Job") == []
     assert world.deployment is None
-    assert plan.phase == RunPhase.FAILED and plan.status["currentStage"] == "verify"
-    failed = condition_of(plan.status, "Failed")
+    assert plan.phase == RunPhase.FAILED and plan.status.document()["currentStage"] == "verify"
+    failed = condition_of(plan.status.document(), "Failed")
     assert (failed["status"], failed["reason"]) == ("True", "ChecksumMismatch")
     for part in (GOOD, WRONG, f"/artifacts/{PATH}/model.safetensors", "eagle3 promote", "delete Job"):
         assert part in failed["message"], part
     assert failed["message"].startswith("stage verify: ")
-    ready = condition_of(plan.status, "Ready")
+    ready = condition_of(plan.status.document(), "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ChecksumMismatch")
-    assert plan.status["stages"]["verify"]["phase"] == "Failed"
-    assert "serving" not in plan.status
+    assert plan.status.document()["stages"]["verify"]["phase"] == "Failed"
+    assert plan.status.serving is None
 
 
 def test_a_refused_draft_is_not_checked_again_until_the_pin_changes() -> None:
@@ -134,7 +134,7 @@ def test_a_refused_draft_is_not_checked_again_until_the_pin_changes() -> None:
     plan = world.step()
     assert [k[1] for k in keys(plan)] == ["Deployment", "Service"]
     assert plan.phase == RunPhase.RUNNING
-    assert condition_of(plan.status, "Failed")["status"] == "False"
+    assert condition_of(plan.status.document(), "Failed")["status"] == "False"
 
 
 def test_deleting_the_refused_verify_job_checks_the_files_again() -> None:
@@ -154,7 +154,7 @@ def test_a_missing_checkpoint_is_a_clear_error() -> None:
     world.step()
     refuse(world, missing())
     plan = world.step()
-    failed = condition_of(plan.status, "Failed")
+    failed = condition_of(plan.status.document(), "Failed")
     assert failed["reason"] == "CheckpointMissing"
     assert f"no model.safetensors at /artifacts/{PATH}/model.safetensors" in failed["message"]
     assert "previous draft" in failed["message"]
@@ -178,11 +178,11 @@ def test_a_refused_draft_leaves_the_previous_one_serving() -> None:
     assert deployment_changes(plan) == []
     assert world.deployment == served
     assert plan.phase == RunPhase.FAILED
-    assert plan.status["serving"]["draft"] == PATH
-    ready = condition_of(plan.status, "Ready")
+    assert plan.status.document()["serving"]["draft"] == PATH
+    ready = condition_of(plan.status.document(), "Ready")
     assert ready["status"] == "True" and f"serve draft {PATH}" in ready["message"]
     assert "not rolled out (ChecksumMismatch" in ready["message"]
-    assert condition_of(plan.status, "Failed")["reason"] == "ChecksumMismatch"
+    assert condition_of(plan.status.document(), "Failed")["reason"] == "ChecksumMismatch"
 
 
 def test_a_verify_job_that_crashed_is_an_ordinary_failure() -> None:
@@ -190,7 +190,7 @@ def test_a_verify_job_that_crashed_is_an_ordinary_failure() -> None:
     world.step()
     world.fail("verify", last_message="Traceback (most recent call last):\nOSError: [Errno 5] I/O error")
     plan = world.step()
-    failed = condition_of(plan.status, "Failed")
+    failed = condition_of(plan.status.document(), "Failed")
     assert failed["reason"] == "BackoffLimitExceeded" and "I/O error" in failed["message"]
 
 

@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from eagle3_contract.api import InvalidSpecError, parse_spec, spec_document
 from eagle3_contract.api.rules import RULES, CrossFieldRule
 from eagle3_contract.api.validation import INT64_MAX, INT64_MIN
-from tests.tiny_spec import minimal
-from tests.unit.api.api_support import (
+from tests.contract.api.api_support import (
     INT_OR_STRING,
     PRESERVE,
     Path,
@@ -33,6 +32,7 @@ from tests.unit.api.api_support import (
     valid_specs,
     walk_values,
 )
+from tests.tiny_spec import minimal
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

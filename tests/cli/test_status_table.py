@@ -1,5 +1,5 @@
-"""`eagle3 status`'s table: a pure function of an Eagle3Run's status (plain data), the same for a cluster run
-and a local one."""
+"""`eagle3 status`'s table: a pure function of an Eagle3Run's status (the typed model), the same for a cluster
+run and a local one."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import pytest
 
 from eagle3_cli import status as table
 from eagle3_cli.main import main
+from eagle3_contract.api.status import Eagle3RunStatus
 
 NOW = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
+NOW_TEXT = "2026-12-03T12:00:00Z"
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +29,13 @@ RUNNING: dict[str, Any] = {
     "progress": "train 2/6 ep",
     "eta": "3m",
     "conditions": [
-        {"type": "Ready", "status": "False", "reason": "Progressing", "message": "stage train is running"}
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "Progressing",
+            "message": "stage train is running",
+            "lastTransitionTime": "2026-12-03T11:50:00Z",
+        }
     ],
     "stages": {
         "train": {
@@ -66,8 +74,17 @@ RUNNING: dict[str, Any] = {
 }
 
 
+def status_of(document: dict[str, Any]) -> Eagle3RunStatus:
+    """A status document (as the API server or `eagle3 run` records it), read as `eagle3 status` reads it."""
+    return Eagle3RunStatus.model_validate(document)
+
+
+def condition(status: str) -> dict[str, str]:
+    return {"type": "Ready", "status": status, "reason": "r", "message": "m", "lastTransitionTime": NOW_TEXT}
+
+
 def test_one_row_per_stage_in_the_pipelines_order() -> None:
-    rows = table.rows(RUNNING, NOW)
+    rows = table.rows(status_of(RUNNING), NOW)
     assert [r.stage for r in rows] == ["prepare", "generate", "extract", "train", "evaluate"]
     prepare, generate, extract, train, evaluate = rows
     assert (prepare.phase, prepare.duration, prepare.attempts) == ("Succeeded", "7.0s", "1")
@@ -96,30 +113,28 @@ def test_the_finished_stages_key_figures() -> None:
             "evaluate": {"phase": "Succeeded", "result": {"acceptanceLength": 3.283, "speedup": 0.707}},
         },
     }
-    train, evaluate = table.rows(status, NOW)
+    train, evaluate = table.rows(status_of(status), NOW)
     assert train.result == "3 epochs, val loss 1.91, est. acceptance 3"
     assert train.rate == "" and train.eta == ""  # a finished stage has no rate
     assert evaluate.result == "acceptance length 3.28, speedup 0.707x"
 
 
 def test_the_headline_says_phase_ready_progress_and_eta() -> None:
-    assert table.headline("Eagle3Run ns/tiny", RUNNING) == (
+    assert table.headline("Eagle3Run ns/tiny", status_of(RUNNING)) == (
         "Eagle3Run ns/tiny: Running, Ready False, train 2/6 ep, ETA 3m (Progressing: stage train is running)"
     )
-    ready = {
-        "phase": "Serving",
-        "conditions": [{"type": "Ready", "status": "True"}],
-        "acceptanceLength": 3.28,
-    }
+    ready = status_of({"phase": "Serving", "conditions": [condition("True")], "acceptanceLength": 3.28})
     assert table.headline("x", ready) == "x: Serving, Ready True, acceptance length 3.28"
-    assert table.finished(ready) and not table.finished(RUNNING) and table.finished({"phase": "Failed"})
-    assert not table.finished({"phase": "Serving", "conditions": [{"type": "Ready", "status": "False"}]})
+    assert table.finished(ready) and not table.finished(status_of(RUNNING))
+    assert table.finished(status_of({"phase": "Failed"}))
+    assert not table.finished(status_of({"phase": "Serving", "conditions": [condition("False")]}))
 
 
 def test_the_plain_table_shows_only_columns_with_values() -> None:
-    text = table.plain_table("x", {"phase": "Pending", "stages": {"prepare": {"phase": "Pending"}}}, NOW)
+    pending = status_of({"phase": "Pending", "stages": {"prepare": {"phase": "Pending"}}})
+    text = table.plain_table("x", pending, NOW)
     assert text.splitlines() == ["x: Pending, Ready Unknown", "stage    phase    result", "prepare  Pending"]
-    full = table.plain_table("x", RUNNING, NOW).splitlines()
+    full = table.plain_table("x", status_of(RUNNING), NOW).splitlines()
     assert full[1].split() == ["stage", "phase", "progress", "rate", "ETA", "attempts", "duration", "result"]
 
 
@@ -128,7 +143,7 @@ def test_the_rich_table_prints_messages_verbatim() -> None:
 
     status = {"phase": "Failed", "stages": {"prepare": {"phase": "Failed", "message": "[bold]key[/oops]"}}}
     console = Console(record=True, width=200)
-    console.print(table.rich_table("x", status, NOW))
+    console.print(table.rich_table("x", status_of(status), NOW))
     assert "[bold]key[/oops]" in console.export_text()
 
 
@@ -136,8 +151,8 @@ def test_watch_redraws_until_the_run_is_finished(monkeypatch: pytest.MonkeyPatch
     phases = iter(["Running", "Running", "Succeeded"])
     monkeypatch.setattr(table.time, "sleep", lambda s: None)
 
-    def read() -> tuple[str, dict[str, Any]]:
-        return "x", {"phase": next(phases), "stages": {}}
+    def read() -> tuple[str, Eagle3RunStatus]:
+        return "x", status_of({"phase": next(phases)})
 
     assert table.show(read, watch=True, interval=0.01) == 0
     out = capsys.readouterr().out

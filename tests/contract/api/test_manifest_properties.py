@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 
 from eagle3_contract.api.manifest import ManifestError, load_manifest
 from eagle3_contract.api.rules import RULES
-from tests.tiny_spec import minimal
-from tests.unit.api.api_support import (
+from tests.contract.api.api_support import (
     PRESERVE,
     cel_holds,
     crd_validator,
@@ -31,7 +30,8 @@ from tests.unit.api.api_support import (
     valid_specs,
     walk_values,
 )
-from tests.unit.api.test_spec_validation import field_mutations
+from tests.contract.api.test_spec_validation import field_mutations
+from tests.tiny_spec import minimal
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 WORK = Path(tempfile.mkdtemp(prefix="eagle3-manifest-properties-"))

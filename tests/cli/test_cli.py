@@ -260,7 +260,13 @@ def test_eagle3_status_of_a_run_in_the_cluster(tmp_path: Path) -> None:
             "progress": "train 2/6 ep",
             "eta": "3m",
             "conditions": [
-                {"type": "Ready", "status": "False", "reason": "Progressing", "message": "training"}
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "Progressing",
+                    "message": "training",
+                    "lastTransitionTime": "2026-12-03T11:50:00Z",
+                }
             ],
             "stages": {
                 "prepare": {"phase": "Succeeded", "attempts": 1, "result": {"samples": 400}},

@@ -14,8 +14,7 @@ from eagle3_contract.api.crd import CRD_NAME, HEADER, build_crd, render_crd_yaml
 from eagle3_contract.api.fields import QUANTITY
 from eagle3_contract.api.rules import RULES
 from eagle3_contract.api.validation import parse_spec, spec_document
-from tests.tiny_spec import minimal
-from tests.unit.api.api_support import (
+from tests.contract.api.api_support import (
     INT_OR_STRING,
     PRESERVE,
     apply_defaults,
@@ -26,6 +25,7 @@ from tests.unit.api.api_support import (
     spec_schema,
     valid_specs,
 )
+from tests.tiny_spec import minimal
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "crds" / "eagle3runs.eagle3.dev.yaml"

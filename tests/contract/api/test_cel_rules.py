@@ -14,8 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eagle3_contract.api.rules import RULES, CrossFieldRule
-from tests.tiny_spec import minimal
-from tests.unit.api.api_support import (
+from tests.contract.api.api_support import (
     cel_holds,
     cel_program,
     defaulted,
@@ -24,6 +23,7 @@ from tests.unit.api.api_support import (
     spec_schema,
     valid_specs,
 )
+from tests.tiny_spec import minimal
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BY_PATH = {rule.field_path: rule for rule in RULES}

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.validation import parse_spec
 from eagle3_contract.stages import HASH_LENGTH, ORDER, Stage, StagePlan, content_hash, plan_stages, stage_argv
+from tests.contract.api.api_support import defaulted, valid_specs
 from tests.tiny_spec import minimal
-from tests.unit.api.api_support import defaulted, valid_specs
 from tests.unit.builders.builder_cases import KIMI_SPEC, TINY_SPEC, specs
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -197,8 +197,8 @@ def test_max_model_len_changes_the_stages_running_the_verifier_in_vllm(
     regenerate: bool, stages: set[str]
 ) -> None:
     """Export reads train and vocab, and evaluate only for evaluation.sweep's table (the tiny example sweeps;
-    without a sweep a new evaluation exports the same draft, tests/unit/test_stage_params.py). (The hash of a
-    skipped generate changes too, so that enabling it later runs it with the current parameters.)"""
+    without a sweep a new evaluation exports the same draft, tests/contract/test_stage_params.py). (The hash
+    of a skipped generate changes too, so that enabling it later runs it with the current parameters.)"""
     doc = edited(TINY_SPEC, "regeneration", enabled=regenerate)
     assert changed(doc, edited(doc, "verifier", maxModelLen=4096)) == stages
 
