@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
-from eagle3_contract.api.status import RunPhase
+from eagle3_contract.api.status import Eagle3RunStatus, RunPhase
 from eagle3_operator.metrics import OperatorMetrics
+from eagle3_operator.reconcile.planner import previous_status
 from tests.unit.test_metrics import report, sample, series
 
 MODEL = "Qwen/Qwen3-8B"
@@ -81,6 +82,18 @@ def test_a_new_table_replaces_every_sweep_series_and_none_removes_them() -> None
         "eagle3_run_sweep_acceptance_length", "eagle3_run_sweep_output_tokens_per_second",
         "eagle3_run_sweep_speedup", "eagle3_run_speculation_length",
     }  # fmt: skip
+
+
+def test_a_malformed_table_in_the_stored_status_reaches_no_gauge() -> None:
+    """The API server may hold a status this operator cannot read (another version wrote a table it does not
+    know): the planner reads it as empty (planner.previous_status) and writes its own, so the metrics, which
+    read the planned status, never see the malformed table."""
+    bad = with_sweep({"cells": [{"numSpeculativeTokens": "many", "concurrency": 1}]})
+    read = previous_status(bad)
+    assert read == Eagle3RunStatus()
+    metrics = OperatorMetrics()
+    metrics.observe(report(RunPhase.SERVING, status=read.document(), model=MODEL))
+    assert not [name for name, _ in series(metrics, "a") if "sweep" in name or "speculation" in name]
 
 
 def canary_status(phase: str, **fields: Any) -> dict[str, Any]:
