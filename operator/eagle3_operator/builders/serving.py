@@ -27,6 +27,8 @@ PORT = 8000
 PORT_NAME = "http"
 CONTAINER = "vllm"
 DRAFT_CHECK_CONTAINER = "check-draft"
+# `sh -c SCRIPT check-draft SHA256 PATH`: $1 the digest, $2 the weights (no variable of the environment)
+DRAFT_CHECK_SCRIPT = 'echo "$1  $2" | sha256sum -c -'
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 STARTUP_PERIOD_SECONDS = 10
@@ -136,16 +138,15 @@ def draft_check_container(
 
     The second guard after the verify stage: a draft whose files change on the volume after it was verified
     (or exported) never serves from a new pod; the pods of the previous ReplicaSet keep serving. It runs in
-    the vLLM image (pulled for the pod anyway); the digest and path reach the shell as variables, not code.
+    the vLLM image (pulled for the pod anyway). The digest and the path are the shell's positional
+    arguments, set by the operator: data, not code, and out of reach of spec.pod.env, which every container
+    gets (a user's EAGLE3_DRAFT_SHA256 and EAGLE3_DRAFT_WEIGHTS once made it check /dev/null).
     """
+    weights = f"{draft_path(draft_dir)}/{DRAFT_WEIGHTS}"
     return {
         "name": DRAFT_CHECK_CONTAINER,
         "image": vllm_image(spec),
-        "command": ["sh", "-c", 'echo "$EAGLE3_DRAFT_SHA256  $EAGLE3_DRAFT_WEIGHTS" | sha256sum -c -'],
-        "env": [
-            {"name": "EAGLE3_DRAFT_SHA256", "value": sha256},
-            {"name": "EAGLE3_DRAFT_WEIGHTS", "value": f"{draft_path(draft_dir)}/{DRAFT_WEIGHTS}"},
-        ],
+        "command": ["sh", "-c", DRAFT_CHECK_SCRIPT, DRAFT_CHECK_CONTAINER, sha256, weights],
         "volumeMounts": volume_mounts(shape),  # vLLM's: the draft is where vLLM will read it
         "terminationMessagePolicy": "FallbackToLogsOnError",  # sha256sum's "FAILED" line
     }

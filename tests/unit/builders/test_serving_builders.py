@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,19 +147,45 @@ def test_a_known_digest_is_checked_by_an_init_container_before_vllm_starts() -> 
     pod = deployment["spec"]["template"]["spec"]
     [check] = pod["initContainers"]
     assert check["image"] == vllm(deployment)["image"], "the image the pod pulls anyway"
-    assert check["command"][:2] == ["sh", "-c"] and "sha256sum -c" in check["command"][2]
-    assert "$EAGLE3_DRAFT_SHA256  $EAGLE3_DRAFT_WEIGHTS" in check["command"][2], (
-        "values as variables, not code"
+    weights = "/artifacts/export/abc/model.safetensors"
+    assert check["command"] == ["sh", "-c", 'echo "$1  $2" | sha256sum -c -', "check-draft", SHA, weights], (
+        "the values are arguments, not code"
     )
-    assert check["env"] == [
-        {"name": "EAGLE3_DRAFT_SHA256", "value": SHA},
-        {"name": "EAGLE3_DRAFT_WEIGHTS", "value": "/artifacts/export/abc/model.safetensors"},
-    ]
+    assert "env" not in check
     mounts = {m["name"]: m for m in check["volumeMounts"]}
     assert mounts["artifacts"] == {"name": "artifacts", "mountPath": "/artifacts", "readOnly": True}
     assert "resources" not in check, "no GPU: it only reads a file"
     other = build_deployment(KIMI_RUN, kimi_spec(), "export/abc", "cd" * 32)
     assert spec_hash_of(other) != spec_hash_of(deployment), "another digest rolls the pods"
+
+
+def test_no_variable_of_spec_pod_env_changes_what_the_draft_check_checks(tmp_path: Path) -> None:
+    """spec.pod.env reaches every container, the check's too: a user's EAGLE3_DRAFT_SHA256 and
+    EAGLE3_DRAFT_WEIGHTS once pointed the check at /dev/null and its digest, so it always passed. The check
+    is run here as the pod would run it, with the merged environment, on a stand-in for the weights."""
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"the draft as verified")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    empty = hashlib.sha256(b"").hexdigest()
+    user = [
+        {"name": "EAGLE3_DRAFT_SHA256", "value": empty},
+        {"name": "EAGLE3_DRAFT_WEIGHTS", "value": "/dev/null"},
+    ]
+    spec = kimi_spec().model_copy(update={"pod": kimi_spec().pod.model_copy(update={"env": user})})
+    [check] = build_deployment(KIMI_RUN, spec, "export/abc", digest)["spec"]["template"]["spec"][
+        "initContainers"
+    ]
+    assert check["env"] == user, "the user's variables are there"
+    *argv, path = check["command"]
+    assert path == "/artifacts/export/abc/model.safetensors"
+    env = {"PATH": os.environ["PATH"]} | {v["name"]: v["value"] for v in check["env"]}
+
+    def run() -> int:
+        return subprocess.run([*argv, str(weights)], env=env, capture_output=True, check=False).returncode
+
+    assert run() == 0, "the weights as verified pass"
+    weights.write_bytes(b"the draft replaced on the volume")
+    assert run() != 0, "replaced weights fail, whatever the environment says"
 
 
 def test_selectors_agree() -> None:

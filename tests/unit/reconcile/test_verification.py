@@ -89,8 +89,7 @@ def test_a_matching_sha256_rolls_vllm_to_the_pinned_draft() -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert deployment["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_DRAFT] == PATH
     [check] = pod["initContainers"]  # the pods check the weights again before vLLM starts
-    assert {"name": "EAGLE3_DRAFT_SHA256", "value": GOOD} in check["env"]
-    assert {"name": "EAGLE3_DRAFT_WEIGHTS", "value": f"/artifacts/{PATH}/model.safetensors"} in check["env"]
+    assert check["command"][-2:] == [GOOD, f"/artifacts/{PATH}/model.safetensors"]
     assert plan.status.document()["stages"]["verify"]["phase"] == "Succeeded"
     assert plan.status.document()["stages"]["verify"]["result"]["sha256"] == GOOD
     world.ready(1)
