@@ -9,14 +9,12 @@ concurrency cell, the verifier alone as k 0, and the tuned schedule): at most 17
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from eagle3_contract.api.status import CanaryPhase, Eagle3RunStatus, TrackFigures
 
-logger = logging.getLogger(__name__)
 RUN = ("namespace", "run")
 STABLE, CANARY = "stable", "canary"  # the `track` of the incumbent's and the canary's pods (the PodMonitor's)
 BASELINE_K = "0"  # the sweep's `k` of the verifier alone (as in the schedule: k 0 = speculation off)

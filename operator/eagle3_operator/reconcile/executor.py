@@ -36,7 +36,7 @@ from eagle3_operator.reconcile.observe import (
     split_deployments,
     workloads_blocked_by,
 )
-from eagle3_operator.reconcile.planner import Plan, plan_run, previous_status
+from eagle3_operator.reconcile.planner import Plan, plan_run
 from eagle3_operator.reconcile.relist import entry_uid, list_ghosts
 from eagle3_operator.reconcile.run_report import blocked_pods, run_report
 from eagle3_operator.reconcile.state import Key, ReconcileState
@@ -249,19 +249,19 @@ async def _known_status(
     return status
 
 
-def announce(body: Mapping[str, Any], known: Mapping[str, Any], plan: Plan) -> None:
+def announce(body: Mapping[str, Any], plan: Plan) -> None:
     """Kubernetes Events on the run (`kubectl describe e3r` shows the history): its phase changed, a pod
     of it stopped running for a new reason, a stage succeeded or train completed an epoch (news.py)."""
     try:
-        _post_events(body, known, plan)
+        _post_events(body, plan)
     except LookupError:  # outside kopf's handler context (no event queue): the log says it instead
         meta = body["metadata"]
         logger.info("%s/%s is %s (no Event posted)", meta["namespace"], meta["name"], plan.phase.value)
 
 
-def _post_events(body: Mapping[str, Any], known_document: Mapping[str, Any], plan: Plan) -> None:
+def _post_events(body: Mapping[str, Any], plan: Plan) -> None:
     target = kopf.Body(cast(kopf.RawBody, dict(body)))
-    known = previous_status(dict(known_document))
+    known = plan.previous  # the status as last written, read once by the planner
     before = blocked_pods(known)
     for stage, why in blocked_pods(plan.status).items():
         earlier = before.get(stage)
@@ -308,7 +308,7 @@ async def reconcile(
         if ref.uid and ref.uid in state.gone:
             return  # forgotten while this reconcile awaited the API server (the re-list's sweep): keep it so
         state.statuses[key] = (ref.uid, plan.status.document())
-        announce(body, known, plan)
+        announce(body, plan)
         state.metrics.observe(run_report(ref, plan, observed.jobs, time.time()))
         state.metrics.reconciles.labels("ok").inc()  # last: a scrape that sees it sees the run's series
         state.metrics.latency.observe(time.perf_counter() - started)

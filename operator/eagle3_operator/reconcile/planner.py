@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -65,6 +65,7 @@ class Plan:
     finished: tuple[tuple[str, float | None], ...] = ()
     problems: tuple[str, ...] = ()
     spec: Eagle3RunSpec | None = None  # the validated spec (None when invalid)
+    previous: Eagle3RunStatus = field(default_factory=Eagle3RunStatus)  # the status planned from, as read
 
 
 def previous_status(document: dict[str, Any] | None) -> Eagle3RunStatus:
@@ -87,7 +88,9 @@ def plan_invalid(
     status = previous.model_copy(
         update={"phase": RunPhase.INVALID, "observed_generation": generation, "conditions": [cond, *others]}
     )
-    return Plan(actions=(), status=status, phase=RunPhase.INVALID, problems=tuple(error.problems))
+    return Plan(
+        actions=(), status=status, phase=RunPhase.INVALID, problems=tuple(error.problems), previous=previous
+    )
 
 
 def _mounts_spec(action: Action) -> bool:
@@ -311,4 +314,5 @@ def plan_run(
         phase=phase,
         finished=tuple(progress.finished),
         spec=spec,
+        previous=previous,
     )
