@@ -1,6 +1,12 @@
-"""How a stage program's exit code tells the executors (the operator, `eagle3 run`) what to do next."""
+"""How a stage program ends: its exit code tells the executors (the operator, `eagle3 run`) what to do next,
+and its termination message (a JSON object; `error` on a failure) says why."""
 
 from __future__ import annotations
+
+# Where a stage program writes its termination message: Kubernetes reads /dev/termination-log (the pod's
+# terminationMessagePath default); `eagle3 run` gives each attempt a file of its own in this variable.
+TERMINATION_LOG = "/dev/termination-log"
+ENV_TERMINATION_LOG = "EAGLE3_TERMINATION_LOG"
 
 # Done: the result JSON is the last line of stdout and the container's termination message.
 SUCCESS_EXIT_CODE = 0

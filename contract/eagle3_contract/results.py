@@ -107,6 +107,15 @@ def parse_message(text: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else {"value": value}
 
 
+def stage_error(text: str | None) -> str | None:
+    """The error a failed stage program gave in its termination message (`{"error": ...}`); None when the
+    message holds none (a crash before the program could write it, a plain text message)."""
+    error = (parse_message(text) or {}).get("error")
+    if not isinstance(error, str) or not error.strip():
+        return None
+    return error.strip()
+
+
 # --- the data stages ----------------------------------------------------------------------------------------
 
 

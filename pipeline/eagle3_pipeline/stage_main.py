@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from eagle3_contract.api.manifest import ManifestError, load_manifest
-from eagle3_contract.exit_codes import STAGE_ERROR_EXIT_CODE
+from eagle3_contract.exit_codes import ENV_TERMINATION_LOG, STAGE_ERROR_EXIT_CODE, TERMINATION_LOG
 from eagle3_contract.params import StageParams, StageTuning
 from eagle3_contract.results import StageResult, check_result
 from eagle3_contract.stages import DEFINITIONS, Stage
@@ -40,9 +40,6 @@ from eagle3_pipeline.stages.train.nodes import node_rank
 
 logger = logging.getLogger(__name__)
 
-# Where Kubernetes reads a container's termination message (the pod's terminationMessagePath default).
-TERMINATION_LOG = "/dev/termination-log"
-ENV_TERMINATION_LOG = "EAGLE3_TERMINATION_LOG"
 TERMINATION_LIMIT = 4096
 
 # A program returns its result as a dict or as its stage's model (eagle3_contract.results); either way it is

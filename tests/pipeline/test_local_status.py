@@ -73,3 +73,30 @@ def test_why_the_last_run_stopped_is_the_runs_message() -> None:
     assert status["phase"] == "Failed" and status["conditions"][0]["message"] == "the draft failed the gate"
     done = run_status({"export": {"phase": "Succeeded"}}, running=False, error=None)
     assert done["phase"] == "Succeeded" and done["conditions"][0]["status"] == "True"
+
+
+def test_a_failed_stage_reports_its_error_not_the_progress_line_it_ended_with(tmp_path: Path) -> None:
+    """Issue 28, item 5: the real prepare program writes its error, then its progress reporter's closing
+    line; `eagle3 run` and `eagle3 status` report the error (from the termination message), not that line."""
+    import io
+
+    import pytest
+
+    from eagle3_pipeline.local.display import PlainDisplay
+    from eagle3_pipeline.local.run import LocalOptions, LocalRunError, run_local
+    from tests.pipeline.chat_templates import save_verifier
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("")
+    spec = base_spec(save_verifier(tmp_path / "verifier"), data)
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", spec))
+    art = tmp_path / "art"
+    shown = io.StringIO()
+    with pytest.raises(LocalRunError) as failed:
+        run_local(manifest, LocalOptions(artifacts=art, until="prepare"), PlainDisplay(shown))
+    assert "stage prepare: 0 rows" in shown.getvalue().splitlines()[-2]  # its last line, before the outcome
+    error = str(failed.value)
+    assert "no rows (the file is empty" in error and " INFO " not in error, error
+    message = local_status(manifest, art).stages["prepare"].message or ""
+    assert "exit code 1: " in message and "no rows (the file is empty" in message, message
+    assert " INFO " not in message, message

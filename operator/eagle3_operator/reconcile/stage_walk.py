@@ -11,7 +11,7 @@ from eagle3_contract.api.status import BlockedBy, StagePhase, StageProgress, Sta
 from eagle3_contract.gate import GateVerdict, judge_evaluation
 from eagle3_contract.policy import next_token_budget, out_of_memory_message, out_of_memory_retry_note
 from eagle3_contract.reasons import OUT_OF_MEMORY
-from eagle3_contract.results import EvaluateResult, StageResult, parse_message, parse_result
+from eagle3_contract.results import EvaluateResult, StageResult, parse_message, parse_result, stage_error
 from eagle3_contract.stages import Stage, StagePlan
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
@@ -59,8 +59,13 @@ def _evaluated(result: StageResult | None) -> EvaluateResult | None:
 
 
 def _failure_message(job: JobView) -> str:
+    """The stage program's own error when its termination message holds one; else the message's tail (a
+    crash's last log lines, kubelet's FallbackToLogsOnError)."""
     last = job.termination.message if job.termination and job.termination.message else None
     cause = job.failure_message or job.failure_reason or "the Job failed"
+    error = stage_error(last)
+    if error is not None:
+        return f"Job {job.name} failed ({cause}): {error[-1500:]}"
     tail = f"; last message: {last[-1500:]}" if last else ""
     return f"Job {job.name} failed ({cause}){tail}"
 

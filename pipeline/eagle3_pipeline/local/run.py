@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 from eagle3_contract.api.manifest import Manifest, ManifestError, load_manifest
 from eagle3_contract.api.rules import verifier_config_problems
 from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.exit_codes import ENV_TERMINATION_LOG
 from eagle3_contract.gate import judge_evaluation
 from eagle3_contract.mounts import MODEL_CACHE_MOUNT
 from eagle3_contract.policy import (
@@ -36,7 +38,7 @@ from eagle3_contract.policy import (
     stage_deadline,
 )
 from eagle3_contract.reasons import DEADLINE_EXCEEDED
-from eagle3_contract.results import EvaluateResult, StageResult, parse_result
+from eagle3_contract.results import EvaluateResult, StageResult, parse_result, stage_error
 from eagle3_contract.stage_metrics import ENV_METRICS_HOST, ENV_METRICS_PORT
 from eagle3_contract.stages import Stage, StagePlan, plan_stages, stage_argv
 from eagle3_pipeline.data.dataset_files import local_fingerprint
@@ -143,11 +145,40 @@ def check_verifier_config(manifest: Manifest, models: Path | None) -> None:
         raise ManifestError(f"{manifest.path}: the verifier at {model} cannot run it: " + "; ".join(problems))
 
 
+@dataclass
+class Attempt:
+    """How one attempt of a stage ended: its exit code (None past the deadline), the error its program gave
+    in its termination message (None when it gave none), its last stderr line and its metrics' poller."""
+
+    code: int | None
+    error: str | None
+    last_words: str
+    poller: MetricsPoller
+
+    def why(self) -> str:
+        """What a failed attempt reports: the program's own error; its last stderr line only when it wrote
+        none (a crash), since the progress line a program ends with is not the reason it failed."""
+        said = self.error or self.last_words
+        return f"exit code {self.code}: {said}" if said else f"exit code {self.code}"
+
+
 def run_attempt(
     plan: StagePlan, command: list[str], env: dict[str, str], spec: Eagle3RunSpec, observer: RunObserver
+) -> Attempt:
+    """One attempt of a stage. The program serves its metrics on a free loopback port and writes its
+    termination message to a file of the attempt's own, as a Job's container writes /dev/termination-log."""
+    with tempfile.TemporaryDirectory(prefix="eagle3-attempt-") as scratch:
+        termination = Path(scratch) / "termination-log"
+        code, process, poller = _run_process(
+            plan, command, env | {ENV_TERMINATION_LOG: str(termination)}, spec, observer
+        )
+        text = termination.read_text(errors="replace") if termination.is_file() else None
+    return Attempt(code, stage_error(text) if code else None, process.last_words(), poller)
+
+
+def _run_process(
+    plan: StagePlan, command: list[str], env: dict[str, str], spec: Eagle3RunSpec, observer: RunObserver
 ) -> tuple[int | None, StageProcess, MetricsPoller]:
-    """One attempt: the exit code (None past the deadline), the process (its last words) and the poller of
-    its metrics (its last figures). The program serves them on a free loopback port."""
     stage = plan.stage.value
     port = free_port()
     env = env | {ENV_METRICS_PORT: str(port), ENV_METRICS_HOST: HOST}
@@ -186,8 +217,9 @@ def run_stage_with_retries(
         command = [options.python, "-m", "eagle3_cli", *argv[1:]]
         logger.debug("running %s", " ".join(command))
         observer.stage_started(plan.stage.value, plan.output_dir, outcome.attempts)
-        returncode, process, poller = run_attempt(plan, command, env, spec, observer)
-        outcome.progress = poller.last or outcome.progress
+        attempt = run_attempt(plan, command, env, spec, observer)
+        returncode = attempt.code
+        outcome.progress = attempt.poller.last or outcome.progress
         if returncode is None:
             outcome.seconds = time.monotonic() - started
             outcome.note = (
@@ -207,8 +239,7 @@ def run_stage_with_retries(
         if is_out_of_memory(returncode):
             outcome.note = out_of_memory_message(plan.stage.value, budget, floor)
         else:
-            words = process.last_words()
-            outcome.note = f"exit code {returncode}: {words}" if words else f"exit code {returncode}"
+            outcome.note = attempt.why()
         return outcome
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from eagle3_contract.api.status import RunPhase
@@ -175,6 +176,21 @@ def test_a_failed_job_fails_the_run_with_its_reason_and_last_message() -> None:
     assert extract["phase"] == "Failed" and "ValueError" in extract["message"]
     assert plan.status.document()["currentStage"] == "extract"
     assert world.step().actions == ()  # stays failed: no retry until the spec changes or the Job is deleted
+
+
+def test_a_failed_stage_reports_the_error_its_program_wrote_not_the_json_around_it() -> None:
+    """Issue 28, item 5: a stage program's termination message is `{"error": ...}` (and more fields); the
+    stage's message and the run's condition carry the error itself."""
+    world = World(tiny())
+    world.step()
+    said = "stage prepare: dataset.source /data/x.jsonl: no rows (the file is empty, or every file is)"
+    world.fail("prepare", last_message=json.dumps({"error": said, "reason": None}))
+    status = world.plan().status.document()
+    assert status["stages"]["prepare"]["message"].endswith(
+        f"(Job has reached the specified backoff limit): {said}"
+    )
+    failed = condition_of(status, "Failed")
+    assert said in failed["message"] and '{"error"' not in failed["message"]
 
 
 def test_a_failed_job_without_pods_names_the_job_condition() -> None:
