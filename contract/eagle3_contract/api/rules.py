@@ -128,6 +128,14 @@ RULES: tuple[CrossFieldRule, ...] = (
             or s.serving.pinned_checkpoint is not None
         ),
     ),
+    # The operator's own variables are not the user's (issue 28, item 7), as PodSettings' own check says;
+    # the list and the names are bounded (maxItems, maxLength), so the rule's cost is too.
+    CrossFieldRule(
+        ".pod.env",
+        "!has(self.pod) || !has(self.pod.env) || self.pod.env.all(e, !e.name.startsWith('EAGLE3_'))",
+        "names starting EAGLE3_ are the operator's own variables and cannot be set",
+        lambda s: all(not str(v.get("name", "")).startswith("EAGLE3_") for v in s.pod.env),
+    ),
 )
 
 

@@ -104,7 +104,10 @@ class DatasetRows(ApiModel):
     """What prepare makes of the dataset: every field here changes its output (the part that is hashed)."""
 
     source: str = Field(
-        min_length=1, description="Hugging Face dataset id, or a JSON/JSONL/Parquet file or directory path."
+        min_length=1,
+        description="Hugging Face dataset id, or the path of a .jsonl, .ndjson, .json or .parquet file "
+        "(optionally .gz or .zst compressed) or of a directory of them: its other files and hidden entries "
+        "are named in a warning and not read, and links are followed inside the directory only.",
     )
     revision: str | None = Field(
         None,

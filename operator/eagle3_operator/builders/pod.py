@@ -208,8 +208,8 @@ def placement(spec: Eagle3RunSpec, shape: PodShape) -> dict[str, Any]:
 def with_user_env(spec: Eagle3RunSpec, own: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The operator's variables, then spec.pod.env. A user's variable of an operator variable's name replaces
     it: the user's wins (HF_HOME, HOME, VLLM_CPU_KVCACHE_SPACE, ... can be tuned), and no name is listed twice
-    (the API server would keep the last and warn). That holds for the EAGLE3_* wiring of the stages too: a
-    user who sets one owns the consequences."""
+    (the API server would keep the last and warn). The EAGLE3_* wiring of the stages is not the user's: the
+    spec refuses those names (eagle3_contract.api.rules, CEL and its Python twin)."""
     user = [copy.deepcopy(v) for v in spec.pod.env]
     taken = {v.get("name") for v in user}
     return [dict(v) for v in own if v["name"] not in taken] + user

@@ -94,6 +94,15 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
         True,
     ),
     (".serving.speculationLength", {"serving.speculationLength": "tuned"}, False),
+    (".pod.env", {}, True),
+    (".pod.env", {"pod.env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]}, True),
+    (".pod.env", {"pod.env": [{"name": "MY_EAGLE3_HOME", "value": "x"}]}, True),
+    (".pod.env", {"pod.env": [{"name": "EAGLE3_DRAFT_SHA256", "value": "e3b0c442"}]}, False),
+    (
+        ".pod.env",
+        {"pod.env": [{"name": "A", "value": "1"}, {"name": "EAGLE3_DRAFT_WEIGHTS", "value": "/x"}]},
+        False,
+    ),
 ]
 
 

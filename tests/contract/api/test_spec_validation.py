@@ -148,6 +148,12 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
         doc.setdefault("evaluation", {}).pop("sweep", None)
         doc.setdefault("serving", {}).pop("pinnedCheckpoint", None)
         value = "tuned"
+    elif rule.field_path == ".pod.env":
+        kept = doc.get("pod", {}).get("env", [])[:3]
+        value = [
+            *kept,
+            {"name": "EAGLE3_" + draw(st.from_regex(r"[A-Z_]{1,12}", fullmatch=True)), "value": "x"},
+        ]
     else:  # training.sequenceLength, extraction.tokenBudget: at least dataset.maxSequenceLength
         assume(max_len > 16)
         value = draw(st.integers(16, max_len - 1))
@@ -363,4 +369,41 @@ def test_the_operators_pipeline_image_fills_only_an_unset_one() -> None:
     )
     assert parse_spec(spec).images.pipeline is None, (
         f"unset: the builders fall back to {DEFAULT_PIPELINE_IMAGE}"
+    )
+
+
+# --- issue 28: spec.pod.env (items 7 and 9) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ([{"name": "EAGLE3_DRAFT_SHA256", "value": "e3b0c442"}], "spec.pod.env: names starting EAGLE3_ are"),
+        ([{"name": "A", "value": "1"}, {"name": "EAGLE3_DRAFT_WEIGHTS", "value": "/dev/null"}], "EAGLE3_"),
+        ([{"name": "A=B", "value": "1"}], "spec.pod.env[0]: name 'A=B' is not a variable name"),
+        ([{"name": "", "value": "1"}], "spec.pod.env[0]: name '' is not a variable name"),
+        ([{"value": "1"}], "spec.pod.env[0]: name None is not a variable name"),
+        ([{"name": "N", "value": 1}], "spec.pod.env[0]: value 1 is not a string (quote it in YAML)"),
+        ([{"name": "N", "valu": "1"}], "spec.pod.env[0]: unknown fields ['valu']"),
+        (["HTTPS_PROXY=x"], "spec.pod.env[0]: Input should be an object"),
+    ],
+)
+def test_spec_pod_env_takes_only_what_a_pod_takes_and_none_of_the_operators_variables(
+    env: list[Any], problem: str
+) -> None:
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(minimal() | {"pod": {"env": env}})
+    assert problem in str(caught.value), caught.value
+
+
+def test_the_crd_refuses_an_env_name_a_pod_would_refuse() -> None:
+    """The same names are refused by the CRD's schema (its pattern) before any operator sees them."""
+    validator = crd_validator(spec_schema())
+    good = defaulted(minimal() | {"pod": {"env": [{"name": "HTTPS_PROXY", "value": "x"}]}})
+    assert not list(validator.iter_errors(good))
+    for name in ("A=B", "", "1ABC"):
+        bad = defaulted(minimal() | {"pod": {"env": [{"name": name, "value": "x"}]}})
+        assert list(validator.iter_errors(bad)), name
+    assert cel_holds(RULES[-1].rule, good) and not cel_holds(
+        RULES[-1].rule, defaulted(minimal() | {"pod": {"env": [{"name": "EAGLE3_STAGE", "value": "x"}]}})
     )
