@@ -119,7 +119,7 @@ def test_a_missing_file_is_an_error_naming_it(source: str) -> None:
 
 
 def test_a_directory_without_data_files_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(StageError, match=r"without \.jsonl"):
+    with pytest.raises(StageError, match=r"without data files \(a \.jsonl, \.ndjson"):
         load_conversations(str(tmp_path), "train", "auto")
 
 

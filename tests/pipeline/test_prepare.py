@@ -258,3 +258,122 @@ def test_eagle3_run_warns_when_a_cached_prepare_was_made_from_other_files(
     assert prepare_of(run_local(manifest, options)).status == "cached"
     assert "changed since prepare/" in caplog.text
     assert "Set dataset.revision to a new label" in caplog.text
+
+
+# --- issue 28: one row never fails the stage, nothing is skipped silently, a broken file is one line --------
+
+ANSWER = {"role": "assistant", "content": "fine"}
+ONE_BAD_LINE = {
+    "deeply nested": "[" * 100_000,
+    "an id of 5,001 digits": '{"id": ' + "9" * 5001 + ', "messages": []}',
+    "a lone surrogate in a turn": json.dumps({"messages": [{"role": "user", "content": "\ud800"}, ANSWER]}),
+    "a lone surrogate in the id": json.dumps(
+        {"id": "r\ud800", "messages": [{"role": "user", "content": "q"}, ANSWER]}
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_BAD_LINE))
+def test_one_row_that_cannot_be_read_is_a_counted_skip_not_a_failed_stage(
+    tmp_path: Path, verifier: Path, case: str
+) -> None:
+    rows: list[Any] = [chat(i) for i in range(20)]
+    rows.insert(7, ONE_BAD_LINE[case])
+    code, out = prepare(tmp_path, verifier, rows)
+    assert code == 0
+    result = result_of(out)
+    assert result["samples"] == 20 and result["skippedTotal"] == 1, result["skipped"]
+    [(reason, [example])] = result["skippedExamples"].items()
+    assert reason in ("malformed", "encoding") and example.split(":", 1)[0] in ("8", "r\\ud800"), example
+    written = (out / "conversations.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(written) == 20  # the skipped row is not among them, and the file is valid UTF-8
+
+
+def test_every_file_of_a_dataset_directory_is_read_or_named(
+    tmp_path: Path, verifier: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = tmp_path / "d"
+    (d / "more").mkdir(parents=True)
+    (tmp_path / "store").mkdir()
+    write_jsonl(d / "a.jsonl", [chat(i) for i in range(5)])
+    write_jsonl(d / "b.ndjson", [chat(i) for i in range(5, 10)])
+    write_jsonl(d / "C.JSONL", [chat(i) for i in range(10, 15)])
+    (d / ".shelf").mkdir()
+    write_jsonl(d / ".shelf" / "x.jsonl", [chat(i) for i in range(15, 20)])
+    (d / "linked").symlink_to(d / ".shelf")  # a link that stays inside the dataset directory is followed
+    (d / "README.md").write_text("# my data\n")
+    spec_path = write_manifest(tmp_path / "run.yaml", base_spec(verifier, d))
+    with caplog.at_level("WARNING"):
+        code = run_stage("prepare", str(spec_path), str(tmp_path / "art"), "prepare/h", [])
+    assert code == 0
+    result = result_of(tmp_path / "art" / "prepare" / "h")
+    assert result["samples"] == 20 and result["skippedTotal"] == 0
+    [line] = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert "2 not read: 'README.md' (not a .jsonl" in line and "'.shelf/' (hidden)" in line, line
+    (d / "escape").symlink_to(tmp_path / "store")
+    code, message = failed_prepare(tmp_path / "out", spec_path)
+    assert code == 1 and "escape is a link to " in message and "outside the dataset directory" in message
+
+
+def failed_prepare(art: Path, spec_path: Path) -> tuple[int, str]:
+    """A prepare that must fail: its exit code and its termination message's error; nothing is left."""
+    import os
+
+    termination = art.parent / f"{art.name}.termination"
+    os.environ["EAGLE3_TERMINATION_LOG"] = str(termination)
+    try:
+        code = run_stage("prepare", str(spec_path), str(art), "prepare/h", [])
+    finally:
+        del os.environ["EAGLE3_TERMINATION_LOG"]
+    assert not (art / "prepare" / "h").exists() and not (art / "prepare" / ".h.partial").exists()
+    return code, json.loads(termination.read_text())["error"]
+
+
+def broken_files(d: Path) -> dict[str, Path]:
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    body = "".join(json.dumps(chat(i)) + "\n" for i in range(40)).encode()
+    d.mkdir(parents=True)
+    files = {
+        "truncated gzip": d / "t.jsonl.gz",
+        "not gzip": d / "n.jsonl.gz",
+        "corrupt parquet": d / "c.parquet",
+    }
+    files["truncated gzip"].write_bytes(gzip.compress(body)[:-40])
+    files["not gzip"].write_bytes(body)
+    pq.write_table(pa.Table.from_pylist([chat(i) for i in range(10)]), files["corrupt parquet"])
+    files["corrupt parquet"].write_bytes(files["corrupt parquet"].read_bytes()[:200])
+    return files
+
+
+@pytest.mark.parametrize("case", ["truncated gzip", "not gzip", "corrupt parquet", "one bad part of four"])
+def test_a_file_that_cannot_be_read_is_one_line_naming_it_and_leaves_nothing(
+    tmp_path: Path, verifier: Path, case: str
+) -> None:
+    if case == "one bad part of four":
+        source = tmp_path / "parts"
+        source.mkdir()
+        for part in range(3):
+            write_jsonl(source / f"part-{part}.jsonl", [chat(part * 10 + i) for i in range(10)])
+        bad = broken_files(tmp_path / "b")["truncated gzip"].rename(source / "part-3.jsonl.gz")
+    else:
+        source = bad = broken_files(tmp_path / "b")[case]
+    spec_path = write_manifest(tmp_path / "run.yaml", base_spec(verifier, source))
+    code, message = failed_prepare(tmp_path / "art", spec_path)
+    assert code == 1 and str(bad) in message and "cannot read the file" in message, message
+    assert "retry" not in message.replace("a retry of the same file fails the same way", ""), message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_a_json_document_that_is_not_rows_is_refused_once(tmp_path: Path, verifier: Path) -> None:
+    source = tmp_path / "wrapped.json"
+    source.write_text(json.dumps({"data": [chat(i) for i in range(100)], "version": 2}, indent=2))
+    spec_path = write_manifest(tmp_path / "run.yaml", base_spec(verifier, source))
+    code, message = failed_prepare(tmp_path / "art", spec_path)
+    assert code == 1 and "neither a list of rows nor JSON Lines" in message, message
+    assert (
+        "keys ['data', 'version']" in message and "jq -c '.data[]'" in message and "malformed" not in message
+    )

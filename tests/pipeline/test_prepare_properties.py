@@ -2,13 +2,21 @@
 
 Random files of valid rows (OpenAI messages or ShareGPT, roles in any order, huge and unicode text, BOMs)
 mixed with malformed and adversarial ones (not JSON, wrong types, missing fields, unknown roles, empty
-turns, no answer, invalid UTF-8): prepare never crashes, keeps exactly the valid rows, and counts a skip for
-every other row (issue 13).
+turns, no answer, invalid UTF-8, nesting deeper than the parser follows, integers longer than Python
+converts, lone surrogates in an id or a turn): prepare never crashes, keeps exactly the valid rows, and counts
+a skip for every other row (issues 13 and 28).
+
+Random dataset directories (files of any extension and case, hidden ones, links inside the directory and out
+of it, truncated and corrupt compressed files): every data file is read, every other entry is named in one
+warning line with its rule, and a file that cannot be read or a link out fails with a message naming it.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import logging
+import os
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +30,7 @@ from eagle3_contract.params import VerifierRef
 from eagle3_pipeline.data.conversations import load_conversations
 from eagle3_pipeline.data.masking import ChatTemplate
 from eagle3_pipeline.data.prepared import Tokenizing, tokenize_all
+from eagle3_pipeline.runtime.errors import StageError
 from tests.pipeline.chat_templates import TEMPLATES, make_tokenizer
 
 pytestmark = pytest.mark.pipeline
@@ -68,6 +77,12 @@ malformed_row = st.one_of(
     words.map(lambda w: _turns([{"role": "system", "content": w}])),
     st.just(_turns([])),
     words.map(lambda w: _turns([{"role": "user", "content": w}, ANSWER]).replace(b'"fine"', b'"fin\xe9"')),
+    # issue 28: what used to end the stage
+    st.integers(1_000, 100_000).map(lambda n: b"[" * n),
+    st.integers(1_000, 50_000).map(lambda n: b'{"messages": ' + b"[" * n + b"]" * n + b"}"),
+    st.integers(4_301, 6_000).map(lambda n: b'{"id": ' + b"7" * n + b", " + _turns([ANSWER])[1:]),
+    st.just(_turns([{"role": "user", "content": "\ud800 lone"}, ANSWER])),
+    st.just(b'{"id": "a\\udfff", ' + _turns([{"role": "user", "content": "q"}, ANSWER])[1:]),
 )
 
 
@@ -94,3 +109,90 @@ def test_prepare_keeps_every_valid_row_and_counts_every_other(
     assert kept_ids == valid_ids, skips.examples
     assert len(kept) + skips.total() == len(rows)
     assert all(sum(tok.loss_mask) > 0 for _, tok in kept)
+
+
+# --- dataset directories ------------------------------------------------------------------------------------
+
+ROW = json.dumps({"messages": [{"role": "user", "content": "q"}, ANSWER]}).encode() + b"\n"
+DATA_NAMES = ("a.jsonl", "b.ndjson", "C.JSONL", "d.Json", "e.jsonl.gz", "f.NDJSON.GZ")
+OTHER_NAMES = ("README.md", "notes.txt", "data.csv", "g.jsonl.bak", "h.gz")
+BROKEN = ("truncated.jsonl.gz", "notgzip.jsonl.gz")
+
+
+@st.composite
+def dataset_tree(draw: st.DrawFn) -> list[tuple[str, str]]:
+    """(relative path, kind) entries: data files, other files, hidden ones, and links inside and out."""
+    entries: list[tuple[str, str]] = []
+    dirs = ["", *draw(st.lists(st.sampled_from(["sub", "sub/deeper", "x"]), max_size=3, unique=True))]
+    for directory in dirs:
+        for name in draw(st.lists(st.sampled_from(DATA_NAMES), max_size=3, unique=True)):
+            entries.append((os.path.join(directory, name), "data"))
+        for name in draw(st.lists(st.sampled_from(OTHER_NAMES), max_size=2, unique=True)):
+            entries.append((os.path.join(directory, name), "other"))
+        if draw(st.booleans()):
+            entries.append((os.path.join(directory, ".hidden.jsonl"), "hidden"))
+    if draw(st.booleans()):
+        entries.append(("linked", "link-inside"))
+    if draw(st.integers(0, 5)) == 0:
+        entries.append(("escape", "link-out"))
+    if draw(st.integers(0, 5)) == 0:
+        entries.append((draw(st.sampled_from(BROKEN)), "broken"))
+    return entries
+
+
+def build_tree(root: Path, outside: Path, entries: list[tuple[str, str]]) -> None:
+    for relative, kind in entries:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind in ("data", "hidden"):
+            body = ROW * 2
+            path.write_bytes(gzip.compress(body) if path.name.lower().endswith(".gz") else body)
+        elif kind == "other":
+            path.write_bytes(ROW)
+        elif kind == "link-inside":  # to a directory inside the root that is not read on its own
+            (root / ".store").mkdir(exist_ok=True)
+            (root / ".store" / "t.jsonl").write_bytes(ROW * 2)
+            path.symlink_to(root / ".store")
+        elif kind == "link-out":
+            path.symlink_to(outside)
+        else:
+            body = gzip.compress(ROW * 50)
+            path.write_bytes(body[: len(body) // 2] if path.name.startswith("truncated") else ROW)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(entries=dataset_tree())
+def test_a_dataset_directory_reads_every_data_file_and_names_every_other_entry(
+    entries: list[tuple[str, str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    kinds = {kind for _, kind in entries}
+    read = [rel for rel, kind in entries if kind == "data"] + ["linked/t.jsonl"] * ("link-inside" in kinds)
+    with tempfile.TemporaryDirectory() as tmp:
+        root, outside = Path(tmp) / "d", Path(tmp) / "outside"
+        root.mkdir()
+        outside.mkdir()
+        (outside / "secret.jsonl").write_bytes(ROW)
+        build_tree(root, outside, entries)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="eagle3_pipeline.data.dataset_files"):
+            try:
+                conversations, skips, _ = load_conversations(str(root), "train", "auto")
+            except StageError as exc:
+                named = [rel for rel, kind in entries if kind in ("link-out", "broken")]
+                if not named:  # nothing to read: the error names what is there instead
+                    assert not read and "a directory without data files" in str(exc), str(exc)
+                    return
+                assert any(rel in str(exc) for rel in named), str(exc)
+                return
+    assert not kinds & {"link-out", "broken"}, "a broken file or a link out must fail the stage"
+    assert len(conversations) == 2 * len(read) and not skips.total()
+    ignored = [rel for rel, kind in entries if kind in ("other", "hidden")] + [".store/"] * (
+        "link-inside" in kinds
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if not ignored:
+        assert warnings == []
+        return
+    [line] = warnings
+    assert f": {len(ignored)} not read: " in line, line
+    assert all(repr(rel) in line for rel in ignored) or " more (" in line, line

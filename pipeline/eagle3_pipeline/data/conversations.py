@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_pipeline.data.dataset_files import RowError as RowError
 from eagle3_pipeline.data.dataset_files import read_rows
+from eagle3_pipeline.data.json_rows import RowError as RowError
+from eagle3_pipeline.data.json_rows import value_error
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,13 @@ SHAREGPT_ROLES = {
 }
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 EXAMPLES_PER_REASON = 5
+EXAMPLE_CHARS = 300  # of one example's id and detail: a row may hold anything, the log line stays short
+
+
+def printable(text: str) -> str:
+    """`text` as UTF-8 can carry it: a lone surrogate (JSON's "\\ud800") shown as its escape, not raised
+    later by a log handler or a file write."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass
@@ -43,7 +52,7 @@ class Skips:
         self.counts[reason] += 1
         shown = self.examples.setdefault(reason, [])
         if len(shown) < EXAMPLES_PER_REASON:
-            shown.append(f"{row_id}: {detail}")
+            shown.append(printable(f"{row_id}: {detail}"[:EXAMPLE_CHARS]))
 
     def total(self) -> int:
         return sum(self.counts.values())
@@ -127,6 +136,8 @@ def _json_columns(row: Any) -> Any:
                 raise RowError(
                     "malformed", f"'{key}' is a string, not a list of turns (nor JSON text of one: {exc.msg})"
                 ) from None
+            except (RecursionError, ValueError) as exc:
+                raise value_error(f"'{key}'", exc) from None
             if not isinstance(turns, list):
                 raise RowError("malformed", f"'{key}' is a JSON string of {type(turns).__name__}, not a list")
             return {**row, key: turns}
@@ -155,25 +166,55 @@ def load_conversations(
     skips = Skips()
     out: list[Conversation] = []
     formats: Counter[str] = Counter()
+    for conv, row_format in conversations_of(read_rows(source, split), fmt, skips):
+        formats[row_format] += 1
+        out.append(conv)
+        if max_samples is not None and len(out) >= max_samples:
+            break
+    return out, skips, format_label(formats, fmt)
+
+
+def format_label(formats: Counter[str], fmt: str) -> str:
+    """The format(s) the rows were read as: `messages+sharegpt` for a mix; the asked format for no rows."""
+    return "+".join(sorted(formats)) or (fmt if fmt != "auto" else "messages")
+
+
+def conversations_of(
+    rows: Iterable[tuple[str, Any]], fmt: str, skips: Skips
+) -> Iterator[tuple[Conversation, str]]:
+    """(conversation, its format) for each row that is one; every other row counted in `skips` with its id
+    and the cause, whatever the row does while it is read, normalized or encoded."""
     ids = UniqueIds()
-    for row_id, row in read_rows(source, split):
-        if isinstance(row, dict) and isinstance(row.get("id"), str | int) and not isinstance(row["id"], bool):
-            row_id = str(row["id"])
-        row_id = ids.claim(row_id)
-        row_format = fmt if fmt != "auto" else detect_format(_decodable(row)) or "messages"
+    for position, row in rows:
+        row_id = ids.claim(_row_id(position, row))
         try:
-            messages = normalize(row, row_format)
+            row_format = fmt if fmt != "auto" else detect_format(_decodable(row)) or "messages"
+            conv = {"id": row_id, "messages": normalize(row, row_format)}
+            _check_encodable(conv)
         except RowError as exc:
             skips.add(exc.reason, row_id, str(exc))
             continue
         except Exception as exc:  # a row shaped in a way nobody foresaw costs that row only
             skips.add("error", row_id, f"{type(exc).__name__}: {exc}")
             continue
-        formats[row_format] += 1
-        out.append({"id": row_id, "messages": messages})
-        if max_samples is not None and len(out) >= max_samples:
-            break
-    return out, skips, "+".join(sorted(formats)) or (fmt if fmt != "auto" else "messages")
+        yield conv, row_format
+
+
+def _row_id(position: str, row: Any) -> str:
+    """The row's own `id` (a string or an integer), else its position in the files."""
+    if isinstance(row, dict) and isinstance(row.get("id"), str | int) and not isinstance(row["id"], bool):
+        return str(row["id"])
+    return position
+
+
+def _check_encodable(conv: Conversation) -> None:
+    """A conversation whose text UTF-8 cannot carry (a lone surrogate from a "\\ud800" escape) is no text:
+    it could be neither tokenized nor written, so it is skipped here, by name."""
+    try:
+        json.dumps(conv, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end].encode("utf-8", "backslashreplace").decode()
+        raise RowError("encoding", f"holds {bad}, a lone UTF-16 surrogate, which is not text") from None
 
 
 def _decodable(row: Any) -> Any:
