@@ -10,19 +10,26 @@ Layout of a data stage's output directory:
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import itertools
 import json
 import logging
 import os
+import shutil
 import time
+import uuid
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sized
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from eagle3_contract.params import VerifierRef
 from eagle3_pipeline.data.conversations import Conversation, RowError, Skips
 from eagle3_pipeline.data.masking import ChatTemplate, Tokenized, tokenize_conversation
+from eagle3_pipeline.data.spool import TRAIN as TRAIN
+from eagle3_pipeline.data.spool import VAL as VAL
+from eagle3_pipeline.data.spool import split_key, validation_count
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.runtime.reporter import StageReporter
@@ -32,7 +39,7 @@ logger = logging.getLogger(__name__)
 DATA_DIR = "data"
 TOKEN_FREQ_FILE = "token_freq.pt"
 CONVERSATIONS_FILE = "conversations.jsonl"
-TRAIN, VAL = "train", "val"
+WRITER_BATCH_ROWS = 1000  # rows the dataset writer holds before it writes them out
 
 
 @dataclass(frozen=True)
@@ -48,16 +55,11 @@ def assign_splits(conversations: list[Conversation], fraction: float, seed: int)
     """Deterministic split and order: rows sorted by a seeded hash of their id; the first share is held out.
 
     Depends only on the ids, the seed and the fraction, not on file order, so the same rows always land
-    in the same split. Returns train rows first, then validation rows.
+    in the same split. Returns train rows first, then validation rows (prepare streams the same order from
+    its spool: eagle3_pipeline.data.spool).
     """
-
-    def key(conv: Conversation) -> str:
-        return hashlib.sha256(f"{seed}\x00{conv['id']}".encode()).hexdigest()
-
-    ordered = sorted(conversations, key=key)
-    n_val = round(len(ordered) * fraction)
-    if fraction > 0 and n_val == 0 and len(ordered) >= 2:
-        n_val = 1
+    ordered = sorted(conversations, key=lambda conv: split_key(seed, conv["id"]))
+    n_val = validation_count(len(ordered), fraction)
     val = [{**c, "split": VAL} for c in ordered[:n_val]]
     train = [{**c, "split": TRAIN} for c in ordered[n_val:]]
     return train + val
@@ -96,16 +98,29 @@ def tokenize_all(
 ) -> list[tuple[Conversation, Tokenized]]:
     """The rows that tokenize within the length limit; the others counted in `skips` (and in `progress`,
     which counts every row and its tokens: prepare's, not generate's final re-tokenizing)."""
-    rows = []
+    return list(tokenized_rows(template, conversations, tokenizing, skips, progress))
+
+
+def tokenized_rows(
+    template: ChatTemplate,
+    conversations: Iterable[Conversation],
+    tokenizing: Tokenizing,
+    skips: Skips,
+    progress: StageReporter | None = None,
+    figures: Figures | None = None,
+) -> Iterator[tuple[Conversation, Tokenized]]:
+    """tokenize_all, one row at a time; the time spent tokenizing is added to `figures`."""
     for conv in conversations:
+        started = time.perf_counter()
         tokenized, skipped = _tokenized(template, conv, tokenizing, skips)
+        if figures is not None:
+            figures.tokenize_seconds += time.perf_counter() - started
         if progress is not None:
             progress.advance(1, len(tokenized.input_ids) if tokenized is not None else 0)
             if skipped is not None:
                 progress.fail(skipped)
         if tokenized is not None:
-            rows.append((conv, tokenized))
-    return rows
+            yield conv, tokenized
 
 
 def _tokenized(
@@ -127,36 +142,55 @@ def _tokenized(
     return tokenized, None
 
 
-def token_frequencies(rows: list[tuple[Conversation, Tokenized]]) -> Counter[int]:
-    counts: Counter[int] = Counter()
-    for conv, tok in rows:
-        if conv["split"] == TRAIN:
-            counts.update(t for t, m in zip(tok.input_ids, tok.loss_mask, strict=True) if m)
-    return counts
+FEATURES = {
+    "id": "string",
+    "split": "string",
+    "input_ids": "int64[]",
+    "loss_mask": "int64[]",
+    "seq_len": "int64",
+}
 
 
-def save_dataset(path: Path, rows: list[tuple[Conversation, Tokenized]]) -> None:
+def save_dataset(path: Path, rows: Iterator[dict[str, Any]]) -> None:
+    """Write `rows` as a Hugging Face dataset (`save_to_disk`, torch format) without holding them: the
+    generator is written in batches of WRITER_BATCH_ROWS to an Arrow file beside `path`, which is moved into
+    place in shards and removed."""
     import datasets
 
-    features = datasets.Features(
-        {
-            "id": datasets.Value("string"),
-            "split": datasets.Value("string"),
-            "input_ids": datasets.Sequence(datasets.Value("int64")),
-            "loss_mask": datasets.Sequence(datasets.Value("int64")),
-            "seq_len": datasets.Value("int64"),
-        }
-    )
-    columns: dict[str, list[Any]] = {
-        "id": [c["id"] for c, _ in rows],
-        "split": [c["split"] for c, _ in rows],
-        "input_ids": [t.input_ids for _, t in rows],
-        "loss_mask": [t.loss_mask for _, t in rows],
-        "seq_len": [len(t.input_ids) for _, t in rows],
-    }
-    dataset = datasets.Dataset.from_dict(columns, features=features)
-    dataset.set_format(type="torch")
-    dataset.save_to_disk(str(path))
+    def feature(kind: str) -> Any:
+        if kind.endswith("[]"):
+            return datasets.Sequence(datasets.Value(kind[:-2]))
+        return datasets.Value(kind)
+
+    scratch = path.with_name(path.name + ".building")
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        with _quiet_datasets():
+            dataset = datasets.Dataset.from_generator(
+                lambda: rows,
+                features=datasets.Features({name: feature(kind) for name, kind in FEATURES.items()}),
+                cache_dir=str(scratch),
+                fingerprint=uuid.uuid4().hex,  # never a cached build: the rows are this run's
+                writer_batch_size=WRITER_BATCH_ROWS,
+            )
+            dataset.set_format(type="torch")
+            dataset.save_to_disk(str(path))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """No progress bars of the datasets library: the stage reports its own progress, one line at a time."""
+    import datasets
+
+    enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets.enable_progress_bars()
 
 
 def read_conversations(path: Path) -> list[Conversation]:
@@ -176,7 +210,7 @@ def read_conversations(path: Path) -> list[Conversation]:
     return conversations
 
 
-def write_conversations(path: Path, conversations: list[Conversation]) -> None:
+def write_conversations(path: Path, conversations: Iterable[Conversation]) -> None:
     """Written to a temporary file and renamed: generate resumes from this file, it is never half-written."""
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:
@@ -187,58 +221,120 @@ def write_conversations(path: Path, conversations: list[Conversation]) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class Figures:
+    """What write_prepared counts while the rows stream past."""
+
+    rows: int = 0  # conversations seen, tokenized or not
+    samples: int = 0
+    train: int = 0
+    tokens: int = 0
+    assistant_tokens: int = 0
+    max_seq_len: int = 0
+    tokenize_seconds: float = 0.0
+    frequencies: Counter[int] = field(default_factory=Counter)
+
+    def add(self, split: str, tokenized: Tokenized) -> None:
+        self.samples += 1
+        self.tokens += len(tokenized.input_ids)
+        self.assistant_tokens += sum(tokenized.loss_mask)
+        self.max_seq_len = max(self.max_seq_len, len(tokenized.input_ids))
+        if split == TRAIN:
+            self.train += 1
+            self.frequencies.update(
+                t for t, m in zip(tokenized.input_ids, tokenized.loss_mask, strict=True) if m
+            )
+
+
 def write_prepared(
     work: Path,
-    conversations: list[Conversation],
+    conversations: Iterable[Conversation],
     ctx: StageContext[Any, Any],
     tokenizing: Tokenizing,
     skips: Skips | None = None,
     progress: StageReporter | None = None,
+    total: int | None = None,
 ) -> dict[str, Any]:
-    """Tokenize, mask and save `conversations` (which carry their split) into `work`; returns statistics.
+    """Tokenize, mask and save `conversations` (which carry their split: train rows first, then validation
+    rows) into `work`, one row at a time; returns statistics.
 
-    With `progress`, it counts the rows (the skipped ones as failures by reason, those of `skips` included).
+    With `progress`, it counts the rows (the skipped ones as failures by reason, those of `skips` included)
+    of `total` (default: len(conversations)).
     """
     import torch
 
     skips = skips if skips is not None else Skips()
     template = chat_template(ctx, tokenizing.verifier)
-    started = time.monotonic()
     if progress is not None:
-        progress.begin("rows", len(conversations))
+        progress.begin("rows", total if total is not None else len(cast(Sized, conversations)))
         for reason, count in skips.counts.items():  # rows skipped before tokenizing (loading them)
             progress.fail(reason, count)
-    rows = tokenize_all(ctx, tokenizing, template, conversations, skips, progress)
-    seconds = time.monotonic() - started
-    rows.sort(key=lambda r: r[0]["split"] != TRAIN)  # stable: train rows first, then validation
-    n_train = sum(1 for c, _ in rows if c["split"] == TRAIN)
-    if n_train == 0:
-        raise StageError(
-            f"no usable training rows: {len(conversations)} conversations, {skips.total()} skipped "
-            f"({dict(skips.counts)}); first problems: {_first_examples(skips)}"
-        )
-    save_dataset(work / DATA_DIR, rows)
-    freq = token_frequencies(rows)
-    torch.save(dict(freq), work / TOKEN_FREQ_FILE)
-    write_conversations(work / CONVERSATIONS_FILE, conversations)
+    figures = Figures()
+    conversations_tmp = work / (CONVERSATIONS_FILE + ".tmp")
+    with conversations_tmp.open("w", encoding="utf-8") as written:
+        rows = _dataset_rows(conversations, written, template, tokenizing, skips, figures, progress)
+        first = next(rows, None)  # the datasets library refuses to write no rows at all
+        if first is not None:
+            save_dataset(work / DATA_DIR, itertools.chain([first], rows))
+        if figures.train == 0:
+            raise StageError(
+                f"no usable training rows: {figures.rows} conversations, {skips.total()} skipped "
+                f"({dict(skips.counts)}); first problems: {_first_examples(skips)}"
+            )
+        written.flush()
+        os.fsync(written.fileno())
+    os.replace(conversations_tmp, work / CONVERSATIONS_FILE)
+    torch.save(dict(figures.frequencies), work / TOKEN_FREQ_FILE)
     for reason, examples in skips.examples.items():
         logger.warning("skipped %d rows (%s), e.g. %s", skips.counts[reason], reason, "; ".join(examples))
-    tokens = sum(len(t.input_ids) for _, t in rows)
     return {
-        "samples": len(rows),
-        "train": n_train,
-        "validation": len(rows) - n_train,
-        "trainRatio": n_train / len(rows),
+        "samples": figures.samples,
+        "train": figures.train,
+        "validation": figures.samples - figures.train,
+        "trainRatio": figures.train / figures.samples,
         "skipped": dict(sorted(skips.counts.items())),
         "skippedTotal": skips.total(),
         "skippedExamples": {k: v[:2] for k, v in sorted(skips.examples.items())},
-        "tokens": tokens,
-        "assistantTokens": sum(sum(t.loss_mask) for _, t in rows),
-        "uniqueAssistantTokens": len(freq),
-        "maxSeqLen": max(len(t.input_ids) for _, t in rows),
-        "tokenizeSeconds": round(seconds, 3),
-        "tokensPerSecond": round(tokens / seconds, 1) if seconds > 0 else None,
+        "tokens": figures.tokens,
+        "assistantTokens": figures.assistant_tokens,
+        "uniqueAssistantTokens": len(figures.frequencies),
+        "maxSeqLen": figures.max_seq_len,
+        "tokenizeSeconds": round(figures.tokenize_seconds, 3),
+        "tokensPerSecond": round(figures.tokens / figures.tokenize_seconds, 1)
+        if figures.tokenize_seconds > 0
+        else None,
     }
+
+
+def _dataset_rows(
+    conversations: Iterable[Conversation],
+    written: IO[str],
+    template: ChatTemplate,
+    tokenizing: Tokenizing,
+    skips: Skips,
+    figures: Figures,
+    progress: StageReporter | None,
+) -> Iterator[dict[str, Any]]:
+    """The dataset's rows; each conversation also goes to conversations.jsonl, tokenized or not."""
+    written_rows = _written(conversations, written, figures)
+    for conv, tokenized in tokenized_rows(template, written_rows, tokenizing, skips, progress, figures):
+        figures.add(conv["split"], tokenized)
+        ids = tokenized.input_ids
+        yield {"id": conv["id"], "split": conv["split"], "input_ids": ids, "loss_mask": tokenized.loss_mask,
+               "seq_len": len(ids)}  # fmt: skip
+
+
+def _written(
+    conversations: Iterable[Conversation], written: IO[str], figures: Figures
+) -> Iterator[Conversation]:
+    seen_validation = False
+    for conv in conversations:
+        if conv["split"] == TRAIN and seen_validation:
+            raise ValueError("write_prepared: a train row after a validation row (train rows come first)")
+        seen_validation |= conv["split"] != TRAIN
+        figures.rows += 1
+        written.write(json.dumps(conv, ensure_ascii=False) + "\n")
+        yield conv
 
 
 def _first_examples(skips: Skips) -> str:

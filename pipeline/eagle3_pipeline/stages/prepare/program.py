@@ -7,80 +7,87 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 from eagle3_contract.params import PrepareParams, PrepareTuning
-from eagle3_pipeline.data.conversations import Skips, load_conversations
-from eagle3_pipeline.data.dataset_files import local_fingerprint
-from eagle3_pipeline.data.prepared import (
-    CONVERSATIONS_FILE,
-    Tokenizing,
-    assign_splits,
-    write_conversations,
-    write_prepared,
-)
+from eagle3_pipeline.data.conversations import Skips, conversations_of, format_label
+from eagle3_pipeline.data.dataset_files import local_fingerprint, read_rows
+from eagle3_pipeline.data.prepared import CONVERSATIONS_FILE, Tokenizing, write_conversations, write_prepared
+from eagle3_pipeline.data.spool import ConversationSpool
 from eagle3_pipeline.data.verifier import estimated_shape
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
 
 logger = logging.getLogger(__name__)
 
+SPOOL_FILE = "normalized.spool"  # in the work directory, removed before the output is committed
+
 
 def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
+    """Two streaming passes, so memory does not grow with the dataset: the rows read and normalized into a
+    spool file (eagle3_pipeline.data.spool), then read back in split order, tokenized and written."""
     started = time.monotonic()
     ctx.progress.begin("rows")  # how many: once they are read
     ds = ctx.params.dataset
     source = ctx.local_path(ds.source)
     files = local_fingerprint(source)  # recorded so `eagle3 run` can tell files edited in place
     fingerprint = {"datasetFingerprint": files} if files else {}
-    conversations, skips, fmt = load_conversations(source, ds.split, ds.format.value, ds.max_samples)
-    rows = len(conversations) + skips.total()
-    if not rows:
-        raise StageError(
-            f"dataset.source {ds.source}: no rows (the file is empty, or every file is); "
-            "check the path and that the data was written"
-        )
-    if not conversations:
-        raise StageError(
-            f"dataset.source {ds.source}: no usable rows ({skips.total()} skipped: {dict(skips.counts)}); "
-            f"dataset.format is {ds.format.value}; first problems: "
-            + "; ".join(e for examples in skips.examples.values() for e in examples[:2])
-        )
-    check_skipped(rows, skips, ctx.tuning.max_skipped_fraction)
-    if fmt == "prompts" and not ctx.tuning.regeneration_enabled:
-        raise StageError(
-            f"dataset.source {ds.source} holds prompts only (no answers to train on): "
-            "set regeneration.enabled to true so the verifier answers them"
-        )
-    conversations = assign_splits(conversations, ds.validation_fraction, ds.seed)
-    shape = shape_of(ctx)
-    if ctx.tuning.regeneration_enabled:
-        # generate re-tokenizes after answering; prompt-only rows are expected here, not skipped
-        answered = [c for c in conversations if any(m["role"] == "assistant" for m in c["messages"])]
-        if not answered:
-            write_conversations(ctx.work / CONVERSATIONS_FILE, conversations)
-            ctx.progress.begin("rows", len(conversations), done=len(conversations))  # generate answers them
-            return {
-                "format": fmt,
-                "conversations": len(conversations),
-                **fingerprint,
-                **shape,
-                "samples": 0,
-                "seconds": _since(started),
-            }
-    tokenizing = Tokenizing(ctx.params.verifier, ds.max_sequence_length, ds.loss_on_reasoning)
-    stats = write_prepared(ctx.work, conversations, ctx, tokenizing, skips, ctx.progress)
-    check_skipped(rows, skips, ctx.tuning.max_skipped_fraction)
+    spool = ConversationSpool(ctx.work / SPOOL_FILE, ds.seed)
+    try:
+        skips, fmt = spool_conversations(spool, source, ds.split, ds.format.value, ds.max_samples)
+        rows = len(spool) + skips.total()  # read: usable or skipped
+        check_rows(ds.source, ds.format.value, len(spool), skips, ctx.tuning.max_skipped_fraction)
+        if fmt == "prompts" and not ctx.tuning.regeneration_enabled:
+            raise StageError(
+                f"dataset.source {ds.source} holds prompts only (no answers to train on): "
+                "set regeneration.enabled to true so the verifier answers them"
+            )
+        shape = shape_of(ctx)
+        summary = {"format": fmt, "conversations": len(spool), **fingerprint, **shape}
+        ordered = spool.ordered(ds.validation_fraction)
+        if ctx.tuning.regeneration_enabled and not spool.answered:
+            # generate answers the prompts and re-tokenizes; prompt-only rows are expected here, not skipped
+            write_conversations(ctx.work / CONVERSATIONS_FILE, ordered)
+            ctx.progress.begin("rows", len(spool), done=len(spool))
+            return summary | {"samples": 0, "seconds": _since(started)}
+        tokenizing = Tokenizing(ctx.params.verifier, ds.max_sequence_length, ds.loss_on_reasoning)
+        stats = write_prepared(ctx.work, ordered, ctx, tokenizing, skips, ctx.progress, total=len(spool))
+    finally:
+        spool.remove()
+    check_skipped(rows, skips, ctx.tuning.max_skipped_fraction)  # with the rows tokenizing skipped
     seconds = _since(started)
     logger.info("prepared %d samples (%d tokens) in %.1f s", stats["samples"], stats["tokens"], seconds)
-    return {
-        "format": fmt,
-        "conversations": len(conversations),
-        **fingerprint,
-        **shape,
-        **stats,
-        "seconds": seconds,
-    }
+    return summary | stats | {"seconds": seconds}
+
+
+def spool_conversations(
+    spool: ConversationSpool, source: str, split: str, fmt: str, max_samples: int | None
+) -> tuple[Skips, str]:
+    """Every usable row into `spool`; the skipped ones counted; the format(s) used."""
+    skips = Skips()
+    formats: Counter[str] = Counter()
+    for conv, row_format in conversations_of(read_rows(source, split), fmt, skips):
+        spool.add(conv)
+        formats[row_format] += 1
+        if max_samples is not None and len(spool) >= max_samples:
+            break
+    return skips, format_label(formats, fmt)
+
+
+def check_rows(source: str, fmt: str, usable: int, skips: Skips, allowed: float) -> None:
+    if not usable + skips.total():
+        raise StageError(
+            f"dataset.source {source}: no rows (the file is empty, or every file is); "
+            "check the path and that the data was written"
+        )
+    if not usable:
+        raise StageError(
+            f"dataset.source {source}: no usable rows ({skips.total()} skipped: {dict(skips.counts)}); "
+            f"dataset.format is {fmt}; first problems: "
+            + "; ".join(e for examples in skips.examples.values() for e in examples[:2])
+        )
+    check_skipped(usable + skips.total(), skips, allowed)
 
 
 def check_skipped(rows: int, skips: Skips, allowed: float) -> None:
