@@ -255,8 +255,10 @@ def write_prepared(
     progress: StageReporter | None = None,
     total: int | None = None,
 ) -> dict[str, Any]:
-    """Tokenize, mask and save `conversations` (which carry their split: train rows first, then validation
-    rows) into `work`, one row at a time; returns statistics.
+    """Tokenize, mask and save `conversations` (which carry their split) into `work`, one row at a time;
+    returns statistics. The dataset holds train rows first: an iterator (prepare's spool) must yield them in
+    that order, and is written to conversations.jsonl as it streams past; a list (generate's) is written as
+    given and its rows are tokenized train rows first (a stable sort).
 
     With `progress`, it counts the rows (the skipped ones as failures by reason, those of `skips` included)
     of `total` (default: len(conversations)).
@@ -270,8 +272,12 @@ def write_prepared(
         for reason, count in skips.counts.items():  # rows skipped before tokenizing (loading them)
             progress.fail(reason, count)
     figures = Figures()
+    streamed = not isinstance(conversations, list)
+    if not streamed:  # generate's list: conversations.jsonl as given, the dataset's train rows first
+        write_conversations(work / CONVERSATIONS_FILE, cast(list[Conversation], conversations))
+        conversations = sorted(conversations, key=lambda conv: conv["split"] != TRAIN)
     conversations_tmp = work / (CONVERSATIONS_FILE + ".tmp")
-    with conversations_tmp.open("w", encoding="utf-8") as written:
+    with conversations_tmp.open("w", encoding="utf-8") if streamed else contextlib.nullcontext() as written:
         rows = _dataset_rows(conversations, written, template, tokenizing, skips, figures, progress)
         first = next(rows, None)  # the datasets library refuses to write no rows at all
         if first is not None:
@@ -281,9 +287,11 @@ def write_prepared(
                 f"no usable training rows: {figures.rows} conversations, {skips.total()} skipped "
                 f"({dict(skips.counts)}); first problems: {_first_examples(skips)}"
             )
-        written.flush()
-        os.fsync(written.fileno())
-    os.replace(conversations_tmp, work / CONVERSATIONS_FILE)
+        if written is not None:
+            written.flush()
+            os.fsync(written.fileno())
+    if streamed:
+        os.replace(conversations_tmp, work / CONVERSATIONS_FILE)
     torch.save(dict(figures.frequencies), work / TOKEN_FREQ_FILE)
     for reason, examples in skips.examples.items():
         logger.warning("skipped %d rows (%s), e.g. %s", skips.counts[reason], reason, "; ".join(examples))
@@ -308,14 +316,14 @@ def write_prepared(
 
 def _dataset_rows(
     conversations: Iterable[Conversation],
-    written: IO[str],
+    written: IO[str] | None,
     template: ChatTemplate,
     tokenizing: Tokenizing,
     skips: Skips,
     figures: Figures,
     progress: StageReporter | None,
 ) -> Iterator[dict[str, Any]]:
-    """The dataset's rows; each conversation also goes to conversations.jsonl, tokenized or not."""
+    """The dataset's rows; each conversation also goes to `written` (if any), tokenized or not."""
     written_rows = _written(conversations, written, figures)
     for conv, tokenized in tokenized_rows(template, written_rows, tokenizing, skips, progress, figures):
         figures.add(conv["split"], tokenized)
@@ -325,7 +333,7 @@ def _dataset_rows(
 
 
 def _written(
-    conversations: Iterable[Conversation], written: IO[str], figures: Figures
+    conversations: Iterable[Conversation], written: IO[str] | None, figures: Figures
 ) -> Iterator[Conversation]:
     seen_validation = False
     for conv in conversations:
@@ -333,7 +341,8 @@ def _written(
             raise ValueError("write_prepared: a train row after a validation row (train rows come first)")
         seen_validation |= conv["split"] != TRAIN
         figures.rows += 1
-        written.write(json.dumps(conv, ensure_ascii=False) + "\n")
+        if written is not None:
+            written.write(json.dumps(conv, ensure_ascii=False) + "\n")
         yield conv
 
 
