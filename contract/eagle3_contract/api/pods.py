@@ -3,11 +3,9 @@ tolerations, per-stage Job overrides, the serving PodDisruptionBudget and Promet
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import AfterValidator, Field
-from pydantic.config import JsonDict
+from pydantic import Field
 
 from eagle3_contract.api.base import ApiModel
 from eagle3_contract.api.fields import DNS_LABEL, PRESERVE, CountOrPercent, LabelValue, Quantity
@@ -51,52 +49,30 @@ class LocalObjectReference(ApiModel):
 
 # core/v1 EnvVar names as the API server checks them (a C identifier, '-' and '.' allowed, not a digit first)
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
-ENV_NAME_MAX = 253
 ENV_MAX_ITEMS = 128
-# The operator's own variables: what a stage is, where its inputs are, what a draft check checks.
+# The operator's own variables: what a stage is, where its inputs are, what a draft check checks. That no name
+# of spec.pod.env starts with it is a rule of rules.py (CEL and its Python twin).
 OPERATOR_ENV_PREFIX = "EAGLE3_"
-ENV_ITEM_SCHEMA: JsonDict = {
-    "type": "object",
-    "required": ["name"],
-    "description": "A core/v1 EnvVar.",
-    "properties": {
-        "name": {
-            "type": "string",
-            "pattern": ENV_NAME,
-            "maxLength": ENV_NAME_MAX,
-            "description": "Name of the variable (not EAGLE3_*: those are the operator's).",
-        },
-        "value": {"type": "string", "description": "Its value."},
-        "valueFrom": {
-            "type": "object",
-            **PRESERVE,
-            "description": "Where its value comes from: a core/v1 EnvVarSource.",
-        },
-    },
-}
 
 
-def checked_env_var(item: dict[str, Any]) -> dict[str, Any]:
-    """spec.pod.env[i] as a core/v1 EnvVar: the checks the API server makes when the operator creates a pod,
-    made when the run is applied instead. (That no name is one of the operator's own, OPERATOR_ENV_PREFIX, is
-    a rule of rules.py: CEL and its Python twin.)"""
-    name = item.get("name")
-    if not isinstance(name, str) or not re.fullmatch(ENV_NAME, name) or len(name) > ENV_NAME_MAX:
-        raise ValueError(
-            f"name {name!r} is not a variable name (letters, digits, '_', '-' and '.', not a digit first, "
-            "no '=')"
-        )
-    unknown = sorted(set(item) - {"name", "value", "valueFrom"})
-    if unknown:
-        raise ValueError(f"unknown fields {unknown} (an EnvVar has name, value and valueFrom)")
-    if "value" in item and not isinstance(item["value"], str):
-        raise ValueError(f"value {item['value']!r} is not a string (quote it in YAML)")
-    if "valueFrom" in item and not isinstance(item["valueFrom"], dict):
-        raise ValueError("valueFrom is not an object (configMapKeyRef, secretKeyRef, fieldRef, ...)")
-    return item
+class EnvVar(ApiModel):
+    """A core/v1 EnvVar, checked as the API server checks a pod's (when the run is applied, not later)."""
 
+    name: str = Field(
+        pattern=ENV_NAME,
+        max_length=253,
+        description=f"Name of the variable (not {OPERATOR_ENV_PREFIX}*: those are the operator's).",
+    )
+    value: str | None = Field(None, description="Its value.")
+    value_from: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra=PRESERVE,
+        description="Where its value comes from: a core/v1 EnvVarSource.",
+    )
 
-EnvVar = Annotated[dict[str, Any], AfterValidator(checked_env_var)]
+    def document(self) -> dict[str, Any]:
+        """As a container's env entry."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 class PodSettings(ApiModel):
@@ -113,7 +89,6 @@ class PodSettings(ApiModel):
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=ENV_MAX_ITEMS,
-        json_schema_extra={"items": ENV_ITEM_SCHEMA},
         description="Extra environment variables (core/v1 EnvVar) of every container, after the operator's; "
         f"names starting {OPERATOR_ENV_PREFIX} are the operator's and are refused.",
     )

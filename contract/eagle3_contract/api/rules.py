@@ -134,7 +134,7 @@ RULES: tuple[CrossFieldRule, ...] = (
         ".pod.env",
         "!has(self.pod) || !has(self.pod.env) || self.pod.env.all(e, !e.name.startsWith('EAGLE3_'))",
         "names starting EAGLE3_ are the operator's own variables and cannot be set",
-        lambda s: all(not str(v.get("name", "")).startswith("EAGLE3_") for v in s.pod.env),
+        lambda s: all(not v.name.startswith("EAGLE3_") for v in s.pod.env),
     ),
 )
 

@@ -210,7 +210,7 @@ def with_user_env(spec: Eagle3RunSpec, own: Iterable[Mapping[str, Any]]) -> list
     it: the user's wins (HF_HOME, HOME, VLLM_CPU_KVCACHE_SPACE, ... can be tuned), and no name is listed twice
     (the API server would keep the last and warn). The EAGLE3_* wiring of the stages is not the user's: the
     spec refuses those names (eagle3_contract.api.rules, CEL and its Python twin)."""
-    user = [copy.deepcopy(v) for v in spec.pod.env]
+    user = [v.document() for v in spec.pod.env]
     taken = {v.get("name") for v in user}
     return [dict(v) for v in own if v["name"] not in taken] + user
 
