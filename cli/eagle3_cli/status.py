@@ -24,6 +24,7 @@ from eagle3_contract.api.status import (
     StageProgress,
     StageStatus,
 )
+from eagle3_contract.cli_types import positive_seconds
 from eagle3_contract.results import EvaluateResult, StageResult, TrainResult, parse_result
 from eagle3_contract.stage_metrics import eta_text, summary
 from eagle3_contract.stages import ORDER, Stage
@@ -318,6 +319,10 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "-w", "--watch", action="store_true", help="re-draw until the run is finished or Ctrl-C"
     )
     status.add_argument(
-        "--interval", type=float, default=3.0, metavar="S", help="seconds between re-draws (default 3)"
+        "--interval",
+        type=positive_seconds,
+        default=3.0,
+        metavar="S",
+        help="seconds between re-draws (default 3)",
     )
     status.set_defaults(func=_status)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.status import Eagle3RunStatus
+from eagle3_contract.cli_types import port, positive_seconds
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -49,39 +50,22 @@ def _http_url(text: str) -> str:
     return text
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
 def _read_run(args: argparse.Namespace) -> dict[str, Any]:
     """The run to promote: from --from-file (`-` is stdin), else from the cluster through k8s.py."""
     import asyncio
 
-    import yaml
-
+    from eagle3_contract.api.manifest import ManifestError, manifest_documents, parse_documents
     from eagle3_operator.k8s import current_namespace, get_run
     from eagle3_operator.promote import PromotionError, select_run
 
-    if args.from_file:
-        where = "stdin" if args.from_file == "-" else args.from_file
+    if args.from_file:  # the manifest reader every command uses (eagle3_contract.api.manifest)
         try:
-            text = sys.stdin.read() if args.from_file == "-" else Path(args.from_file).read_text()
-            documents = list(yaml.safe_load_all(text))
-        except OSError as exc:
-            raise PromotionError(f"{where}: cannot read it ({exc.strerror})") from None
-        except UnicodeDecodeError as exc:
-            raise PromotionError(
-                f"{where}: not a YAML or JSON text file (byte {exc.start} is not UTF-8); pass the output of "
-                f"`kubectl get e3r {args.run} -o yaml`"
-            ) from None
-        except yaml.YAMLError as exc:
-            raise PromotionError(f"{where}: not YAML or JSON: {exc}") from None
+            if args.from_file == "-":
+                documents = parse_documents(sys.stdin.read(), "stdin")
+            else:
+                documents = manifest_documents(Path(args.from_file))
+        except ManifestError as exc:
+            raise PromotionError(f"{exc}; pass the output of `kubectl get e3r {args.run} -o yaml`") from None
         return dict(select_run(documents, args.run))
     namespace = args.namespace or current_namespace()
     try:
@@ -157,8 +141,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     op.add_argument(
         "-n", "--namespace", action="append", default=[], help="watch only this namespace (repeatable)"
     )
-    op.add_argument("--health-port", type=int, default=8080, help="liveness endpoint port (/healthz)")
-    op.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (/metrics)")
+    op.add_argument("--health-port", type=port, default=8080, help="liveness endpoint port (/healthz)")
+    op.add_argument("--metrics-port", type=port, default=9090, help="Prometheus metrics port (/metrics)")
     op.add_argument(
         "--pipeline-image",
         default=os.environ.get("EAGLE3_PIPELINE_IMAGE") or None,
@@ -212,7 +196,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     op.add_argument(
         "--resync-seconds",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=60.0,
         metavar="S",
         help="reconcile every run and re-list what the watches hold every S seconds (default 60): repairs "
@@ -220,7 +204,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     op.add_argument(
         "--api-timeout-seconds",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=30.0,
         metavar="S",
         help="give up on an API call that got no answer in S seconds and retry it (default 30): a silent "

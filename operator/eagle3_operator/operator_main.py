@@ -48,7 +48,12 @@ def run_operator(
     retried."""
     metrics = OperatorMetrics()
     if metrics_port:
-        metrics.serve(metrics_port)
+        try:
+            metrics.serve(metrics_port)
+        except OSError as exc:  # one line, not a traceback: the port is taken, or not this user's to bind
+            logger.error("eagle3 operator: cannot serve metrics on port %d (%s); free it or pass another "
+                         "--metrics-port", metrics_port, exc.strerror or exc)  # fmt: skip
+            raise SystemExit(1) from None
     memo = kopf.Memo(
         metrics=metrics,
         defaults=defaults or OperatorDefaults(),

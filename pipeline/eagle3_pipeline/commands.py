@@ -4,9 +4,11 @@ imported when run (torch is slow to import)."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 from eagle3_contract.api.status import Eagle3RunStatus
+from eagle3_contract.cli_types import positive_int
 
 
 def _stage(args: argparse.Namespace) -> int:
@@ -35,6 +37,21 @@ def _plan(args: argparse.Namespace) -> int:
     from eagle3_pipeline.local.plan import main as plan_main
 
     return plan_main(args.file, args.artifacts, args.models, args.vllm, args.acceptance_length)
+
+
+def acceptance_length(text: str) -> float:
+    """`--acceptance-length L`: a finite number of at least 1 (a step that accepts no draft token yields 1);
+    its upper bound, k + 1, depends on the manifest and is checked with it (eagle3_pipeline.local.plan)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"{text}: an acceptance length is at least 1 (tokens per verifier step, the verifier's own one "
+            "included) and at most evaluation.numSpeculativeTokens + 1"
+        )
+    return value
 
 
 def local_status_reader(path: str, artifacts: str | None) -> Callable[[], tuple[str, Eagle3RunStatus]]:
@@ -77,7 +94,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="NAME=DIR",
         help="an upstream stage's output (repeatable)",
     )
-    stage.add_argument("--token-budget", type=int, default=None, help="tokens per batch (extract, generate)")
+    stage.add_argument(
+        "--token-budget", type=positive_int, default=None, help="tokens per batch (extract, generate)"
+    )
     stage.set_defaults(func=_stage)
     produce = sub.add_parser(
         "produce", help="serve hidden states to an online train stage (vLLM; what a producer pod runs)"
@@ -111,7 +130,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     plan.add_argument("--vllm", help="the `vllm` executable (as `eagle3 run --vllm`)")
     plan.add_argument(
         "--acceptance-length",
-        type=float,
+        type=acceptance_length,
         action="append",
         default=[],
         metavar="L",

@@ -299,3 +299,53 @@ def test_eagle3_status_of_a_run_in_the_cluster(tmp_path: Path) -> None:
         proc.stderr
     )
     assert "not found: check the run's name and namespace (-n)" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "run", "--interval", "-1"],
+        ["status", "run", "--interval", "nan"],
+        ["stage", "prepare", "--spec", "s", "--artifacts", "a", "--output", "o", "--token-budget=-5"],
+        ["stage", "prepare", "--spec", "s", "--artifacts", "a", "--output", "o", "--token-budget", "0"],
+        ["operator", "--metrics-port", "70000"],
+        ["operator", "--health-port", "-1"],
+    ],
+)
+def test_a_value_out_of_range_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28, item 15: negative intervals, budgets and ports were taken as given."""
+    from eagle3_cli.main import parser
+
+    with pytest.raises(SystemExit) as exited:
+        parser().parse_args(argv)
+    assert exited.value.code == 2
+    [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("eagle3")][-1:]
+    assert "error: argument " in line and repr(argv[-1].split("=")[-1]) in line, line
+
+
+def test_the_operators_metrics_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """It was a 28-line traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [
+            sys.executable,
+            "-m",
+            "eagle3_cli",
+            "operator",
+            "--health-port",
+            "0",
+            "--metrics-port",
+            str(port),
+        ]
+        env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+        done = subprocess.run(
+            argv, env=env | {"HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 1, done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and f"cannot serve metrics on port {port}" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr

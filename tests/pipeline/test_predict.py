@@ -1,5 +1,6 @@
 """`eagle3 plan` on the tiny example in vLLM CPU 0.32: the step-cost prediction (two servers: the verifier
-alone and with an untrained draft), concurrencies 1 and 2, 32-token answers."""
+alone and with an untrained draft), concurrencies 1 and 2, 32-token answers; and what `eagle3 plan` refuses or
+reads before any server starts."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3_contract.api.manifest import load_manifest
 from eagle3_pipeline.local.plan import main as plan_main
-from eagle3_pipeline.local.plan import run_plan
+from eagle3_pipeline.local.plan import predict_manifest, run_plan
 from tests.pipeline.test_vllm_server import vllm_or_skip
+from tests.tiny_spec import minimal
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny" / "eagle3run.yaml"
@@ -62,3 +65,52 @@ def test_eagle3_plan_prints_the_table(planned: tuple[Path, Path], capsys: pytest
     assert "predicted speedup (step-cost, k=3)" in out and "concurrency 2" in out
     assert "3.10" in out  # the --acceptance-length row
     assert "verifier alone" in out and "break-even" in out
+
+
+def test_every_command_reads_the_run_out_of_a_file_with_other_documents(tmp_path: Path) -> None:
+    """`eagle3 plan` read the file with yaml.safe_load and failed on a ConfigMap before the run."""
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "b"}}
+    path = tmp_path / "both.yaml"
+    path.write_text(
+        yaml.safe_dump_all(
+            [
+                config_map,
+                {
+                    "apiVersion": "eagle3.dev/v1alpha1",
+                    "kind": "Eagle3Run",
+                    "metadata": {"name": "run"},
+                    "spec": minimal(),
+                },
+            ]
+        )
+    )
+    manifest = load_manifest(path)
+    written = predict_manifest(manifest, tmp_path / "art")
+    copy = load_manifest(written)
+    assert copy.name == manifest.name and copy.spec.evaluation.predict is True
+    assert [d["kind"] for d in yaml.safe_load_all(written.read_text())] == ["Eagle3Run"]
+
+
+def test_an_acceptance_length_outside_1_to_k_plus_1_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28, item 12: -1, 0, nan, inf were printed as rows (-0.45x); 100 gave 50x at k = 3."""
+    from eagle3_cli.main import parser
+
+    for bad in ("-1", "0", "0.99", "nan", "inf", "x"):
+        with pytest.raises(SystemExit) as exited:
+            parser().parse_args(["plan", "run.yaml", "--acceptance-length", bad])
+        assert exited.value.code == 2
+        assert "--acceptance-length" in capsys.readouterr().err
+    assert parser().parse_args(["plan", "f", "--acceptance-length", "1"]).acceptance_length == [1.0]
+    path = tmp_path / "run.yaml"
+    run = {
+        "apiVersion": "eagle3.dev/v1alpha1",
+        "kind": "Eagle3Run",
+        "metadata": {"name": "run"},
+        "spec": minimal(),
+    }
+    path.write_text(yaml.safe_dump(run))
+    assert plan_main(str(path), str(tmp_path / "art"), None, None, [2.0, 4.5]) == 2  # k = 3: at most 4
+    assert "--acceptance-length 4.5: at most k + 1 = 4" in capsys.readouterr().err
+    assert not (tmp_path / "art").exists()  # refused before anything ran

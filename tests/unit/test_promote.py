@@ -323,11 +323,11 @@ def test_the_cli_refuses_with_the_reason_and_writes_nothing(
 
 def test_the_cli_says_what_is_wrong_with_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["promote", "tiny", "--from-file", str(tmp_path / "absent.yaml")]) == 1
-    assert "absent.yaml: cannot read it (No such file or directory)" in capsys.readouterr().err
+    assert "absent.yaml: no such file" in capsys.readouterr().err
     broken = tmp_path / "broken.yaml"
     broken.write_text("kind: [unclosed\n")
     assert main(["promote", "tiny", "--from-file", str(broken)]) == 1
-    assert "broken.yaml: not YAML or JSON" in capsys.readouterr().err
+    assert "broken.yaml: not valid YAML/JSON" in capsys.readouterr().err
 
 
 def test_a_binary_file_is_refused_as_not_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -337,4 +337,4 @@ def test_a_binary_file_is_refused_as_not_text(tmp_path: Path, capsys: pytest.Cap
     assert main(["promote", "tiny", "--from-file", str(binary)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "model.safetensors" in err
-    assert "not a YAML or JSON text file" in err and "kubectl get e3r tiny -o yaml" in err
+    assert "not UTF-8 text" in err and "kubectl get e3r tiny -o yaml" in err

@@ -24,6 +24,12 @@ NAME_RULE = (
 )
 
 
+# The API server refuses a request body over 3 MiB; a manifest's aliases may not expand past this many values
+# (go-yaml, which the API server reads YAML with, refuses excessive aliasing too).
+MAX_MANIFEST_BYTES = 3 * 1024 * 1024
+MAX_EXPANDED_NODES = 1_000_000
+
+
 class ManifestError(ValueError):
     """A manifest that cannot run: the message names the file and the field."""
 
@@ -68,21 +74,96 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _documents(path: Path) -> list[Any]:
+class _TooLarge(ValueError):
+    """A document whose aliases expand past what any manifest needs (a 'billion laughs' file)."""
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """The number of nodes `node` stands for once every alias is expanded, computed once per node (a node an
+    alias points at is the same object), iteratively: no recursion limit, whatever the depth."""
+    pending: list[tuple[yaml.Node, bool]] = [(node, False)]
+    while pending:
+        current, children_done = pending.pop()
+        if id(current) in sizes:
+            continue
+        children = _children(current)
+        if children_done or not children:
+            sizes[id(current)] = min(1 + sum(sizes[id(c)] for c in children), MAX_EXPANDED_NODES + 1)
+            continue
+        pending.append((current, True))
+        pending.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(node)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _yaml_documents(text: str) -> list[Any]:
+    loader = _UniqueKeyLoader(text)
     try:
-        text = path.read_text()
+        documents = []
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            expanded = _expanded_size(node, {})
+            if expanded > MAX_EXPANDED_NODES:
+                raise _TooLarge(
+                    f"its aliases expand to more than {MAX_EXPANDED_NODES:,} values (an alias bomb?); a "
+                    "manifest needs a few hundred: write it without nested aliases"
+                )
+            documents.append(loader.construct_document(node))
+        return [doc for doc in documents if doc is not None]
+    finally:
+        loader.dispose()
+
+
+def read_manifest_text(path: Path) -> str:
+    """The manifest file's text: UTF-8 (as kubectl reads it), at most the API server's request size."""
+    try:
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ManifestError(f"{path}: no such file; pass the path of an Eagle3Run manifest") from None
+    except IsADirectoryError:
+        raise ManifestError(f"{path}: a directory; pass the path of an Eagle3Run manifest file") from None
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read it ({exc.strerror})") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            f"{path}: {len(data):,} bytes, more than the {MAX_MANIFEST_BYTES:,} an API server accepts in one "
+            "request; is it the right file?"
+        )
     try:
-        if path.suffix == ".json":
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{path}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}); save it as UTF-8"
+        ) from None
+
+
+def manifest_documents(path: Path) -> list[Any]:
+    """Every document of a YAML (or .json) manifest file, for each command that reads one: an Eagle3Run and
+    whatever else `kubectl apply -f` would take with it (a ConfigMap, a Namespace)."""
+    return parse_documents(read_manifest_text(path), str(path), is_json=path.suffix == ".json")
+
+
+def parse_documents(text: str, where: str, is_json: bool = False) -> list[Any]:
+    """The documents of a manifest's text (`where` names it in errors): keys unique, aliases bounded."""
+    try:
+        if is_json:
             return [json.loads(text, object_pairs_hook=_unique_pairs)]
-        return [doc for doc in yaml.load_all(text, Loader=_UniqueKeyLoader) if doc is not None]
-    except _DuplicateKey as exc:
-        raise ManifestError(f"{path}: {exc}") from None
+        return _yaml_documents(text)
+    except (_DuplicateKey, _TooLarge) as exc:
+        raise ManifestError(f"{where}: {exc}") from None
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{path}: not valid YAML/JSON: {exc}") from None
+        raise ManifestError(f"{where}: not valid YAML/JSON: {exc}") from None
+    except RecursionError:
+        raise ManifestError(f"{where}: nested deeper than a manifest reader follows") from None
 
 
 def _checked_name(path: Path, name: Any) -> str:
@@ -98,7 +179,7 @@ def _checked_name(path: Path, name: Any) -> str:
 def load_manifest(path: str | Path) -> Manifest:
     """The one Eagle3Run in `path`, validated; raises ManifestError naming the field that is wrong."""
     path = Path(path)
-    runs = [d for d in _documents(path) if isinstance(d, dict) and d.get("kind") == KIND]
+    runs = [d for d in manifest_documents(path) if isinstance(d, dict) and d.get("kind") == KIND]
     if len(runs) != 1:
         raise ManifestError(f"{path}: expected exactly one document of kind {KIND}, found {len(runs)}")
     doc = runs[0]

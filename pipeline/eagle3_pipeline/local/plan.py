@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.api.manifest import Manifest, load_manifest
 from eagle3_contract.results import PredictedAcceptance, PredictResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.local.run import (
@@ -111,12 +111,12 @@ def plan_lines(result: PredictResult) -> list[str]:
     return lines
 
 
-def predict_manifest(path: str, artifacts: Path) -> Path:
-    """A copy of the manifest with evaluation.predict true, in the artifacts directory."""
-    document = yaml.safe_load(Path(path).read_text())
-    doc = copy.deepcopy(document)
+def predict_manifest(manifest: Manifest, artifacts: Path) -> Path:
+    """A copy of the manifest's Eagle3Run (as load_manifest read it: the other documents of its file left
+    out) with evaluation.predict true, in the artifacts directory."""
+    doc = copy.deepcopy(manifest.document)
     doc.setdefault("spec", {}).setdefault("evaluation", {})["predict"] = True
-    out = artifacts / ".runs" / f"{Path(path).stem}-plan.yaml"
+    out = artifacts / ".runs" / f"{manifest.path.stem}-plan.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
     return out
@@ -128,7 +128,7 @@ def run_plan(path: str, artifacts: str | None, models: str | None, vllm: str | N
 
     manifest = load_manifest(path)
     root = Path(artifacts) if artifacts else default_artifacts(manifest)
-    spec_file = predict_manifest(path, root)
+    spec_file = predict_manifest(manifest, root)
     predicting = load_manifest(spec_file)
     plan = next(p for p in plan_stages(predicting.spec) if p.stage is Stage.PREDICT)
     options = LocalOptions(artifacts=root, models=Path(models) if models else None, vllm=vllm)
@@ -150,6 +150,17 @@ def main(
 
     console = Console()
     try:
+        k = load_manifest(path).spec.evaluation.num_speculative_tokens
+        beyond = [length for length in lengths if length > k + 1]
+        if beyond:  # a usage error, found before any server starts
+            Console(stderr=True).print(
+                f"[red]error:[/red] --acceptance-length {beyond[0]:g}: at most k + 1 = {k + 1} "
+                f"(evaluation.numSpeculativeTokens is {k}: a step accepts at most k draft tokens and adds "
+                "one of its own)",
+                highlight=False,
+                soft_wrap=True,
+            )
+            return 2
         result = with_lengths(run_plan(path, artifacts, models, vllm), lengths)
     except (ValueError, LocalRunError) as exc:
         Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)

@@ -147,3 +147,54 @@ def test_verifier_config_problems() -> None:
     nested = {"model_type": "gemma3", "text_config": {"num_attention_heads": 8, "num_hidden_layers": 4}}
     assert len(verifier_config_problems(nested, tensor_parallel_size=3, layers=[4])) == 2
     assert verifier_config_problems({"model_type": "odd"}, tensor_parallel_size=3, layers=[99]) == []
+
+
+# --- issue 28: what a manifest file may hold (items 11, 13, 15) -------------------------------------------
+
+
+def document(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "eagle3.dev/v1alpha1",
+        "kind": "Eagle3Run",
+        "metadata": {"name": "run"},
+        "spec": spec,
+    }
+
+
+def alias_bomb(levels: int) -> str:
+    lines = ["apiVersion: eagle3.dev/v1alpha1", "kind: Eagle3Run", "metadata: {name: bomb}"]
+    lines.append("x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]")
+    for i in range(1, levels):
+        lines.append(f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    lines.append(
+        f"spec: {{verifier: {{model: m}}, dataset: {{source: d}}, pod: {{affinity: {{x: *a{levels - 1}}}}}}}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_at_once_with_a_line(tmp_path: Path) -> None:
+    """3 KB of nested anchors stood for 10**9 values, and the spec's validation spun on them for minutes."""
+    import time
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb(9))
+    started = time.monotonic()
+    with pytest.raises(ManifestError, match=r"bomb\.yaml: its aliases expand to more than 1,000,000 values"):
+        load_manifest(path)
+    assert time.monotonic() - started < 30  # a hang bound, not a speed target: it was minutes
+    path.write_text(alias_bomb(3))  # a few aliases are YAML like any other
+    assert load_manifest(path).spec.pod.affinity["x"][0][0] == ["lol"] * 10
+
+
+def test_a_manifest_that_is_not_utf8_or_too_large_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_bytes(yaml.safe_dump(document(minimal())).encode().replace(b"verifier", b"v\xe9rifier"))
+    with pytest.raises(
+        ManifestError, match=r"run\.yaml: not UTF-8 text \(byte 0xe9 at offset \d+\); save it"
+    ):
+        load_manifest(path)
+    path.write_text(yaml.safe_dump(document(minimal())) + "#" * (3 * 1024 * 1024))
+    with pytest.raises(ManifestError, match=r"run\.yaml: 3,14\d,\d{3} bytes, more than the 3,145,728"):
+        load_manifest(path)
+    with pytest.raises(ManifestError, match=r"a directory"):
+        load_manifest(tmp_path)

@@ -1,0 +1,41 @@
+"""Value types of the `eagle3` command line's options, for the parsers of both sides (the operator's and the
+pipeline's commands, and the thin entry's own): a value out of range is a usage error, exit code 2 with one
+line from argparse, before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds above 0 (`--interval`, `--resync-seconds`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number above 0 (`--token-budget`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 to 65535 (`--metrics-port`, `--health-port`; 0 leaves that server off)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535; 0 is off)")
+    return value
