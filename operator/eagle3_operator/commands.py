@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.api.fields import HTTP_URL
 from eagle3_contract.api.status import Eagle3RunStatus
 from eagle3_contract.cli_types import port, positive_seconds
 
@@ -45,8 +47,9 @@ def _label(text: str) -> tuple[str, str]:
 
 
 def _http_url(text: str) -> str:
-    if not text.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
+    """The same rule as spec.serving.canary.prometheusUrl's (eagle3_contract.api.fields.HTTP_URL)."""
+    if not re.fullmatch(HTTP_URL, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL with a host")
     return text
 
 

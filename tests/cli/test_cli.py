@@ -310,6 +310,8 @@ def test_eagle3_status_of_a_run_in_the_cluster(tmp_path: Path) -> None:
         ["stage", "prepare", "--spec", "s", "--artifacts", "a", "--output", "o", "--token-budget", "0"],
         ["operator", "--metrics-port", "70000"],
         ["operator", "--health-port", "-1"],
+        ["operator", "--prometheus-url", "http://"],
+        ["operator", "--prometheus-url", "http://prom etheus:9090"],
     ],
 )
 def test_a_value_out_of_range_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

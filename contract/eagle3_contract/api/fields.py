@@ -76,7 +76,12 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A label value (empty, or up to 63 alphanumerics, '-', '_' and '.', alphanumeric at both ends)
 LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
 # A duration as Kubernetes tools write one: hours, minutes and seconds, e.g. '30s', '10m', '1h30m'.
-DURATION = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
+# An http(s) URL with a host and nothing that is not part of one (no space, no line break at the end): the
+# API server checks the same pattern (RE2, no look-around).
+HTTP_URL = r"^https?://[^\s/?#@]+(@[^\s/?#@]+)?([/?#]\S*)?$"
+# Hours, minutes and seconds, each of a bounded number of digits: CEL's durations (the canary's rule compares
+# two) end at 10,000 years, and no setting here needs more than years.
+DURATION = r"^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$"
 _DURATION = re.compile(DURATION)
 Duration = Annotated[str, Field(min_length=2, pattern=DURATION)]
 

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from eagle3_contract.api.fields import duration_seconds
+
 if TYPE_CHECKING:
     from eagle3_contract.api.spec import Eagle3RunSpec
 
@@ -126,6 +128,19 @@ RULES: tuple[CrossFieldRule, ...] = (
             s.serving.speculation_length != "tuned"
             or s.evaluation.sweep is not None
             or s.serving.pinned_checkpoint is not None
+        ),
+    ),
+    # A canary is observed for `duration` before it can be promoted: a timeout at or before that rolls every
+    # canary back (issue 28, item 10; timeout 0s among them).
+    CrossFieldRule(
+        ".serving.canary.timeout",
+        "!has(self.serving.canary)"
+        " || duration(self.serving.canary.timeout) > duration(self.serving.canary.duration)",
+        "serving.canary.timeout must be longer than serving.canary.duration: the canary is observed for "
+        "duration before a decision, so a timeout at or before it always rolls back",
+        lambda s: (
+            s.serving.canary is None
+            or duration_seconds(s.serving.canary.timeout) > duration_seconds(s.serving.canary.duration)
         ),
     ),
     # The operator's own variables are not the user's (issue 28, item 7), as PodSettings' own check says;

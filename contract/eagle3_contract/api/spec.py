@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from eagle3_contract.api.base import ApiModel
-from eagle3_contract.api.fields import DNS_LABEL, PRESERVE, Duration, Quantity
+from eagle3_contract.api.fields import DNS_LABEL, HTTP_URL, PRESERVE, Duration, Quantity
 from eagle3_contract.api.pods import (
     DisruptionBudget,
     Monitoring,
@@ -383,7 +383,7 @@ class Canary(ApiModel):
     )
     prometheus_url: str | None = Field(
         None,
-        pattern=r"^https?://",
+        pattern=HTTP_URL,
         description="Prometheus that scrapes the vLLM pods; default the operator's --prometheus-url.",
     )
 

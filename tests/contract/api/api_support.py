@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from eagle3_contract.api import spec as spec_module
 from eagle3_contract.api.crd import build_crd
-from eagle3_contract.api.fields import QUANTITY
+from eagle3_contract.api.fields import QUANTITY, duration_seconds
 from eagle3_contract.api.rules import RULES, CrossFieldRule
 from eagle3_contract.api.spec import Eagle3RunSpec
 
@@ -268,6 +268,9 @@ def repair(doc: dict[str, Any]) -> dict[str, Any]:
         doc["serving"]["enabled"] = True
     if eff["dataset"].get("format") == "prompts":
         doc.setdefault("regeneration", {})["enabled"] = True
+    canary = eff["serving"].get("canary")
+    if canary is not None and duration_seconds(canary["timeout"]) <= duration_seconds(canary["duration"]):
+        doc["serving"]["canary"]["timeout"] = f"{duration_seconds(canary['duration']) + 1}s"
     return doc
 
 

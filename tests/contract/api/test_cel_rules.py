@@ -94,6 +94,12 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
         True,
     ),
     (".serving.speculationLength", {"serving.speculationLength": "tuned"}, False),
+    (".serving.canary.timeout", {}, True),
+    (".serving.canary.timeout", {"serving.canary": {}}, True),  # 10m, then 2h
+    (".serving.canary.timeout", {"serving.canary": {"duration": "10m", "timeout": "10m1s"}}, True),
+    (".serving.canary.timeout", {"serving.canary": {"duration": "10m", "timeout": "10m"}}, False),
+    (".serving.canary.timeout", {"serving.canary": {"duration": "1h30m", "timeout": "90m"}}, False),
+    (".serving.canary.timeout", {"serving.canary": {"timeout": "0s"}}, False),
     (".pod.env", {}, True),
     (".pod.env", {"pod.env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]}, True),
     (".pod.env", {"pod.env": [{"name": "MY_EAGLE3_HOME", "value": "x"}]}, True),

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from eagle3_contract.api import InvalidSpecError, parse_spec, spec_document
+from eagle3_contract.api.fields import duration_seconds
 from eagle3_contract.api.rules import RULES, CrossFieldRule
 from eagle3_contract.api.validation import INT64_MAX, INT64_MIN
 from tests.contract.api.api_support import (
@@ -148,6 +149,11 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
         doc.setdefault("evaluation", {}).pop("sweep", None)
         doc.setdefault("serving", {}).pop("pinnedCheckpoint", None)
         value = "tuned"
+    elif rule.field_path == ".serving.canary.timeout":
+        canary = doc.setdefault("serving", {}).setdefault("canary", {})
+        seconds = duration_seconds(canary.setdefault("duration", "10m"))
+        canary["timeout"] = draw(st.sampled_from(["0s", f"{seconds}s", f"{max(seconds - 1, 0)}s"]))
+        return
     elif rule.field_path == ".pod.env":
         kept = doc.get("pod", {}).get("env", [])[:3]
         value = [
@@ -407,3 +413,31 @@ def test_the_crd_refuses_an_env_name_a_pod_would_refuse() -> None:
     assert cel_holds(RULES[-1].rule, good) and not cel_holds(
         RULES[-1].rule, defaulted(minimal() | {"pod": {"env": [{"name": "EAGLE3_STAGE", "value": "x"}]}})
     )
+
+
+@pytest.mark.parametrize(
+    ("canary", "problem"),
+    [
+        ({"timeout": "0s"}, "spec.serving.canary.timeout: serving.canary.timeout must be longer than"),
+        ({"duration": "2h", "timeout": "2h"}, "spec.serving.canary.timeout: "),
+        ({"duration": "3h"}, "spec.serving.canary.timeout: "),  # the default timeout is 2h
+        ({"prometheusUrl": "http://"}, "spec.serving.canary.prometheusUrl: String should match pattern"),
+        (
+            {"prometheusUrl": "http://prom etheus:9090"},
+            "spec.serving.canary.prometheusUrl: String should match",
+        ),
+        (
+            {"prometheusUrl": "http://prometheus:9090\n"},
+            "spec.serving.canary.prometheusUrl: String should match",
+        ),
+        ({"timeout": "100000h"}, "spec.serving.canary.timeout: String should match pattern"),
+    ],
+)
+def test_a_canary_that_could_never_decide_is_refused_naming_the_field(
+    canary: dict[str, Any], problem: str
+) -> None:
+    """Issue 28, item 10: each was accepted; the canary always rolled back, or could reach no Prometheus."""
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(minimal() | {"serving": {"canary": canary}})
+    assert str(caught.value).startswith(f"invalid Eagle3Run spec: {problem}"), caught.value
+    parse_spec(minimal() | {"serving": {"canary": {"prometheusUrl": "http://prometheus.monitoring:9090/x"}}})
