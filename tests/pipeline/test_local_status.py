@@ -100,3 +100,32 @@ def test_a_failed_stage_reports_its_error_not_the_progress_line_it_ended_with(tm
     message = local_status(manifest, art).stages["prepare"].message or ""
     assert "exit code 1: " in message and "no rows (the file is empty" in message, message
     assert " INFO " not in message, message
+
+
+def test_a_check_that_failed_after_an_earlier_pass_shows_the_latest_verdict(tmp_path: Path) -> None:
+    """Issue 28, item 14: a pinned draft tampered with after verify passed fails verify on the next run;
+    `eagle3 status` showed the earlier pass (its result.json is still there) and Ready True."""
+    spec = base_spec(tmp_path / "m", tmp_path / "d")
+    spec["serving"] = {"pinnedCheckpoint": {"path": "/artifacts/drafts/a", "sha256": "ab" * 32}}
+    manifest = load_manifest(write_manifest(tmp_path / "run.yaml", spec))
+    dirs = {p.stage.value: p.output_dir for p in plan_stages(manifest.spec) if not p.skipped}
+    art = tmp_path / "art"
+    complete(art, dirs["verify"], {"sha256": "ab" * 32, "seconds": 0.2})
+    passed = local_status(manifest, art)
+    assert passed.stages["verify"].phase == StagePhase.SUCCEEDED
+    os.utime(art / dirs["verify"] / "result.json", (1_700_000_000, 1_700_000_000))  # the pass, earlier
+    failed = {
+        "phase": "Failed",
+        "outputDir": dirs["verify"],
+        "attempts": 1,
+        "completionTime": "2026-12-05T10:00:00Z",
+    }
+    record(
+        art, None, {"verify": failed | {"message": "exit code 87: sha256 mismatch"}}, "stage verify failed"
+    )
+    status = local_status(manifest, art)
+    assert status.stages["verify"].phase == StagePhase.FAILED
+    assert "sha256 mismatch" in (status.stages["verify"].message or "")
+    assert status.phase == RunPhase.FAILED and status.conditions[0].status == "False"
+    record(art, None, {"verify": failed | {"completionTime": "2023-01-01T00:00:00Z"}})  # before the pass
+    assert local_status(manifest, art).stages["verify"].phase == StagePhase.SUCCEEDED

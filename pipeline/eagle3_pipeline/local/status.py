@@ -155,6 +155,20 @@ def _completed(plan: StagePlan, output: Path, recorded: dict[str, Any]) -> dict[
     return entry
 
 
+def _recorded_since(recorded: dict[str, Any], output: Path) -> bool:
+    """The record is of an attempt after the complete output was written: a check that runs again (verify)
+    and failed, or runs now. The latest verdict is the stage's, not the earlier output's."""
+    if recorded.get("phase") not in ("Failed", "Running"):
+        return False
+    stamp = recorded.get("completionTime") or recorded.get("startTime")
+    try:
+        when = datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        written = (output / RESULT_FILE).stat().st_mtime
+    except (ValueError, OSError):
+        return False
+    return when >= int(written)
+
+
 def stage_status(plan: StagePlan, artifacts: Path, recorded: dict[str, Any], running: bool) -> dict[str, Any]:
     """One stage's entry, camelCase like status.stages.<stage>: from the plan, its output and the record
     (taken only when it is of this output directory: an edited spec is another hash)."""
@@ -164,7 +178,7 @@ def stage_status(plan: StagePlan, artifacts: Path, recorded: dict[str, Any], run
     if plan.skipped:
         return {"phase": "Skipped", "message": plan.skipped}
     output = artifacts / plan.output_dir
-    if is_complete(output):
+    if is_complete(output) and not _recorded_since(recorded, output):
         return base | _completed(plan, output, recorded)
     entry = base | {k: v for k, v in recorded.items() if k not in ("outputDir", "phase")}
     phase = recorded.get("phase")
