@@ -29,6 +29,9 @@ class DisruptionBudget(ApiModel):
     )
 
 
+MAX_TOLERATIONS = 64  # bounds the cost of the CEL rule over them (eagle3_contract.api.rules)
+
+
 class Toleration(ApiModel):
     """A Kubernetes toleration (core/v1 Toleration)."""
 
@@ -38,7 +41,17 @@ class Toleration(ApiModel):
     effect: str | None = Field(
         None, pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$", description="Taint effect to tolerate."
     )
-    toleration_seconds: int | None = Field(None, description="How long a NoExecute taint is tolerated.")
+    toleration_seconds: int | None = Field(
+        None, description="How long a NoExecute taint is tolerated (effect NoExecute only)."
+    )
+
+    def problem(self) -> str | None:
+        """What the API server would refuse in this toleration (core/v1 validation), or None."""
+        if self.operator == "Exists" and self.value:
+            return "operator Exists takes no value (it tolerates every value of the key)"
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            return "tolerationSeconds applies to effect NoExecute only"
+        return None
 
 
 class LocalObjectReference(ApiModel):
@@ -94,7 +107,9 @@ class PodSettings(ApiModel):
     )
     priority_class_name: str | None = Field(None, description="PriorityClass of every pod.")
     tolerations: list[Toleration] = Field(
-        default_factory=list, description="Tolerations of every pod (GPU pods add nodePool.tolerations)."
+        default_factory=list,
+        max_length=MAX_TOLERATIONS,
+        description="Tolerations of every pod (GPU pods add nodePool.tolerations).",
     )
     affinity: dict[str, Any] = Field(
         default_factory=dict,

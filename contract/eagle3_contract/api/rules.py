@@ -39,6 +39,11 @@ def _unique(values: list[int] | None) -> bool:
     return values is None or len(set(values)) == len(values)
 
 
+TOLERATION_CEL = (
+    "(!has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')"
+    " && (!has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))"
+)
+
 # The GPU rules hold for nodePool.device gpu only: in CPU mode training.gpus is the training processes of a
 # node and tensorParallelSize vLLM's CPU workers, neither bounded by gpusPerNode.
 RULES: tuple[CrossFieldRule, ...] = (
@@ -142,6 +147,21 @@ RULES: tuple[CrossFieldRule, ...] = (
             s.serving.canary is None
             or duration_seconds(s.serving.canary.timeout) > duration_seconds(s.serving.canary.duration)
         ),
+    ),
+    # Tolerations the API server refuses when the operator creates a pod (issue 28, item 9): Exists with a
+    # value, tolerationSeconds without effect NoExecute. Bounded lists (MAX_TOLERATIONS).
+    *(
+        CrossFieldRule(
+            f".{path}",
+            f"!has(self.{path.split('.')[0]}) || !has(self.{path}) || self.{path}.all(t, {TOLERATION_CEL})",
+            f"{path}: a toleration with operator Exists takes no value, and tolerationSeconds needs effect "
+            "NoExecute",
+            holds,
+        )
+        for path, holds in (
+            ("pod.tolerations", lambda s: all(t.problem() is None for t in s.pod.tolerations)),
+            ("nodePool.tolerations", lambda s: all(t.problem() is None for t in s.node_pool.tolerations)),
+        )
     ),
     # The operator's own variables are not the user's (issue 28, item 7), as PodSettings' own check says;
     # the list and the names are bounded (maxItems, maxLength), so the rule's cost is too.

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from eagle3_contract.api.base import ApiModel
 from eagle3_contract.api.fields import DNS_LABEL, HTTP_URL, PRESERVE, Duration, Quantity
 from eagle3_contract.api.pods import (
+    MAX_TOLERATIONS,
     DisruptionBudget,
     Monitoring,
     PodSettings,
@@ -438,7 +439,9 @@ class NodePool(ApiModel):
     """Where GPU stages and serving run."""
 
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels pods must match.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for GPU taints.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=MAX_TOLERATIONS, description="Tolerations for GPU taints."
+    )
     affinity: dict[str, Any] = Field(
         default_factory=dict, json_schema_extra=PRESERVE, description="A core/v1 Affinity, passed through."
     )

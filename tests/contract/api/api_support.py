@@ -268,6 +268,12 @@ def repair(doc: dict[str, Any]) -> dict[str, Any]:
         doc["serving"]["enabled"] = True
     if eff["dataset"].get("format") == "prompts":
         doc.setdefault("regeneration", {})["enabled"] = True
+    for section in ("pod", "nodePool"):
+        for toleration in doc.get(section, {}).get("tolerations", []):
+            if toleration.get("operator") == "Exists":
+                toleration.pop("value", None)
+            if "tolerationSeconds" in toleration:
+                toleration["effect"] = "NoExecute"
     canary = eff["serving"].get("canary")
     if canary is not None and duration_seconds(canary["timeout"]) <= duration_seconds(canary["duration"]):
         doc["serving"]["canary"]["timeout"] = f"{duration_seconds(canary['duration']) + 1}s"

@@ -154,6 +154,20 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
         seconds = duration_seconds(canary.setdefault("duration", "10m"))
         canary["timeout"] = draw(st.sampled_from(["0s", f"{seconds}s", f"{max(seconds - 1, 0)}s"]))
         return
+    elif rule.field_path in (".pod.tolerations", ".nodePool.tolerations"):
+        section = rule.field_path.split(".")[1]
+        broken = draw(
+            st.sampled_from(
+                [
+                    {"key": "gpu", "operator": "Exists", "value": "x"},
+                    {"key": "gpu", "operator": "Equal", "value": "x", "tolerationSeconds": 30},
+                    {"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 30},
+                ]
+            )
+        )
+        kept = doc.get(section, {}).get("tolerations", [])[:2]
+        doc.setdefault(section, {})["tolerations"] = [*kept, broken]
+        return
     elif rule.field_path == ".pod.env":
         kept = doc.get("pod", {}).get("env", [])[:3]
         value = [
@@ -441,3 +455,20 @@ def test_a_canary_that_could_never_decide_is_refused_naming_the_field(
         parse_spec(minimal() | {"serving": {"canary": canary}})
     assert str(caught.value).startswith(f"invalid Eagle3Run spec: {problem}"), caught.value
     parse_spec(minimal() | {"serving": {"canary": {"prometheusUrl": "http://prometheus.monitoring:9090/x"}}})
+
+
+@pytest.mark.parametrize("section", ["pod", "nodePool"])
+@pytest.mark.parametrize(
+    "toleration",
+    [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "value": "present"},
+        {"key": "nvidia.com/gpu", "effect": "NoSchedule", "tolerationSeconds": 300},
+    ],
+)
+def test_a_toleration_the_api_server_would_refuse_is_refused_when_applied(
+    section: str, toleration: dict[str, Any]
+) -> None:
+    """Issue 28, item 9: each was copied into every pod and refused by the API server at the first Job."""
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(minimal() | {section: {"tolerations": [toleration]}})
+    assert str(caught.value).startswith(f"invalid Eagle3Run spec: spec.{section}.tolerations: "), caught.value
