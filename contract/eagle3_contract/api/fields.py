@@ -74,6 +74,15 @@ CountOrPercent = Annotated[
 ]
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A label value (empty, or up to 63 alphanumerics, '-', '_' and '.', alphanumeric at both ends)
+# A label or annotation key (k8s.io/apimachinery IsQualifiedName): an optional DNS-subdomain prefix and '/',
+# then a name of at most 63 characters. The prefix's own limit (253) is within the key's bound here. No
+# backslash: the pattern sits in a CEL string too (rules.py), where '\.' is no escape.
+QUALIFIED_NAME = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+QUALIFIED_NAME_MAX = 317  # 253 + '/' + 63
+ANNOTATION_VALUE_MAX = 256 * 1024  # the API server's limit on all of an object's annotations together
 LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
 # A duration as Kubernetes tools write one: hours, minutes and seconds, e.g. '30s', '10m', '1h30m'.
 # An http(s) URL with a host and nothing that is not part of one (no space, no line break at the end): the

@@ -3,12 +3,19 @@ tolerations, per-stage Job overrides, the serving PodDisruptionBudget and Promet
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field
 
 from eagle3_contract.api.base import ApiModel
-from eagle3_contract.api.fields import DNS_LABEL, PRESERVE, CountOrPercent, LabelValue, Quantity
+from eagle3_contract.api.fields import (
+    ANNOTATION_VALUE_MAX,
+    DNS_LABEL,
+    PRESERVE,
+    CountOrPercent,
+    LabelValue,
+    Quantity,
+)
 
 
 class Resources(ApiModel):
@@ -29,6 +36,7 @@ class DisruptionBudget(ApiModel):
     )
 
 
+MAX_METADATA = 64  # labels, annotations: bounds the cost of the CEL rules over their keys (rules.py)
 MAX_TOLERATIONS = 64  # bounds the cost of the CEL rule over them (eagle3_contract.api.rules)
 
 
@@ -97,8 +105,12 @@ class PodSettings(ApiModel):
     image_pull_secrets: list[LocalObjectReference] = Field(
         default_factory=list, description="Secrets for pulling the images from a private registry."
     )
-    labels: dict[str, LabelValue] = Field(default_factory=dict, description="Extra labels of every pod.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations of every pod.")
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_METADATA, description="Extra labels of every pod."
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=ANNOTATION_VALUE_MAX)]] = Field(
+        default_factory=dict, max_length=MAX_METADATA, description="Extra annotations of every pod."
+    )
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=ENV_MAX_ITEMS,

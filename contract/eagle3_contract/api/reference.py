@@ -126,6 +126,8 @@ def constraints(node: dict[str, Any]) -> list[str]:
             found.append(f"{label} {node[key]}")
     if node.get("uniqueItems"):
         found.append("items unique")
+    if "maxProperties" in node:
+        found.append(f"entries <= {node['maxProperties']}")
     if "pattern" in node:
         found.append(f"pattern {_code(node['pattern'])}")
     for key, label in (("items", "each item"), ("additionalProperties", "each value")):

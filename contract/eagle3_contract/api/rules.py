@@ -7,11 +7,12 @@ Tests evaluate the CEL with a CEL library against the same generated specs and r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eagle3_contract.api.fields import duration_seconds
+from eagle3_contract.api.fields import QUALIFIED_NAME, QUALIFIED_NAME_MAX, duration_seconds
 
 if TYPE_CHECKING:
     from eagle3_contract.api.spec import Eagle3RunSpec
@@ -33,6 +34,10 @@ class CrossFieldRule:
             "fieldPath": self.field_path,
             "reason": "FieldValueInvalid",
         }
+
+
+def _qualified(key: str) -> bool:
+    return len(key) <= QUALIFIED_NAME_MAX and re.fullmatch(QUALIFIED_NAME, key) is not None
 
 
 def _unique(values: list[int] | None) -> bool:
@@ -154,13 +159,28 @@ RULES: tuple[CrossFieldRule, ...] = (
         CrossFieldRule(
             f".{path}",
             f"!has(self.{path.split('.')[0]}) || !has(self.{path}) || self.{path}.all(t, {TOLERATION_CEL})",
-            f"{path}: a toleration with operator Exists takes no value, and tolerationSeconds needs effect "
-            "NoExecute",
+            "a toleration with operator Exists takes no value, and tolerationSeconds needs effect NoExecute",
             holds,
         )
         for path, holds in (
             ("pod.tolerations", lambda s: all(t.problem() is None for t in s.pod.tolerations)),
             ("nodePool.tolerations", lambda s: all(t.problem() is None for t in s.node_pool.tolerations)),
+        )
+    ),
+    # Label and annotation keys the API server would refuse on a pod (issue 28, item 9); the maps are bounded
+    # (MAX_METADATA), so the rules' cost is.
+    *(
+        CrossFieldRule(
+            f".pod.{field}",
+            f"!has(self.pod) || !has(self.pod.{field}) || self.pod.{field}.all(k, size(k) <= "
+            f"{QUALIFIED_NAME_MAX} && k.matches('{QUALIFIED_NAME}'))",
+            "every key is a qualified name: an optional DNS-subdomain prefix and '/', then at most 63 "
+            "letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            holds,
+        )
+        for field, holds in (
+            ("labels", lambda s: all(_qualified(k) for k in s.pod.labels)),
+            ("annotations", lambda s: all(_qualified(k) for k in s.pod.annotations)),
         )
     ),
     # The operator's own variables are not the user's (issue 28, item 7), as PodSettings' own check says;

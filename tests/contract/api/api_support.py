@@ -180,7 +180,10 @@ def walk_values(schema: dict[str, Any], value: Any, path: Path = ()) -> Iterator
 
 # --- strategies from a structural schema ---------------------------------------------------------------
 
-LABEL_KEYS = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,8}[a-z0-9])?(/[a-z0-9]{1,8})?", fullmatch=True)
+# qualified names (an optional DNS-subdomain prefix, then a name), as label and annotation keys must be
+LABEL_KEYS = st.from_regex(
+    r"([a-z0-9]{1,6}(\.[a-z0-9]{1,6})?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,6}[A-Za-z0-9])?", fullmatch=True
+)
 JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**31), 2**31) | st.text(max_size=8)
 QUANTITIES = st.integers(0, 2**40) | st.sampled_from(["1", "500m", "2Gi", "500Gi", "1.5", "64Mi"])
 
@@ -276,7 +279,9 @@ def repair(doc: dict[str, Any]) -> dict[str, Any]:
                 toleration["effect"] = "NoExecute"
     canary = eff["serving"].get("canary")
     if canary is not None and duration_seconds(canary["timeout"]) <= duration_seconds(canary["duration"]):
-        doc["serving"]["canary"]["timeout"] = f"{duration_seconds(canary['duration']) + 1}s"
+        doc["serving"]["canary"].update(
+            duration="10m", timeout="2h"
+        )  # a later timeout may not fit the pattern
     return doc
 
 

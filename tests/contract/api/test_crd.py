@@ -35,7 +35,7 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 ALLOWED_KEYWORDS = {
     "description", "type", "format", "enum", "default", "minimum", "exclusiveMinimum", "maximum",
     "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "uniqueItems",
-    "items", "properties", "additionalProperties", "required", PRESERVE, INT_OR_STRING,
+    "maxProperties", "items", "properties", "additionalProperties", "required", PRESERVE, INT_OR_STRING,
     "x-kubernetes-validations",
 }  # fmt: skip
 

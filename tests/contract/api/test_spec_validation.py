@@ -168,6 +168,10 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
         kept = doc.get(section, {}).get("tolerations", [])[:2]
         doc.setdefault(section, {})["tolerations"] = [*kept, broken]
         return
+    elif rule.field_path in (".pod.labels", ".pod.annotations"):
+        field = rule.field_path.split(".")[2]
+        doc.setdefault("pod", {})[field] = {draw(st.sampled_from(["a=b", "-x", "x" * 64, "A.b/c"])): "v"}
+        return
     elif rule.field_path == ".pod.env":
         kept = doc.get("pod", {}).get("env", [])[:3]
         value = [
@@ -472,3 +476,18 @@ def test_a_toleration_the_api_server_would_refuse_is_refused_when_applied(
     with pytest.raises(InvalidSpecError) as caught:
         parse_spec(minimal() | {section: {"tolerations": [toleration]}})
     assert str(caught.value).startswith(f"invalid Eagle3Run spec: spec.{section}.tolerations: "), caught.value
+
+
+@pytest.mark.parametrize("field", ["labels", "annotations"])
+@pytest.mark.parametrize("key", ["a=b", "-lead", "UPPER.example.com/x", "a/b/c", "x" * 64, "", "bad k"])
+def test_a_label_or_annotation_key_the_api_server_refuses_is_refused(field: str, key: str) -> None:
+@pytest.mark.parametrize("key", ["a=b", "-lead", "UPPER.example.com/x", "a/b/c", "x" * 64, "", "b k"])
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(minimal() | {"pod": {field: {key: "v"}}})
+    assert str(caught.value).startswith(f"invalid Eagle3Run spec: spec.pod.{field}: "), caught.value
+    assert parse_spec(minimal() | {"pod": {field: {"example.com/team": "a", "app_x.y-z": "b"}}})
+
+
+def test_an_annotation_over_the_api_servers_size_limit_is_refused() -> None:
+    with pytest.raises(InvalidSpecError, match=r"spec\.pod\.annotations\.big: String should have at most"):
+        parse_spec(minimal() | {"pod": {"annotations": {"big": "x" * 300_000}}})
