@@ -479,9 +479,9 @@ def test_a_toleration_the_api_server_would_refuse_is_refused_when_applied(
 
 
 @pytest.mark.parametrize("field", ["labels", "annotations"])
-@pytest.mark.parametrize("key", ["a=b", "-lead", "UPPER.example.com/x", "a/b/c", "x" * 64, "", "bad k"])
-def test_a_label_or_annotation_key_the_api_server_refuses_is_refused(field: str, key: str) -> None:
 @pytest.mark.parametrize("key", ["a=b", "-lead", "UPPER.example.com/x", "a/b/c", "x" * 64, "", "b k"])
+def test_a_label_or_annotation_key_the_api_server_refuses_is_refused(field: str, key: str) -> None:
+    """Issue 28, item 9: such keys were copied into every pod and the API server refused the first Job."""
     with pytest.raises(InvalidSpecError) as caught:
         parse_spec(minimal() | {"pod": {field: {key: "v"}}})
     assert str(caught.value).startswith(f"invalid Eagle3Run spec: spec.pod.{field}: "), caught.value
