@@ -3,15 +3,21 @@ recorded (eagle3_pipeline.local.status), in the shape of an Eagle3Run's status."
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from eagle3_contract.api.manifest import Manifest, load_manifest
 from eagle3_contract.api.status import RunPhase, StagePhase
 from eagle3_contract.stages import plan_stages
+from eagle3_pipeline.local.display import PlainDisplay
+from eagle3_pipeline.local.run import LocalOptions, LocalRunError, run_local
 from eagle3_pipeline.local.status import local_status, run_status, status_file
+from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.manifests import base_spec, write_manifest
 
 
@@ -78,14 +84,6 @@ def test_why_the_last_run_stopped_is_the_runs_message() -> None:
 def test_a_failed_stage_reports_its_error_not_the_progress_line_it_ended_with(tmp_path: Path) -> None:
     """Issue 28, item 5: the real prepare program writes its error, then its progress reporter's closing
     line; `eagle3 run` and `eagle3 status` report the error (from the termination message), not that line."""
-    import io
-
-    import pytest
-
-    from eagle3_pipeline.local.display import PlainDisplay
-    from eagle3_pipeline.local.run import LocalOptions, LocalRunError, run_local
-    from tests.pipeline.chat_templates import save_verifier
-
     data = tmp_path / "data.jsonl"
     data.write_text("")
     spec = base_spec(save_verifier(tmp_path / "verifier"), data)

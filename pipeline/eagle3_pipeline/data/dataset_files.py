@@ -200,7 +200,7 @@ def _unreadable(path: Path, compression: str, exc: BaseException) -> str:
         )
     elif isinstance(exc, gzip.BadGzipFile | zlib.error) or type(exc).__name__ == "ZstdError":
         cause = f"not valid {what} data ({exc})"
-    elif path.suffix.lower() == ".parquet" or ".parquet" in [s.lower() for s in path.suffixes]:
+    elif ".parquet" in [s.lower() for s in path.suffixes]:
         cause = f"not a readable Parquet file ({type(exc).__name__}: {exc})"
     else:
         cause = f"{type(exc).__name__}: {exc}"
