@@ -65,26 +65,32 @@ def write_data(prepare: Path, vocab: int, train: int, val: int, lengths: tuple[i
     import torch
 
     from eagle3_pipeline.data.masking import Tokenized
-    from eagle3_pipeline.data.prepared import (
-        DATA_DIR,
-        TOKEN_FREQ_FILE,
-        TRAIN,
-        VAL,
-        save_dataset,
-        token_frequencies,
-    )
+    from eagle3_pipeline.data.prepared import DATA_DIR, TOKEN_FREQ_FILE, TRAIN, VAL, Figures, save_dataset
 
     rng = random.Random(0)
     rows = []
     for i in range(train + val):
         n = rng.randint(*lengths)
         ids = [rng.randrange(vocab) for _ in range(n)]
-        conv = {"id": str(i), "split": TRAIN if i < train else VAL}
-        rows.append((conv, Tokenized(ids, [0] * (n // 4) + [1] * (n - n // 4))))
+        rows.append(
+            (
+                {"id": str(i), "split": TRAIN if i < train else VAL},
+                Tokenized(ids, [0] * (n // 4) + [1] * (n - n // 4)),
+            )
+        )
+    figures = Figures()
+    for conv, tokenized in rows:
+        figures.add(conv["split"], tokenized)
     out = prepare
-    save_dataset(out / DATA_DIR, rows)
-    torch.save(dict(token_frequencies(rows)), out / TOKEN_FREQ_FILE)
-    tokens = sum(len(t.input_ids) for _, t in rows)
+    save_dataset(
+        out / DATA_DIR,
+        (
+            {**conv, "input_ids": t.input_ids, "loss_mask": t.loss_mask, "seq_len": len(t.input_ids)}
+            for conv, t in rows
+        ),
+    )
+    torch.save(dict(figures.frequencies), out / TOKEN_FREQ_FILE)
+    tokens = figures.tokens
     result = {"samples": len(rows), "train": train, "validation": val, "trainRatio": train / len(rows)}
     (out / "result.json").write_text(json.dumps({**result, "tokens": tokens}) + "\n")
     return {**result, "tokens": tokens, "meanLength": round(tokens / len(rows), 1), "lengths": list(lengths)}
