@@ -88,8 +88,9 @@ operator: $(STAMP)
 apiserver: $(STAMP) kube
 	$(PY) -m pytest -q -p no:cacheprovider -m apiserver
 
-## crds: regenerate the committed CRD from the pydantic models, and docs/api.md from the CRD
+## crds: regenerate the embedded Kubernetes schemas, the committed CRD from the pydantic models, and docs/api.md from the CRD
 crds: $(STAMP)
+	$(PY) -m devtools.kubernetes_schemas
 	$(VENV)/bin/eagle3 crd > crds/eagle3runs.eagle3.dev.yaml
 	$(PY) -m eagle3_contract.api.reference crds/eagle3runs.eagle3.dev.yaml > docs/api.md
 	$(PY) -m devtools.chart

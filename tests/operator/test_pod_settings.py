@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.harness.cluster import eventually
-from tests.harness.scenario import drive_to_serving, tiny, wait_job
+from tests.harness.scenario import drive_to_serving, status, tiny, wait_job
 
 pytestmark = pytest.mark.operator
 
@@ -33,6 +33,42 @@ async def test_a_stage_job_carries_the_pod_settings_and_the_restricted_defaults(
     assert container["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+async def test_a_run_below_the_restricted_level_is_warned_and_its_condition_names_the_field(backend):
+    """Issue 28 item 8: a container allowed to escalate its privileges is built as asked, with every other
+    restricted default kept, and the run says so: a Warning Event and the PodSecurity condition, once.
+    (`privileged: true` would do as well, but an API server without --allow-privileged refuses its Job.)"""
+    cluster = backend.cluster
+    async with backend.operator():
+        await cluster.apply_run(
+            "tiny", tiny(pod={"containerSecurityContext": {"allowPrivilegeEscalation": True}})
+        )
+        job = await wait_job(cluster, "tiny", "prepare")
+        event = await eventually(lambda: _warning(cluster, "PodSecurityBelowRestricted"), what="the Warning")
+
+        async def condition():
+            st = await status(cluster, "tiny")
+            found = [c for c in st.get("conditions", []) if c["type"] == "PodSecurity"]
+            return found[0] if found else None
+
+        cond = await eventually(condition, what="the PodSecurity condition")
+        events = [e for e in await cluster.list_objects("v1", "events") if e.get("reason") == event["reason"]]
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert cond["status"] == "False" and cond["reason"] == "BelowRestricted"
+    field = "spec.pod.containerSecurityContext.allowPrivilegeEscalation: must be false"
+    assert field in cond["message"] and field in event["message"]
+    assert sum(e.get("count", 1) for e in events) == 1, "one Warning, not one per reconcile"
+
+
+async def _warning(cluster, reason):
+    events = await cluster.list_objects("v1", "events")
+    found = [e for e in events if e.get("type") == "Warning" and e.get("reason") == reason]
+    return found[0] if found else None
 
 
 async def serves_policy_v1(cluster) -> bool:

@@ -8,14 +8,8 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from eagle3_contract.api.base import ApiModel
-from eagle3_contract.api.fields import (
-    ANNOTATION_VALUE_MAX,
-    DNS_LABEL,
-    PRESERVE,
-    CountOrPercent,
-    LabelValue,
-    Quantity,
-)
+from eagle3_contract.api.fields import ANNOTATION_VALUE_MAX, DNS_LABEL, CountOrPercent, LabelValue, Quantity
+from eagle3_contract.api.kubernetes_types import Affinity, EnvVarSource, PodSecurityContext, SecurityContext
 
 
 class Resources(ApiModel):
@@ -85,10 +79,8 @@ class EnvVar(ApiModel):
         description=f"Name of the variable (not {OPERATOR_ENV_PREFIX}*: those are the operator's).",
     )
     value: str | None = Field(None, description="Its value.")
-    value_from: dict[str, Any] | None = Field(
-        None,
-        json_schema_extra=PRESERVE,
-        description="Where its value comes from: a core/v1 EnvVarSource.",
+    value_from: EnvVarSource | None = Field(
+        None, description="Where its value comes from: a core/v1 EnvVarSource."
     )
 
     def document(self) -> dict[str, Any]:
@@ -123,22 +115,20 @@ class PodSettings(ApiModel):
         max_length=MAX_TOLERATIONS,
         description="Tolerations of every pod (GPU pods add nodePool.tolerations).",
     )
-    affinity: dict[str, Any] = Field(
+    affinity: Affinity = Field(
         default_factory=dict,
-        json_schema_extra=PRESERVE,
         description="A core/v1 Affinity for pods off the GPU pool; GPU pods use nodePool.affinity when set.",
     )
-    security_context: dict[str, Any] | None = Field(
+    security_context: PodSecurityContext | None = Field(
         None,
-        json_schema_extra=PRESERVE,
-        description="The pods' core/v1 PodSecurityContext; default the Pod Security 'restricted' level: "
-        "runAsNonRoot, user and group 65532, fsGroup 65532, seccomp RuntimeDefault.",
+        description="The pods' core/v1 PodSecurityContext, merged field by field over the Pod Security "
+        "'restricted' defaults: runAsNonRoot, user and group 65532, fsGroup 65532, seccomp RuntimeDefault. "
+        "A pod below the 'restricted' level gets a Warning Event and the PodSecurity condition.",
     )
-    container_security_context: dict[str, Any] | None = Field(
+    container_security_context: SecurityContext | None = Field(
         None,
-        json_schema_extra=PRESERVE,
-        description="Every container's core/v1 SecurityContext; default the 'restricted' level: no "
-        "privilege escalation, every capability dropped.",
+        description="Every container's core/v1 SecurityContext, merged field by field over the 'restricted' "
+        "defaults: no privilege escalation, every capability dropped.",
     )
 
 

@@ -42,8 +42,15 @@ class Section:
 
 
 def _is_object(node: dict[str, Any]) -> bool:
-    """An object with declared properties: it gets its own table."""
-    return bool(node.get("properties"))
+    """An object with declared properties: it gets its own table (unless it is a Kubernetes type)."""
+    return bool(node.get("properties")) and not is_kubernetes_type(node)
+
+
+def is_kubernetes_type(node: dict[str, Any]) -> bool:
+    """A Kubernetes type the spec embeds (eagle3_contract.api.kubernetes_types): its fields carry no
+    descriptions of ours, and the Kubernetes API reference documents them."""
+    properties = node.get("properties") or {}
+    return bool(properties) and not any("description" in sub for sub in properties.values())
 
 
 def _child_object(node: dict[str, Any], path: str) -> tuple[str, dict[str, Any]] | None:
@@ -99,6 +106,8 @@ def type_text(node: dict[str, Any]) -> str:
         return f"map of string to {type_text(node['additionalProperties'])}"
     if kind == "object" and node.get(PRESERVE_KEY):
         return "object (free-form)"
+    if kind == "object" and is_kubernetes_type(node):
+        return "object (its Kubernetes schema)"
     return f"{kind} ({node['format']})" if node.get("format") else str(kind)
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
 from eagle3_contract.api.base import ApiModel
-from eagle3_contract.api.fields import DNS_LABEL, HTTP_URL, PRESERVE, Duration, Quantity
+from eagle3_contract.api.fields import DNS_LABEL, HTTP_URL, Duration, Quantity
+from eagle3_contract.api.kubernetes_types import Affinity
 from eagle3_contract.api.pods import (
     MAX_TOLERATIONS,
     DisruptionBudget,
@@ -442,9 +443,7 @@ class NodePool(ApiModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=MAX_TOLERATIONS, description="Tolerations for GPU taints."
     )
-    affinity: dict[str, Any] = Field(
-        default_factory=dict, json_schema_extra=PRESERVE, description="A core/v1 Affinity, passed through."
-    )
+    affinity: Affinity = Field(default_factory=dict, description="A core/v1 Affinity of the GPU pods.")
     gpu_resource_name: str = Field("nvidia.com/gpu", min_length=1, description="Extended resource of a GPU.")
     gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs on one node of the pool.")
     device: Device = Field(

@@ -37,6 +37,7 @@ class ProducersPhase(StrEnum):
 
 class ConditionType(StrEnum):
     SPEC_VALID = "SpecValid"
+    POD_SECURITY = "PodSecurity"
     PROGRESSING = "Progressing"
     GATE_PASSED = "GatePassed"
     READY = "Ready"

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from eagle3_contract.api.defaults import OperatorDefaults, with_operator_defaults
+from eagle3_contract.api.kubernetes_types import ERROR_TYPE as KUBERNETES_SCHEMA_ERROR
 from eagle3_contract.api.spec import Eagle3RunSpec
 
 
@@ -56,6 +57,11 @@ def parse_spec(spec: Any) -> Eagle3RunSpec:
             msg = str(err["msg"]).removeprefix("Value error, ")
             if not err["loc"] and msg.startswith("spec"):
                 problems.extend(msg.split("; "))
+            elif err["type"] == KUBERNETES_SCHEMA_ERROR:
+                context = err.get("ctx") or {}
+                kind = f"(a Kubernetes {context['type_name']}, the {context['version']} schema)"
+                field = _path(tuple(err["loc"]))
+                problems += [f"{field}{inner}: {what} {kind}" for inner, what in context["findings"]]
             else:
                 problems.append(f"{_path(tuple(err['loc']))}: {msg}")
         raise InvalidSpecError(problems) from None

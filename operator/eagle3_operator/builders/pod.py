@@ -37,7 +37,7 @@ HOME = "/home/eagle3"
 PIPELINE_UID = 65532
 PIPELINE_GID = 65532
 # Every pod's default securityContext: the Pod Security Standards' "restricted" level
-# (spec.pod.securityContext replaces it as a whole).
+# (spec.pod.securityContext is merged over it field by field: `merged_context`).
 RESTRICTED_POD_SECURITY: dict[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": PIPELINE_UID,
@@ -47,7 +47,7 @@ RESTRICTED_POD_SECURITY: dict[str, Any] = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 STAGE_POD_SECURITY = RESTRICTED_POD_SECURITY
-# Every container's default securityContext (spec.pod.containerSecurityContext replaces it as a whole).
+# Every container's default securityContext (spec.pod.containerSecurityContext is merged over it).
 RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
@@ -220,22 +220,35 @@ def _finish_container(spec: Eagle3RunSpec, container: dict[str, Any]) -> dict[st
     variables = with_user_env(spec, container.get("env") or [])
     if variables:
         out["env"] = variables
-    given = spec.pod.container_security_context
-    out["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER_SECURITY if given is None else given)
+    out["securityContext"] = merged_context(
+        RESTRICTED_CONTAINER_SECURITY, spec.pod.container_security_context
+    )
+    return out
+
+
+def merged_context(defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A security context: `given` over `defaults` field by field (objects such as seccompProfile and
+    capabilities merge the same way; a list or a value the user gives replaces the default's), so a field
+    the user did not touch keeps its "restricted" default."""
+    out = copy.deepcopy(dict(defaults))
+    for key, value in (given or {}).items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merged_context(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
     return out
 
 
 def customise(spec: Eagle3RunSpec, shape: PodShape, pod: dict[str, Any]) -> dict[str, Any]:
     """`pod` (containers, init containers, volumes) with spec.pod applied: every container's extra env and
     securityContext, the pod's securityContext, service account, pull secrets, priority class and
-    placement. A securityContext in spec.pod replaces the "restricted" default as given."""
+    placement. spec.pod's security contexts are merged over the "restricted" defaults field by field."""
     settings = spec.pod
     out = dict(pod)
     out["containers"] = [_finish_container(spec, c) for c in pod["containers"]]
     if pod.get("initContainers"):
         out["initContainers"] = [_finish_container(spec, c) for c in pod["initContainers"]]
-    given = settings.security_context
-    out["securityContext"] = copy.deepcopy(RESTRICTED_POD_SECURITY if given is None else given)
+    out["securityContext"] = merged_context(RESTRICTED_POD_SECURITY, settings.security_context)
     if settings.service_account_name:
         out["serviceAccountName"] = settings.service_account_name
     if settings.image_pull_secrets:

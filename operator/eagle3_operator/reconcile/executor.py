@@ -25,7 +25,7 @@ from eagle3_operator.k8s import ApiError, ApiUnreachable, Kube
 from eagle3_operator.observability.canary_queries import track_scope
 from eagle3_operator.prometheus import PrometheusError, query_track_figures
 from eagle3_operator.reconcile.canary import canary_news
-from eagle3_operator.reconcile.news import progress_news
+from eagle3_operator.reconcile.news import BELOW_RESTRICTED, pod_security_news, progress_news
 from eagle3_operator.reconcile.observe import (
     CanaryFigures,
     Observed,
@@ -269,6 +269,8 @@ def _post_events(body: Mapping[str, Any], plan: Plan) -> None:
             kopf.warn(target, reason="PodNotRunning", message=f"stage {stage}: {why.message}"[:1000])
     for reason, message in progress_news(known, plan.status, dict(plan.finished)):
         kopf.info(target, reason=reason, message=message[:1000])
+    if (security := pod_security_news(known, plan.status)) is not None:
+        kopf.warn(target, reason=BELOW_RESTRICTED, message=security[:1000])
     for warning, reason, message in canary_news(known, plan.status):
         (kopf.warn if warning else kopf.info)(target, reason=reason, message=message[:1000])
     if "phase" in known.model_fields_set and known.phase == plan.phase:

@@ -3,19 +3,28 @@
 Pure: the status as last written and the new one in, (reason, message) pairs out. One Event per stage that
 finished and, while train runs, one per epoch it completed (epochs completed between two readings of its
 progress make one Event that names them all); with serving.promotion reviewed, one when a new candidate draft
-waits for promotion.
+waits for promotion; and the one Warning of the pods going below the Pod Security "restricted" level
+(`pod_security_news`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from eagle3_contract.api.status import Eagle3RunStatus, StagePhase, StageProgress, StageStatus
+from eagle3_contract.api.status import (
+    Condition,
+    ConditionType,
+    Eagle3RunStatus,
+    StagePhase,
+    StageProgress,
+    StageStatus,
+)
 from eagle3_contract.stage_metrics import eta_text
 
 STAGE_SUCCEEDED = "StageSucceeded"
 EPOCH_COMPLETED = "EpochCompleted"
 CANDIDATE_READY = "CandidateReady"
+BELOW_RESTRICTED = "PodSecurityBelowRestricted"
 
 
 def _figures(progress: StageProgress | None) -> str:
@@ -85,3 +94,19 @@ def progress_news(
     if (waiting := _candidate(known, status)) is not None:
         news.append((CANDIDATE_READY, waiting))
     return news
+
+
+def pod_security_news(known: Eagle3RunStatus, status: Eagle3RunStatus) -> str | None:
+    """The Warning Event's message when the run's pods went below the "restricted" level (or what takes them
+    below it changed) since the last written status; None otherwise."""
+    new = _condition(status, ConditionType.POD_SECURITY)
+    if new is None or new.status != "False":
+        return None
+    old = _condition(known, ConditionType.POD_SECURITY)
+    if old is not None and (old.status, old.message) == (new.status, new.message):
+        return None
+    return new.message
+
+
+def _condition(status: Eagle3RunStatus, kind: ConditionType) -> Condition | None:
+    return next((c for c in status.conditions if c.type == kind.value), None)

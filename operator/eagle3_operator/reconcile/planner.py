@@ -29,6 +29,7 @@ from eagle3_operator.builders.claim import build_artifacts_claim
 from eagle3_operator.builders.configmap import build_spec_configmap
 from eagle3_operator.builders.monitoring import build_stage_pod_monitor
 from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.pod_security import restricted_findings
 from eagle3_operator.reconcile.actions import Action
 from eagle3_operator.reconcile.canary import plan_canary
 from eagle3_operator.reconcile.conditions import set_condition
@@ -225,12 +226,29 @@ def _headline(
     return ("done" if phase == RunPhase.SUCCEEDED else phase.value.lower()), None
 
 
+# The run a spec's pods are checked as (restricted_findings): names do not change what is found.
+_CHECKED_AS = RunRef("run", "namespace", "")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a spec's text gives every reconcile of its run: the validated spec, its stage plans, its hash,
+    and what takes its pods below the Pod Security "restricted" level."""
+
+    spec: Eagle3RunSpec
+    stage_plans: tuple[StagePlan, ...]
+    spec_hash: str
+    pod_security: tuple[str, ...]
+
+
 @functools.lru_cache(maxsize=1024)
-def resolve(spec_json: str) -> tuple[Eagle3RunSpec, tuple[StagePlan, ...], str]:
-    """The validated spec, its stage plans and its hash: memoised, as every reconcile of a run needs them
-    and validation is the costliest step of planning (the models are frozen, so sharing them is safe)."""
+def resolve(spec_json: str) -> Resolved:
+    """The spec resolved: memoised, as every reconcile of a run needs it and validation is the costliest
+    step of planning (the models are frozen, so sharing them is safe)."""
     spec = parse_spec(json.loads(spec_json))
-    return spec, tuple(plan_stages(spec)), content_hash(spec_document(spec))
+    plans = tuple(plan_stages(spec))
+    findings = restricted_findings(_CHECKED_AS, spec, plans[0])
+    return Resolved(spec, plans, content_hash(spec_document(spec)), findings)
 
 
 def plan_run(
@@ -244,9 +262,10 @@ def plan_run(
     """Decide the next writes and the new status of one run from its spec and its observed children."""
     previous = previous_status(status_doc)
     try:
-        spec, stage_plans, spec_hash = resolve(json.dumps(spec_doc, sort_keys=True, default=str))
+        resolved = resolve(json.dumps(spec_doc, sort_keys=True, default=str))
     except InvalidSpecError as error:
         return plan_invalid(generation, error, previous, now)
+    spec, stage_plans, spec_hash = resolved.spec, resolved.stage_plans, resolved.spec_hash
     configmap = names.spec_configmap_name(ref.name, spec_hash)
     check: Progress | None = None  # reviewed: the verify stage's walk, apart from the training stages'
     if reviewed(spec):
@@ -292,7 +311,15 @@ def plan_run(
         acceptance_length=evaluated.acceptance_length if evaluated is not None else None,
         conditions=with_canary(
             run_conditions(
-                ref, spec, progress, serving, drafts.candidate, previous.conditions, now, generation
+                ref,
+                spec,
+                progress,
+                serving,
+                drafts.candidate,
+                previous.conditions,
+                now,
+                generation,
+                resolved.pod_security,
             ),
             canary.condition,
             tuned_note(spec, rollout or drafts.checkpoint),

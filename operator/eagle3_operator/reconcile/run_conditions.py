@@ -1,9 +1,9 @@
-"""A run's conditions from its progress: SpecValid, Progressing, GatePassed, Ready (with serving.canary's
-Canary after it) and Failed, each kept with its lastTransitionTime while its status holds."""
+"""A run's conditions from its progress: SpecValid, PodSecurity, Progressing, GatePassed, Ready (with
+serving.canary's Canary after it) and Failed, each kept with its lastTransitionTime while its status holds."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.status import Checkpoint, Condition, ConditionType, ServingStatus
@@ -23,11 +23,15 @@ def run_conditions(
     previous: list[Condition],
     now: str,
     generation: int | None,
+    pod_security: Sequence[str] = (),
 ) -> list[Condition]:
     def cond(kind: ConditionType, ok: bool, reason: str, message: str = "") -> Condition:
         return set_condition(previous, kind, ok, reason, message, now, generation)
 
-    out = [cond(ConditionType.SPEC_VALID, True, "Valid", "the spec passed validation")]
+    out = [
+        cond(ConditionType.SPEC_VALID, True, "Valid", "the spec passed validation"),
+        pod_security_condition(pod_security, cond),
+    ]
     if progress.failed:
         out.append(cond(ConditionType.PROGRESSING, False, "Failed", progress.failed[1]))
     elif progress.suspended:
@@ -49,6 +53,31 @@ def run_conditions(
     else:
         out.append(cond(ConditionType.FAILED, False, "NoFailure", "no stage has failed"))
     return out
+
+
+# How many findings the PodSecurity condition names (the rest are counted), and its reasons.
+SHOWN_FINDINGS = 5
+POD_SECURITY_RESTRICTED = "Restricted"
+POD_SECURITY_BELOW_RESTRICTED = "BelowRestricted"
+
+
+def pod_security_condition(
+    findings: Sequence[str], cond: Callable[[ConditionType, bool, str, str], Condition]
+) -> Condition:
+    """PodSecurity: the run's pods meet the Pod Security "restricted" level, or the spec.pod fields that take
+    them below it (or keep them from starting)."""
+    if not findings:
+        return cond(
+            ConditionType.POD_SECURITY, True, POD_SECURITY_RESTRICTED, "the pods meet the 'restricted' level"
+        )
+    shown = "; ".join(findings[:SHOWN_FINDINGS])
+    more = f"; and {len(findings) - SHOWN_FINDINGS} more" if len(findings) > SHOWN_FINDINGS else ""
+    return cond(
+        ConditionType.POD_SECURITY,
+        False,
+        POD_SECURITY_BELOW_RESTRICTED,
+        f"the pods are below the Pod Security 'restricted' level: {shown}{more}",
+    )
 
 
 def ready_condition(

@@ -13,6 +13,7 @@ import yaml
 from eagle3_contract.api.crd import build_crd
 from eagle3_contract.api.reference import (
     constraints,
+    is_kubernetes_type,
     main,
     render_reference,
     slug,
@@ -65,7 +66,9 @@ def test_every_field_has_a_row_in_its_section_or_the_section_it_repeats() -> Non
             if "default" in sub:
                 assert "`" in row.group(0).split(" | ")[2], f"{path}.{name}: its default is not shown"
             child = sub.get("items") if sub.get("type") == "array" else sub.get("additionalProperties")
-            if sub.get("properties"):
+            if is_kubernetes_type(sub):  # an embedded Kubernetes type: its row says so, no section of its own
+                assert "Kubernetes schema" in row.group(0), f"{path}.{name}: not shown as a Kubernetes type"
+            elif sub.get("properties"):
                 check(sub, f"{path}.{name}")
             elif isinstance(child, dict) and child.get("properties"):
                 check(child, f"{path}.{name}{'[]' if sub.get('type') == 'array' else '.<key>'}")

@@ -362,12 +362,12 @@ def test_field_errors_come_before_rules() -> None:
     assert problems_of(doc) == ["spec.training.epochs: Input should be greater than or equal to 1"]
 
 
-def test_preserved_objects_take_anything() -> None:
+def test_an_embedded_kubernetes_type_keeps_its_value_as_given() -> None:
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
     spec = parse_spec(minimal() | {"nodePool": {"affinity": affinity}})
     assert spec.node_pool.affinity == affinity
     assert get_path(spec_document(spec), ("nodePool", "affinity")) == affinity
-    assert spec_schema()["properties"]["nodePool"]["properties"]["affinity"][PRESERVE] is True
+    assert PRESERVE not in spec_schema()["properties"]["nodePool"]["properties"]["affinity"]
 
 
 # --- the operator's default pipeline image ---------------------------------------------------------------

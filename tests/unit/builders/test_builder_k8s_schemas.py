@@ -5,16 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 
 from eagle3_contract.api.spec import Eagle3RunSpec
-from eagle3_operator.builders import build_deployment
+from eagle3_contract.api.validation import parse_spec
+from eagle3_operator.builders import build_canary_deployment, build_deployment
+from eagle3_operator.builders.disruption import build_pod_disruption_budget
 from eagle3_operator.builders.names import RunRef
+from tests.contract.api.api_support import valid_specs
 from tests.unit.builders.builder_cases import (
     KIMI_RUN,
     PINNED_SHA256,
     TINY_RUN,
     all_objects,
+    draft_dir,
     kimi_online_spec,
     kimi_spec,
     online_objects,
@@ -70,6 +74,42 @@ def test_generated_specs_build_valid_objects(spec: Eagle3RunSpec) -> None:
     for obj in all_objects(TINY_RUN, spec):
         if obj["kind"] not in NOT_IN_SCHEMAS:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def every_object(run: RunRef, spec: Eagle3RunSpec) -> list[dict[str, Any]]:
+    """Every object the builders can make for a run: its stage Jobs, the serving Deployment with and without
+    the draft check, the canary, the PodDisruptionBudget and, online, the producers and Mooncake."""
+    out = [*all_objects(run, spec), build_deployment(run, spec, draft_dir(spec), PINNED_SHA256)]
+    if spec.serving.canary is not None:
+        out.append(build_canary_deployment(run, spec, draft_dir(spec), PINNED_SHA256))
+    if spec.serving.disruption_budget.enabled:
+        out.append(build_pod_disruption_budget(run, spec))
+    if spec.extraction.mode == "online":
+        out += online_objects(run, spec)
+    return out
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+)
+@given(valid_specs())
+def test_every_manifest_the_validator_accepts_builds_objects_the_kubernetes_schemas_accept(
+    doc: dict[str, Any],
+) -> None:
+    """Issue 28 item 9: manifests generated from the CRD's own schema (spec.pod, nodePool, every embedded
+    Kubernetes type included) and accepted by the local validator build objects Kubernetes 1.31 accepts:
+    nothing the run was accepted with is refused by the API server when the operator creates a pod."""
+    spec = parse_spec(doc)
+    for obj in every_object(TINY_RUN, spec):
+        if obj["kind"] in NOT_IN_SCHEMAS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = "/".join(str(p) for p in exc.path)
+            pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {path}: {exc.message}\nspec: {doc}")
 
 
 def test_strict_validation_catches_a_typo() -> None:

@@ -15,6 +15,7 @@ from eagle3_contract.stages import Stage, plan_stages
 from eagle3_operator.builders import build_deployment, build_job
 from eagle3_operator.builders.mooncake import build_mooncake_master
 from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.pod_security import pod_template, restricted_findings, violations
 from eagle3_operator.builders.producers import build_producers
 from tests.tiny_spec import derive
 from tests.unit.builders.builder_cases import (
@@ -28,7 +29,6 @@ from tests.unit.builders.builder_cases import (
     draft_dir,
     plan_of,
 )
-from tests.unit.builders.pod_security import pod_template, violations
 
 SPECS: dict[str, tuple[RunRef, dict[str, Any]]] = {
     "tiny": (TINY_RUN, TINY_SPEC),
@@ -74,7 +74,33 @@ def test_online_runs_check_the_producers_and_mooncake_too() -> None:
     assert {"producers", "mooncake"} <= set(pods)
 
 
-def test_a_users_security_context_replaces_the_default_as_given() -> None:
+def test_a_users_security_context_is_merged_over_the_defaults_field_by_field() -> None:
+    """Issue 28 item 8: the user's fields win, and every field the user did not touch keeps its restricted
+    default (the old builder replaced the whole context and dropped runAsNonRoot, seccomp, drop ALL)."""
+    root = {"runAsUser": 1000, "seccompProfile": {"localhostProfile": "p.json", "type": "Localhost"}}
+    container = {"readOnlyRootFilesystem": True, "capabilities": {"add": ["NET_BIND_SERVICE"]}}
+    spec = parse_spec(derive(TINY_SPEC, pod={"securityContext": root, "containerSecurityContext": container}))
+    for name, obj in built_pods(TINY_RUN, spec).items():
+        template = pod_template(obj)
+        assert template["spec"]["securityContext"] == {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 65532,
+            "fsGroup": 65532,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"},
+        }, name
+        for c in template["spec"]["containers"] + template["spec"].get("initContainers", []):
+            assert c["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+                "readOnlyRootFilesystem": True,
+            }, name
+        assert violations(template) == [], name
+    assert restricted_findings(TINY_RUN, spec, plan_stages(spec)[0]) == ()
+
+
+def test_a_context_below_the_restricted_level_is_found_and_named_by_its_spec_field() -> None:
     root = {"runAsUser": 0, "runAsNonRoot": False}
     privileged = {"privileged": True, "allowPrivilegeEscalation": True}
     spec = parse_spec(
@@ -82,12 +108,38 @@ def test_a_users_security_context_replaces_the_default_as_given() -> None:
     )
     for name, obj in built_pods(TINY_RUN, spec).items():
         template = pod_template(obj)
-        assert template["spec"]["securityContext"] == root, name
-        for container in template["spec"]["containers"] + template["spec"].get("initContainers", []):
-            assert container["securityContext"] == privileged, name
+        assert template["spec"]["securityContext"]["runAsNonRoot"] is False, name
+        for c in template["spec"]["containers"] + template["spec"].get("initContainers", []):
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, name
         found = violations(template)
         assert "spec.securityContext.runAsNonRoot: must not be false" in found, name
         assert "spec.containers[0].securityContext.privileged: privileged containers are forbidden" in found
+    findings = restricted_findings(TINY_RUN, spec, plan_stages(spec)[0])
+    assert findings == (
+        "spec.pod.containerSecurityContext.privileged: privileged containers are forbidden",
+        "spec.pod.securityContext.runAsNonRoot: must not be false",
+        "spec.pod.securityContext.runAsUser: must not be 0",
+        "spec.pod.containerSecurityContext.allowPrivilegeEscalation: must be false",
+        "spec.pod.containerSecurityContext.runAsNonRoot: must be true (here or in spec.pod.securityContext)",
+    )
+
+
+def test_user_0_under_the_default_run_as_non_root_is_named_as_never_starting() -> None:
+    """runAsUser 0 alone: merged over runAsNonRoot true, the kubelet refuses every container."""
+    spec = parse_spec(derive(TINY_SPEC, pod={"securityContext": {"runAsUser": 0}}))
+    findings = restricted_findings(TINY_RUN, spec, plan_stages(spec)[0])
+    assert findings[0].startswith(
+        "spec.pod.containerSecurityContext: runAsUser 0 with runAsNonRoot true never starts"
+    )
+    assert "spec.pod.securityContext.runAsUser: must not be 0" in findings
+
+
+def test_an_apparmor_annotation_of_the_pods_is_found() -> None:
+    key = "container.apparmor.security.beta.kubernetes.io/vllm"
+    spec = parse_spec(derive(TINY_SPEC, pod={"annotations": {key: "unconfined"}}))
+    assert restricted_findings(TINY_RUN, spec, plan_stages(spec)[0]) == (
+        f"spec.pod.annotations[{key}]: AppArmor profile 'unconfined' is forbidden",
+    )
 
 
 # --- the checker itself ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from eagle3_operator.builders import build_deployment, build_job, build_pod_moni
 from eagle3_operator.builders.disruption import build_pod_disruption_budget
 from eagle3_operator.builders.monitoring import build_stage_pod_monitor
 from eagle3_operator.builders.pod import HOME
+from eagle3_operator.builders.pod_security import pod_template
 from eagle3_operator.builders.producers import build_producers
 from eagle3_operator.builders.serving import serving_selector
 from tests.tiny_spec import derive
@@ -26,7 +27,6 @@ from tests.unit.builders.builder_cases import (
     TINY_SPEC,
     draft_dir,
 )
-from tests.unit.builders.pod_security import pod_template
 from tests.unit.builders.test_pod_security import built_pods
 
 USER_TOLERATION = {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}

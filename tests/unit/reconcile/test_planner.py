@@ -671,7 +671,13 @@ def test_conditions_keep_their_transition_time_while_unchanged() -> None:
     world.fail("prepare")
     failed = world.plan(now=ts(200))
     times = {c["type"]: c["lastTransitionTime"] for c in failed.status.document()["conditions"]}
-    assert times == {"SpecValid": ts(0), "Progressing": ts(200), "Ready": ts(0), "Failed": ts(200)}
+    assert times == {
+        "SpecValid": ts(0),
+        "PodSecurity": ts(0),
+        "Progressing": ts(200),
+        "Ready": ts(0),
+        "Failed": ts(200),
+    }
 
 
 def test_an_unreadable_previous_status_counts_as_empty() -> None:

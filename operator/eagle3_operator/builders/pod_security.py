@@ -1,15 +1,25 @@
-"""The Pod Security Standards' "restricted" profile (policy version latest), as a test checker.
+"""The Pod Security Standards' "restricted" profile (policy version latest), checked on the pods a run builds.
 
-There is no Python implementation; this follows the upstream check list of k8s.io/pod-security-admission
-(policy/check_*.go) and https://kubernetes.io/docs/concepts/security/pod-security-standards/, control by
-control: the baseline controls, then the restricted ones. `violations` returns one line per offending field,
-`<field path>: <what is wrong>`, so a failing test names the field.
+Every pod the operator builds meets the level by default; spec.pod's security contexts and annotations can
+take a run's pods below it, which the run is told by a Warning Event and its PodSecurity condition
+(`restricted_findings`, the planner's). There is no Python implementation of the level: this follows the
+upstream check list of k8s.io/pod-security-admission (policy/check_*.go) and
+https://kubernetes.io/docs/concepts/security/pod-security-standards/, control by control: the baseline
+controls, then the restricted ones. `violations` returns one line per offending field,
+`<field path>: <what is wrong>`, so a reader (and a failing test) is told the field.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.stages import StagePlan
+from eagle3_operator.builders.job import build_job
+from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.serving import build_deployment
 
 # baseline: capabilities a container may add
 BASELINE_CAPABILITIES = frozenset(
@@ -161,7 +171,56 @@ def violations(template: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(found))  # a field broken under both levels is named once
 
 
+def contradictions(template: Mapping[str, Any]) -> list[str]:
+    """Security settings no container can start with: user 0 where runAsNonRoot is true (the kubelet refuses
+    to start the container, CreateContainerConfigError)."""
+    spec = template["spec"]
+    pod = spec.get("securityContext") or {}
+    found = []
+    for path, container in _containers(spec):
+        context = container.get("securityContext") or {}
+        user = context.get("runAsUser", pod.get("runAsUser"))
+        if user == 0 and context.get("runAsNonRoot", pod.get("runAsNonRoot")) is True:
+            found.append(
+                f"{path}.securityContext: runAsUser 0 with runAsNonRoot true never starts (the kubelet "
+                "refuses it); set runAsNonRoot: false as well to run as root"
+            )
+    return found
+
+
 def pod_template(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """The pod template of a Job or a Deployment."""
     template: Mapping[str, Any] = obj["spec"]["template"]
     return template
+
+
+# Where the fields of a built pod come from in the spec: the same spec.pod goes into every pod of a run.
+_SPEC_FIELDS = (
+    (re.compile(r"spec\.(initContainers|containers|ephemeralContainers)\[\d+\]\.securityContext"),
+     "spec.pod.containerSecurityContext"),
+    (re.compile(r"spec\.securityContext"), "spec.pod.securityContext"),
+    (re.compile(r"metadata\.annotations"), "spec.pod.annotations"),
+)  # fmt: skip
+# A stand-in for the draft's digest: the serving pod is checked with its draft-check init container.
+_ANY_SHA256 = "0" * 64
+
+
+def spec_fields(line: str) -> str:
+    """A finding on a built pod, told as the spec field it comes from."""
+    for pattern, field in _SPEC_FIELDS:
+        line = pattern.sub(field, line)
+    return line
+
+
+def restricted_findings(run: RunRef, spec: Eagle3RunSpec, first_stage: StagePlan) -> tuple[str, ...]:
+    """What takes the run's pods below the "restricted" level, or never lets them start, named by spec field:
+    checked on a stage Job's pod and the serving pod (with its draft check), which carry the same spec.pod."""
+    pods = (
+        build_job(run, spec, first_stage, 0, None, "spec"),
+        build_deployment(run, spec, "export/draft", _ANY_SHA256),
+    )
+    found: list[str] = []
+    for obj in pods:
+        template = pod_template(obj)
+        found += [spec_fields(line) for line in contradictions(template) + violations(template)]
+    return tuple(dict.fromkeys(found))

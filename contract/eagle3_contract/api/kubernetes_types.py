@@ -1,0 +1,113 @@
+"""Kubernetes types a spec embeds (an Affinity, a security context, an EnvVarSource), checked against the
+Kubernetes schemas of the objects they are copied into.
+
+The schemas are kubernetes-validate's strict Kubernetes 1.31 definitions, committed in kubernetes_schemas.json
+(`devtools/kubernetes_schemas.py` writes it; `make crds`). The same schema is the field's JSON Schema, so the
+CRD carries it too (the API server checks it when the run is applied), and jsonschema checks it here when a
+spec is parsed: a value the API server would refuse when the operator creates a pod is refused with the run,
+naming the field. Explicit nulls are dropped first, as the API server prunes them.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Annotated, Any
+
+from jsonschema import Draft202012Validator
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+
+SCHEMAS_FILE = "kubernetes_schemas.json"
+# The pydantic error type of a value its Kubernetes schema refuses; its context's `findings` are the
+# (path inside the value, what is wrong) pairs, which parse_spec reports one per line at their full path.
+ERROR_TYPE = "kubernetes_schema"
+
+
+@functools.cache
+def _document() -> dict[str, Any]:
+    text = resources.files("eagle3_contract.api").joinpath(SCHEMAS_FILE).read_text(encoding="utf-8")
+    document: dict[str, Any] = json.loads(text)
+    return document
+
+
+def kubernetes_version() -> str:
+    """The Kubernetes version whose schemas the embedded types follow."""
+    return str(_document()["kubernetesVersion"])
+
+
+def schema_of(type_name: str) -> dict[str, Any]:
+    """The committed schema of one embedded type (a copy)."""
+    return copy.deepcopy(_document()["types"][type_name])
+
+
+@functools.cache
+def _validator(type_name: str) -> Draft202012Validator:
+    return Draft202012Validator(schema_of(type_name))
+
+
+def without_nulls(value: Any) -> Any:
+    """`value` without explicit nulls at any depth (the API server prunes them from a custom resource)."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+def problems(type_name: str, value: Any) -> list[tuple[str, str]]:
+    """What the Kubernetes schema of `type_name` refuses in `value`: (path inside the value, what is wrong)
+    pairs, sorted; none when it is valid. An unknown field is named by its own path."""
+    found = []
+    for error in _validator(type_name).iter_errors(value):
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.path)
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            known = error.schema.get("properties", {})
+            found += [(f"{path}.{name}", "no such field") for name in error.instance if name not in known]
+        else:
+            found.append((path, error.message))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class KubernetesSchema:
+    """The marker of a field holding a core/v1 `type_name`: the value is checked against that type's
+    Kubernetes schema, and the field's JSON Schema (so the CRD's) is that schema."""
+
+    type_name: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return schema_of(self.type_name)
+
+    def check(self, value: dict[str, Any]) -> dict[str, Any]:
+        value = without_nulls(value)
+        found = problems(self.type_name, value)
+        if found:
+            raise PydanticCustomError(
+                ERROR_TYPE,
+                "not a valid Kubernetes {type_name} (the {version} schema): {problems}",
+                {
+                    "type_name": self.type_name,
+                    "version": kubernetes_version(),
+                    "problems": "; ".join(
+                        f"{path.lstrip('.') or '(the object)'}: {what}" for path, what in found
+                    ),
+                    "findings": found,
+                },
+            )
+        return value
+
+
+Affinity = Annotated[dict[str, Any], KubernetesSchema("Affinity")]
+EnvVarSource = Annotated[dict[str, Any], KubernetesSchema("EnvVarSource")]
+PodSecurityContext = Annotated[dict[str, Any], KubernetesSchema("PodSecurityContext")]
+SecurityContext = Annotated[dict[str, Any], KubernetesSchema("SecurityContext")]
