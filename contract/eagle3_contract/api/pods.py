@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from eagle3_contract.api.base import ApiModel
 from eagle3_contract.api.fields import ANNOTATION_VALUE_MAX, DNS_LABEL, CountOrPercent, LabelValue, Quantity
@@ -31,6 +31,10 @@ class DisruptionBudget(ApiModel):
 
 
 MAX_METADATA = 64  # labels, annotations: bounds the cost of the CEL rules over their keys (rules.py)
+# What the operator's own annotations of a pod may take of the API server's 256 KiB for all of them (the
+# Prometheus scrape annotations, the spec hash): spec.pod.annotations get the rest.
+OPERATOR_ANNOTATIONS_RESERVE = 4 * 1024
+USER_ANNOTATIONS_MAX = ANNOTATION_VALUE_MAX - OPERATOR_ANNOTATIONS_RESERVE
 MAX_TOLERATIONS = 64  # bounds the cost of the CEL rule over them (eagle3_contract.api.rules)
 
 
@@ -130,6 +134,20 @@ class PodSettings(ApiModel):
         description="Every container's core/v1 SecurityContext, merged field by field over the 'restricted' "
         "defaults: no privilege escalation, every capability dropped.",
     )
+
+    @model_validator(mode="after")
+    def _annotations_fit(self) -> PodSettings:
+        """The API server limits all of an object's annotations together (keys and values, 256 KiB): a rule
+        CEL cannot state (it has no sum over a map), so it is checked here, where `eagle3 run` and the
+        operator both parse the spec."""
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in self.annotations.items())
+        if size > USER_ANNOTATIONS_MAX:
+            raise ValueError(
+                f"annotations of {size:,} bytes (keys and values together); the API server takes "
+                f"256 KiB for all of a pod's annotations, and the operator's own need "
+                f"{OPERATOR_ANNOTATIONS_RESERVE:,}: keep them to {USER_ANNOTATIONS_MAX:,} bytes"
+            )
+        return self
 
 
 class Monitoring(ApiModel):

@@ -491,3 +491,15 @@ def test_a_label_or_annotation_key_the_api_server_refuses_is_refused(field: str,
 def test_an_annotation_over_the_api_servers_size_limit_is_refused() -> None:
     with pytest.raises(InvalidSpecError, match=r"spec\.pod\.annotations\.big: String should have at most"):
         parse_spec(minimal() | {"pod": {"annotations": {"big": "x" * 300_000}}})
+
+
+def test_annotations_over_the_limit_together_are_refused() -> None:
+    """The API server limits all of a pod's annotations together (256 KiB): two of 150 KB each, each under
+    the limit, were accepted and the pods refused (issue 28 item 9)."""
+    two = {"a": "x" * 150_000, "b": "y" * 150_000}
+    with pytest.raises(
+        InvalidSpecError, match=r"spec\.pod: annotations of 300,002 bytes .* keep them to 258,048"
+    ):
+        parse_spec(minimal() | {"pod": {"annotations": two}})
+    fits = {"a": "x" * 120_000, "b": "y" * 120_000}
+    assert parse_spec(minimal() | {"pod": {"annotations": fits}}).pod.annotations == fits
