@@ -36,6 +36,11 @@ MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 # many intervals: every API call it makes is bounded (k8s.TOTAL_SECONDS), so a longer silence is a hang.
 RESYNC_STALE_ROUNDS = 3
 RELIST_SETTLE_SECONDS = 2.0
+# How long one watch request lasts (the server ends it; kopf resumes from its resourceVersion), and the grace
+# after it before the client gives a silent one up: a run created after a partition heals is seen within
+# about their sum (issue 28 item 17), at the cost of one watch request per watched kind per WATCH_SECONDS.
+WATCH_SECONDS = 8  # an integer: kopf sends it as the timeoutSeconds query parameter
+WATCH_GRACE_SECONDS = 2.0
 logger = logging.getLogger(__name__)
 
 
@@ -51,6 +56,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     settings.networking.request_timeout = api_seconds
     settings.networking.connect_timeout = min(CONNECT_SECONDS, api_seconds)
     settings.watching.connect_timeout = min(CONNECT_SECONDS, api_seconds)
+    # A watch is trusted for WATCH_SECONDS: the server ends each watch request then and kopf resumes it from
+    # its last resourceVersion (no re-list), and one that stays silent past that (a partition that drops
+    # packets without a reset) is given up client-side soon after, not at kopf's 70 s inactivity timeout.
+    settings.watching.server_timeout = WATCH_SECONDS
+    settings.watching.client_timeout = WATCH_SECONDS + min(WATCH_GRACE_SECONDS, api_seconds)
     state = await OperatorState.start(memo)
     memo[MEMO_KEY] = state  # before the tasks start: kopf copies the memo for each object's handlers
     state.resync = asyncio.create_task(resync(state, kwargs))
@@ -120,18 +130,30 @@ async def _in_handler_context(state: OperatorState, call: Coroutine[Any, Any, No
 
 
 async def _resync_round(state: OperatorState, kwargs: Mapping[str, Any]) -> None:
+    """Every run the index holds, then those the re-list found that it never saw (a silent watch missed
+    them: they are reconciled from the API server's copy, as every run is)."""
     runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
-    await sweep_ghosts(state.reconcile, {"eagle3_runs": runs} | _indices(kwargs), logger)
-    for key in list(runs):
-        for body in list(runs.get(key, [])):
-            try:
-                call = reconcile_current(body, state.reconcile, logger, _indices(kwargs))
-                await _in_handler_context(state, call)
-            except (kopf.TemporaryError, kopf.PermanentError) as err:
-                logger.warning("resync of %s/%s failed: %s", key[0], key[1], err)
-            except Exception:
-                logger.exception("resync of %s/%s failed; going on with the next run", key[0], key[1])
-            state.resync_beat = time.monotonic()
+    unseen = await sweep_ghosts(state.reconcile, {"eagle3_runs": runs} | _indices(kwargs), logger)
+    bodies = [body for key in list(runs) for body in list(runs.get(key, []))]
+    for body in unseen:
+        meta = body["metadata"]
+        logger.info(
+            "run %s/%s is not in the watch's index yet; reconciling it from the re-list",
+            meta["namespace"],
+            meta["name"],
+        )
+    for body in bodies + unseen:
+        meta = body["metadata"]
+        try:
+            call = reconcile_current(body, state.reconcile, logger, _indices(kwargs))
+            await _in_handler_context(state, call)
+        except (kopf.TemporaryError, kopf.PermanentError) as err:
+            logger.warning("resync of %s/%s failed: %s", meta["namespace"], meta["name"], err)
+        except Exception:
+            logger.exception(
+                "resync of %s/%s failed; going on with the next run", meta["namespace"], meta["name"]
+            )
+        state.resync_beat = time.monotonic()
 
 
 @kopf.on.probe(id="resync")

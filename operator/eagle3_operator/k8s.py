@@ -220,9 +220,13 @@ class Kube:
         return result
 
     async def list_uids(self, path: str, label_selector: str | None = None) -> set[str]:
-        """The uids of the objects a collection `path` (e.g. /apis/batch/v1/namespaces/ns/jobs) holds now: a
-        consistent read (no resourceVersion), metadata only where the server offers it, page by page."""
-        uids: set[str] = set()
+        """The uids of the objects a collection `path` (e.g. /apis/batch/v1/namespaces/ns/jobs) holds now."""
+        return {meta["uid"] for meta in await self.list_metadata(path, label_selector)}
+
+    async def list_metadata(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+        """The metadata of the objects a collection `path` holds now: a consistent read (no resourceVersion),
+        metadata only where the server offers it, page by page."""
+        found: list[dict[str, Any]] = []
         token: str | None = None
         while True:
             query: list[tuple[str, Any]] = [("limit", LIST_PAGE)]
@@ -243,10 +247,10 @@ class Kube:
             if status >= 300:
                 raise ApiError(status, "list", path, text)
             page = json.loads(text)
-            uids |= {item["metadata"]["uid"] for item in page.get("items") or []}
+            found += [item["metadata"] for item in page.get("items") or []]
             token = (page.get("metadata") or {}).get("continue")
             if not token:
-                return uids
+                return found
 
     async def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the cluster serves a resource (for optional integrations such as PodMonitor)."""

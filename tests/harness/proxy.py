@@ -46,8 +46,9 @@ class StallingProxy:
     After `stall()`, a connection whose client sends a byte is dead for good: that byte and everything after
     it, either way, is read and dropped, and its sockets stay open (no FIN, no RST). Connections accepted
     during the stall are dead from the start (counted in `stalled` on accept) and never reach the target.
-    `heal()` makes new connections forward again; dead ones stay dead. Use: `async with StallingProxy(host,
-    port) as proxy:`, then point the client at `proxy.port`; on exit everything is closed and cancelled.
+    `partition()` is a stall that also kills every established connection at once. `heal()` makes new
+    connections forward again; dead ones stay dead. Use: `async with StallingProxy(host, port) as proxy:`,
+    then point the client at `proxy.port`; on exit everything is closed and cancelled.
     """
 
     def __init__(self, host: str, target_port: int) -> None:
@@ -63,6 +64,13 @@ class StallingProxy:
 
     def stall(self) -> None:
         self._stalling = True
+
+    def partition(self) -> None:
+        """A stall that blackholes the established connections too: a watch stream the client only reads
+        goes silent as well (no FIN, no RST), as every packet of a real network partition is dropped."""
+        self._stalling = True
+        for flow in self._flows:
+            self._kill(flow)
 
     def heal(self) -> None:
         self._stalling = False

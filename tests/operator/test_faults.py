@@ -263,3 +263,26 @@ async def _fresh(cluster: Cluster, plural: str, run: str, old_uid: str) -> dict[
     found = await cluster.list_objects("v1", plural, **{"eagle3.dev/run": run})
     fresh = [c for c in found if c["metadata"]["uid"] != old_uid]
     return fresh[0] if fresh else None
+
+
+async def test_a_run_created_after_a_partition_heals_gets_its_first_job_within_15_s(real, tmp_path):
+    """Issue 28 item 17: a partition blackholes every connection of the operator, its watch streams too (no
+    FIN, no reset), and they stay dead after it heals. A run created once the network heals was seen only
+    when kopf's 70 s inactivity timeout dropped the dead Eagle3Run watch (64 s); a watch is now trusted for
+    its own bounded time only (and the resync's re-list reconciles a run no index saw)."""
+    cluster = real.cluster
+    host, port = real.access.url.removeprefix("https://").rsplit(":", 1)
+    async with StallingProxy(host, int(port)) as proxy:
+        url = f"https://127.0.0.1:{proxy.port}"
+        async with real.operator(tmp_path, url=url, resync_seconds=None, api_timeout_seconds=3.0) as op:
+            await cluster.apply_run("before", tiny())
+            await wait_job(cluster, "before", "prepare")  # the watches are live
+            proxy.partition()
+            await asyncio.sleep(5)
+            proxy.heal()
+            await cluster.apply_run("after", tiny())
+            started = asyncio.get_running_loop().time()
+            await wait_job_within(cluster, "after", "prepare", 90)
+            waited = asyncio.get_running_loop().time() - started
+            _no_forbidden_calls(op.log())
+    assert waited < 15, f"the first Job came {waited:.1f} s after the network healed"

@@ -15,6 +15,7 @@ from tests.harness.proxy import StallingProxy
 
 pytestmark = pytest.mark.operator
 
+CHUNK_BYTES = 65536
 SILENCE = 0.5  # how long a stalled connection must stay quiet (no data, no EOF) to count as silent
 
 
@@ -127,6 +128,32 @@ async def test_a_stall_silences_requests_but_not_streams_and_heals_for_new_conne
     await asyncio.gather(*(w.wait_closed() for _, w in conns), return_exceptions=True)
     leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and t not in state.tasks]
     assert not leftover, f"the proxy left tasks running: {leftover}"
+
+
+async def test_a_partition_silences_streams_too_and_heals_for_new_connections(
+    target: tuple[Target, int],
+) -> None:
+    _, port = target
+    async with StallingProxy("127.0.0.1", port) as proxy:
+        stream = await connect(proxy)
+        assert await ask(stream, "stream") == b"tick\n"
+        proxy.partition()
+        for _ in range(10):  # ticks already in flight may still arrive, then nothing
+            try:
+                data = await asyncio.wait_for(stream[0].read(CHUNK_BYTES), SILENCE)
+            except TimeoutError:
+                break  # silent: no data, no EOF
+            assert data, "a partition sends no EOF"
+        else:
+            pytest.fail("the stream kept flowing through a partition")
+        assert (proxy.stalled, proxy.connections) == (1, 1)
+        proxy.heal()
+        after = await connect(proxy)
+        assert await ask(after, "again") == b"again\n"
+        with pytest.raises(TimeoutError):  # the dead stream stays dead
+            await asyncio.wait_for(stream[0].read(CHUNK_BYTES), SILENCE)
+        for _, writer in (stream, after):
+            writer.close()
 
 
 async def test_connections_close_normally_and_a_dead_target_resets(target: tuple[Target, int]) -> None:

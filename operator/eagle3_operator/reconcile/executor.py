@@ -352,16 +352,20 @@ async def reconcile_current(
         await reconcile(current, state, logger, indices)
 
 
-async def sweep_ghosts(state: ReconcileState, indices: Mapping[str, Any], logger: Any) -> None:
+async def sweep_ghosts(
+    state: ReconcileState, indices: Mapping[str, Any], logger: Any
+) -> list[dict[str, Any]]:
     """Re-list what kopf's indexes (`indices`: eagle3_runs and the children's) hold and remember the entries
-    of objects deleted unseen as gone (relist.py); a run among them is forgotten. A failed list skips this
+    of objects deleted unseen as gone (relist.py); a run among them is forgotten. Returns the runs the list
+    holds that the index never saw (slim bodies), for the resync to reconcile. A failed list skips this
     sweep (the next resync round tries again): a partial listing would take live objects for deleted."""
     served = {k: v for k, v in indices.items() if state.serves(k)}
     try:
-        ghosts, held = await list_ghosts(state.kube, served, state.namespaces)
+        relisted = await list_ghosts(state.kube, served, state.namespaces)
     except ApiError as err:
         logger.warning("re-listing the runs and their children failed (the next round retries): %s", err)
-        return
+        return []
+    ghosts, held = relisted.ghosts, relisted.held
     gone: set[str] = state.gone
     new = ghosts - gone
     for key in list(indices["eagle3_runs"]):
@@ -377,3 +381,4 @@ async def sweep_ghosts(state: ReconcileState, indices: Mapping[str, Any], logger
         )
     gone.intersection_update(held)  # uids no index holds any more need no remembering
     gone.update(ghosts)
+    return relisted.unseen_runs

@@ -8,12 +8,14 @@ retry would still be seen as failed, so its retry never came. kopf has no hook t
 resync does it by uid: it notes every uid the indexes hold, then lists the same collections (metadata only);
 an entry held before the list started that the list lacks was deleted, and is a ghost from then on. The
 executor never acts on a ghost (`observe` skips it; a ghost run is forgotten), which is the index rebuilt from
-the re-list as far as this operator can see.
+the re-list as far as this operator can see. The other way round, a run the list returns that no index holds
+was missed by a watch that went silent: the resync reconciles it from the list (`unseen_runs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
@@ -21,6 +23,7 @@ from eagle3_operator.builders import names
 from eagle3_operator.k8s import Kube
 
 MANAGED = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
+RUNS_INDEX = "eagle3_runs"
 # kopf index (handlers.py) -> the collection it watches: API prefix, plural, label selector
 COLLECTIONS: dict[str, tuple[str, str, str | None]] = {
     "eagle3_runs": (f"/apis/{GROUP}/{VERSION}", PLURAL, None),
@@ -59,15 +62,34 @@ def collection_paths(index: str, namespaces: Iterable[str]) -> list[str]:
     return [f"{prefix}/namespaces/{ns}/{plural}" for ns in spaces]
 
 
+@dataclass(frozen=True)
+class Relisted:
+    """What a re-list found: `ghosts`, the uids the indexes held before listing that no list returned;
+    `held`, all they held; `unseen_runs`, the runs listed that the indexes never held (a watch that went
+    silent missed them), as slim bodies (metadata only) for the resync to reconcile."""
+
+    ghosts: set[str]
+    held: set[str]
+    unseen_runs: list[dict[str, Any]] = field(default_factory=list)
+
+
 async def list_ghosts(
     kube: Kube, indices: Mapping[str, Mapping[Any, Iterable[Any]]], namespaces: Iterable[str]
-) -> tuple[set[str], set[str]]:
-    """(ghosts, held): the uids the indexes held before listing that no list returned, and all they held.
-    Every list must succeed (an ApiError otherwise): a partial listing would make live objects ghosts."""
+) -> Relisted:
+    """Re-list every collection the indexes watch. Every list must succeed (an ApiError otherwise): a
+    partial listing would make live objects ghosts."""
     held = index_uids(indices.values())  # before listing: whatever the list lacks was deleted before it
     listed: set[str] = set()
+    unseen: list[dict[str, Any]] = []
     for index in indices:
         _, _, selector = COLLECTIONS[index]
         for path in collection_paths(index, namespaces):
-            listed |= await kube.list_uids(path, selector)
-    return held - listed, held
+            found = await kube.list_metadata(path, selector)
+            listed |= {meta["uid"] for meta in found}
+            if index == RUNS_INDEX:
+                unseen += [_slim(meta) for meta in found if meta["uid"] not in held]
+    return Relisted(held - listed, held, unseen)
+
+
+def _slim(meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {"metadata": {k: meta[k] for k in ("namespace", "name", "uid") if k in meta}}

@@ -31,9 +31,11 @@ class _Lists:
     def __init__(self, uids: dict[str, set[str]]) -> None:
         self.uids, self.calls = uids, []
 
-    async def list_uids(self, path: str, label_selector: str | None = None) -> set[str]:
+    async def list_metadata(self, path: str, label_selector: str | None = None) -> list[dict[str, str]]:
         self.calls.append((path, label_selector))
-        return self.uids.get(path.rsplit("/", 1)[-1], set())
+        namespace = path.split("/namespaces/")[1].split("/")[0]
+        found = self.uids.get(path.rsplit("/", 1)[-1], set())
+        return [{"namespace": namespace, "name": f"name-{uid}", "uid": uid} for uid in sorted(found)]
 
 
 async def test_ghosts_are_what_the_indexes_held_that_no_list_returned():
@@ -42,8 +44,19 @@ async def test_ghosts_are_what_the_indexes_held_that_no_list_returned():
         "stage_jobs": {("n", "r"): [{"metadata": {"uid": "old-job"}}, {"metadata": {"uid": "job"}}]},
     }
     kube = _Lists({"eagle3runs": {"run"}, "jobs": {"job", "created-after-the-snapshot"}})
-    ghosts, held = await list_ghosts(kube, indices, ["n"])  # type: ignore[arg-type]
-    assert ghosts == {"old-job"} and held == {"run", "old-job", "job"}
+    relisted = await list_ghosts(kube, indices, ["n"])  # type: ignore[arg-type]
+    assert relisted.ghosts == {"old-job"} and relisted.held == {"run", "old-job", "job"}
+    assert relisted.unseen_runs == [], "a job the index never saw is no run to reconcile"
     runs, jobs = kube.calls
     assert runs[1] is None, "runs carry no managed-by label"
     assert jobs == ("/apis/batch/v1/namespaces/n/jobs", "app.kubernetes.io/managed-by=eagle3-operator")
+
+
+async def test_a_run_the_list_holds_that_no_index_saw_is_returned_to_reconcile():
+    """Issue 28 item 17: a run created while the run watch was silent is in no index; the re-list finds it
+    (and a run the index holds is not returned twice)."""
+    indices = {"eagle3_runs": {("n", "seen"): [{"metadata": {"uid": "seen"}}]}, "stage_jobs": {}}
+    kube = _Lists({"eagle3runs": {"seen", "missed"}})
+    relisted = await list_ghosts(kube, indices, ["n"])  # type: ignore[arg-type]
+    assert relisted.ghosts == set()
+    assert relisted.unseen_runs == [{"metadata": {"namespace": "n", "name": "name-missed", "uid": "missed"}}]
