@@ -15,6 +15,7 @@ from eagle3_contract.api.base import GROUP, PLURAL, VERSION
 from eagle3_operator import peering, stage_metrics
 from eagle3_operator.builders import names
 from eagle3_operator.k8s import CONNECT_SECONDS
+from eagle3_operator.reconcile.drift import observed_hash
 from eagle3_operator.reconcile.executor import (
     CHILD_INDEXES,
     OWNED_INDEXES,
@@ -232,7 +233,8 @@ def serving_deployments(
 
 def _owned(kind: str, namespace: str | None, body: kopf.Body) -> dict[Key, Owned]:
     meta = body.metadata
-    owned = (kind, meta.name or "", meta.annotations.get(names.ANNOTATION_SPEC_HASH), meta.uid)
+    spec_hash = observed_hash(body, names.ANNOTATION_SPEC_HASH, names.ANNOTATION_APPLIED)
+    owned = (kind, meta.name or "", spec_hash, meta.uid)
     return {run_key(namespace, meta.labels.get(names.LABEL_RUN)): owned}
 
 

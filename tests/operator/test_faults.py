@@ -286,3 +286,39 @@ async def test_a_run_created_after_a_partition_heals_gets_its_first_job_within_1
             waited = asyncio.get_running_loop().time() - started
             _no_forbidden_calls(op.log())
     assert waited < 15, f"the first Job came {waited:.1f} s after the network healed"
+
+
+async def test_a_hand_edit_of_what_it_serves_is_undone_and_nothing_else_is_patched(real, tmp_path):
+    """Issue 28 item 16: `kubectl set image` and `kubectl scale` on the serving Deployment and a port edited
+    on its Service were never undone (the planner compared only its spec-hash annotation, which a hand edit
+    leaves alone). The spec is the truth: the operator restores the fields it wrote, and only those: while
+    nothing drifts it patches nothing (what the API server defaults is no drift)."""
+    cluster = real.cluster
+    async with real.operator(tmp_path, resync_seconds=1.0):
+        await cluster.apply_run("edited", tiny())
+        await drive_to_serving(cluster, real.kubelet, "edited")
+        deployment = await cluster.get("apps/v1", "deployments", "edited-vllm")
+        service = await cluster.get("v1", "services", "edited-vllm")
+        await asyncio.sleep(4)  # four resync rounds over objects the API server has defaulted
+        assert (await cluster.get("apps/v1", "deployments", "edited-vllm"))["metadata"]["generation"] == (
+            deployment["metadata"]["generation"]
+        ), "a Deployment nobody edited was patched"
+        assert (await cluster.get("v1", "services", "edited-vllm"))["metadata"]["resourceVersion"] == (
+            service["metadata"]["resourceVersion"]
+        ), "a Service nobody edited was patched"
+
+        containers = deployment["spec"]["template"]["spec"]["containers"]
+        edited = [{**c, "image": "registry.invalid/x:1"} if c["name"] == "vllm" else c for c in containers]
+        patch = {"spec": {"replicas": 3, "template": {"spec": {"containers": edited}}}}
+        await cluster.patch("apps/v1", "deployments", "edited-vllm", patch)  # kubectl set image; scale
+        ports = [{**p, "port": p["port"] + 1} for p in service["spec"]["ports"]]
+        await cluster.patch("v1", "services", "edited-vllm", {"spec": {"ports": ports}})
+
+        async def restored() -> bool | None:
+            now = await cluster.get("apps/v1", "deployments", "edited-vllm")
+            svc = await cluster.get("v1", "services", "edited-vllm")
+            images = [c["image"] for c in now["spec"]["template"]["spec"]["containers"]]
+            same = images == [c["image"] for c in containers] and now["spec"]["replicas"] == 1
+            return True if same and svc["spec"]["ports"] == service["spec"]["ports"] else None
+
+        await eventually(restored, timeout=30, what="the serving Deployment and Service as the spec says")

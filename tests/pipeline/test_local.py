@@ -254,9 +254,12 @@ except KeyboardInterrupt:  # as `eagle3 stage` answers Ctrl-C
     sys.exit(130)
 """
 
-# `eagle3 run` itself, whose stages run as `sys.executable -m eagle3_cli stage ...`: here the fake stage
+# `eagle3 run` itself, whose stages run as `sys.executable -m eagle3_cli stage ...`: here the fake stage.
+# Ctrl-C as a terminal delivers it: a suite started in the background by a non-interactive shell (`make test
+# &`) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt (nor do the stages it starts).
 DRIVER = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 fake = sys.argv.pop()
 sys.executable = fake
 from eagle3_cli.main import main

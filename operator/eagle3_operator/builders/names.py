@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from eagle3_contract.api.base import API_VERSION, KIND
+from eagle3_contract.stages import content_hash
 
 MANAGED_BY = "eagle3-operator"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -24,6 +27,9 @@ TRACK_CANARY = "canary"
 TRACK_STABLE = "stable"
 ANNOTATION_TOKEN_BUDGET = "eagle3.dev/token-budget"
 ANNOTATION_SPEC_HASH = "eagle3.dev/spec-hash"
+# What the operator applied to a serving child (the canonical JSON of what its spec hash hashes): a hand edit
+# of a field in it is undone (eagle3_operator.reconcile.drift).
+ANNOTATION_APPLIED = "eagle3.dev/applied"
 ANNOTATION_DRAFT = "eagle3.dev/draft"
 SERVE_STAGE = "serve"
 # The online hidden-state producers and the Mooncake master (their Deployments, Services and pods).
@@ -141,3 +147,11 @@ def metadata(
     if owned:
         meta["ownerReferences"] = [run.owner_reference()]
     return meta
+
+
+def applied(body: Mapping[str, Any]) -> dict[str, str]:
+    """The annotations that let the operator find and undo a hand edit of `body`: its hash and its JSON."""
+    return {
+        ANNOTATION_SPEC_HASH: content_hash(dict(body)),
+        ANNOTATION_APPLIED: json.dumps(body, sort_keys=True, separators=(",", ":")),
+    }

@@ -8,7 +8,7 @@ from typing import Any
 from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, DEFAULT_VLLM_IMAGE, Eagle3RunSpec
 from eagle3_contract.api.speculation import SpeculationRange, tuned_speculative_config
 from eagle3_contract.mounts import DRAFT_WEIGHTS, draft_path
-from eagle3_contract.stages import content_hash, on_cpu
+from eagle3_contract.stages import on_cpu
 from eagle3_contract.vllm_command import Endpoint, VllmEngine, eagle3_speculative_config, vllm_serve_args
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
@@ -191,7 +191,7 @@ def build_deployment(
     before vLLM starts; with serving.speculationLength tuned, `schedule` is the draft's measured k per
     batch-size range."""
     body = deployment_spec(run, spec, draft_dir, sha256, schedule)
-    annotations = {names.ANNOTATION_SPEC_HASH: content_hash(body)}
+    annotations = names.applied(body)
     name = names.serving_name(run.name)
     return {
         "apiVersion": "apps/v1",
@@ -219,7 +219,7 @@ def build_canary_deployment(
     body["selector"] = {"matchLabels": serving_selector(run) | track}
     template_meta = body["template"]["metadata"]
     template_meta["labels"] = dict(template_meta["labels"]) | track
-    annotations = {names.ANNOTATION_SPEC_HASH: content_hash(body)}
+    annotations = names.applied(body)
     meta = names.metadata(
         run, names.canary_name(run.name), names.SERVE_STAGE, labels=track, annotations=annotations
     )
@@ -293,7 +293,7 @@ def with_labels(
     """An object of `meta` and `spec` with extra `labels` under meta's own (which win); its
     `eagle3.dev/spec-hash` hashes the spec and the extra labels (the spec alone when there are none)."""
     hashed: dict[str, Any] = {"labels": dict(labels), "spec": spec} if labels else spec
-    annotations = dict(meta.get("annotations") or {}) | {names.ANNOTATION_SPEC_HASH: content_hash(hashed)}
+    annotations = dict(meta.get("annotations") or {}) | names.applied(hashed)
     own = {"labels": dict(labels) | meta["labels"], "annotations": annotations}
     rest = {k: v for k, v in meta.items() if k not in ("name", "namespace", *own)}
     out = {"name": meta["name"], "namespace": meta["namespace"], **own, **rest}

@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from eagle3_operator.builders import names
+from eagle3_operator.reconcile.drift import observed_hash
+
 
 def _pick(body: Mapping[str, Any], *paths: str) -> dict[str, Any]:
     """A copy of `body` with only the given dotted paths (what the planner reads), to keep indexes small."""
@@ -66,7 +69,9 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_deployment(body: Mapping[str, Any]) -> dict[str, Any]:
-    return _pick(
+    """What the planner reads of a Deployment; its spec hash marked drifted where a field the operator
+    applied was edited by hand (drift.py), and without the applied JSON itself (the index stays small)."""
+    slim = _pick(
         body,
         "metadata.name",
         "metadata.uid",
@@ -78,3 +83,11 @@ def slim_deployment(body: Mapping[str, Any]) -> dict[str, Any]:
         "status.readyReplicas",
         "status.availableReplicas",
     )
+    annotations = dict(slim.get("metadata", {}).get("annotations") or {})
+    annotations.pop(names.ANNOTATION_APPLIED, None)
+    spec_hash = observed_hash(body, names.ANNOTATION_SPEC_HASH, names.ANNOTATION_APPLIED)
+    if spec_hash is not None:
+        annotations[names.ANNOTATION_SPEC_HASH] = spec_hash
+    if "metadata" in slim:
+        slim["metadata"]["annotations"] = annotations
+    return slim
