@@ -3,6 +3,8 @@ serviceMonitor relabelings, podMonitor labels), and the release name gives sane 
 
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +102,39 @@ def test_notes_say_how_the_crd_and_the_replicas_behave(helm: Path) -> None:
         of_kind(template(helm, sets=["crds.install=false"], include_crds=False), "CustomResourceDefinition")
         == []
     )
+
+
+def _operator_options() -> set[str]:
+    """Every option `eagle3 operator` (and `eagle3` before it) knows."""
+    root = cli_parser()
+    options = {o for action in root._actions for o in action.option_strings}
+    subparsers = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    operator = subparsers.choices["operator"]
+    return options | {o for action in operator._actions for o in action.option_strings}
+
+
+def test_the_flags_the_chart_passes_and_its_readme_lists_are_the_operators() -> None:
+    """Issue 29: the chart README's list of the operator's flags lacked four the template passes; every flag
+    the template passes is one `eagle3 operator` knows, and the README lists exactly those."""
+    template_text = (CHART / "templates" / "deployment.yaml").read_text()
+    passed = set(re.findall(r"^\s+- (--[a-z][a-z-]*)", template_text, re.M))
+    assert {"--health-port", "--vllm-image", "--api-timeout-seconds", "--prometheus-url"} <= passed
+    assert passed <= _operator_options(), passed - _operator_options()
+    readme = (CHART / "README.md").read_text()
+    [row] = [line for line in readme.splitlines() if line.startswith("| Deployment |")]
+    listed = set(re.findall(r"(--[a-z][a-z-]*)", row))
+    assert listed == passed, f"README lists {sorted(listed - passed)} extra, misses {sorted(passed - listed)}"
+
+
+def test_every_operator_flag_the_docs_name_is_one_it_knows() -> None:
+    root = Path(__file__).resolve().parents[2]
+    docs = [root / "README.md", CHART / "README.md", *sorted((root / "docs").glob("*.md"))]
+    named = {
+        (doc.name, flag)
+        for doc in docs
+        for span in re.findall(r"`eagle3 (?:\[?--verbose\]? )?operator([^`]*)`", doc.read_text())
+        for flag in re.findall(r"(--[a-z][a-z-]*)", span)
+    }
+    assert len(named) >= 10, named
+    unknown = sorted((doc, flag) for doc, flag in named if flag not in _operator_options())
+    assert not unknown, unknown
