@@ -1,6 +1,5 @@
-"""`eagle3`: the project's command line. A thin entry: `crd` prints the contract's CRD, `status` shows a run
-(in the cluster or local), and each side registers its own commands (the operator: `operator`, `promote`;
-the pipeline: `stage`, `produce`, `run`, `tiny`)."""
+"""`eagle3`: the project's command line. It wires the commands the contract, the operator and the pipeline
+register (`crd` and `status` are its own) under one parser whose help shows every default."""
 
 from __future__ import annotations
 
@@ -46,8 +45,45 @@ def version() -> str:
         return "unknown (not installed: `pip install -e .` in the repository)"
 
 
+DESCRIPTION = """\
+Train and serve EAGLE-3 speculative-decoding drafts. One Eagle3Run manifest takes a verifier LLM and a chat
+dataset to a vLLM server that speculates with the trained draft: on this machine, stage by stage (eagle3 run),
+or on Kubernetes, where the operator (eagle3 operator) runs each stage as a Job once the run is applied."""
+EPILOG = """\
+examples:
+  eagle3 tiny                                         build the tiny CPU verifier and chat dataset (cached)
+  eagle3 run examples/tiny/eagle3run.yaml --dry-run   the stage plan, GPUs and bytes; nothing runs
+  eagle3 run examples/tiny/eagle3run.yaml             run it here, resuming what is done
+  eagle3 status examples/tiny/eagle3run.yaml          that local run's stages
+  eagle3 status RUN -n NAMESPACE --watch              a run's stages in the cluster
+  eagle3 plan examples/tiny/eagle3run.yaml            the speedup a draft would give, before training
+  eagle3 crd | kubectl apply -f -                     the CRD (the Helm chart installs it too)
+
+`eagle3 COMMAND --help` tells each command's options and their defaults."""
+
+
+class DefaultsShown(argparse.RawDescriptionHelpFormatter):
+    """Each option's help ends with its default, where it has one and the help does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        empty = action.default in (None, False, "", [], argparse.SUPPRESS)
+        shown = not empty and action.option_strings
+        if shown and "default" not in text.lower() and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _show_defaults(command: argparse.ArgumentParser) -> None:
+    command.formatter_class = DefaultsShown
+    for action in command._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _show_defaults(sub)
+
+
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="eagle3", description=__doc__)
+    root = argparse.ArgumentParser(prog="eagle3", description=DESCRIPTION, epilog=EPILOG)
     root.add_argument(
         "-v", "--verbose", action="store_true", help=f"debug logging (stage subprocesses too: ${ENV_VERBOSE})"
     )
@@ -68,6 +104,7 @@ def parser() -> argparse.ArgumentParser:
     operator_commands.add_commands(sub)
     pipeline_commands.add_commands(sub)
     add_status_command(sub)
+    _show_defaults(root)
     return root
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.server
 import json
@@ -351,3 +352,21 @@ def test_the_operators_metrics_port_in_use_is_one_line_and_exit_1(tmp_path: Path
     lines = [x for x in done.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and f"cannot serve metrics on port {port}" in lines[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_help_says_what_the_tool_does_lists_every_command_and_shows_defaults(capsys) -> None:
+    """Issue 29: `eagle3 --help` began "A thin entry…" (the code's view, not the user's), and no option's
+    default was shown unless its help spelled it out."""
+    from eagle3_cli.main import parser
+
+    root = parser()
+    text = root.format_help()
+    assert text.split("\n\n")[1].startswith("Train and serve EAGLE-3 speculative-decoding drafts.")
+    assert "thin entry" not in text
+    for command in ("crd", "operator", "promote", "stage", "produce", "run", "plan", "tiny", "status"):
+        assert f"    {command} " in text, command
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    operator = sub.choices["operator"].format_help()
+    flat = " ".join(operator.split())
+    assert "liveness endpoint port (/healthz) (default: 8080)" in flat, "an unspelled default is shown"
+    assert "(default: [])" not in flat and "(default: None)" not in flat
