@@ -80,8 +80,9 @@ def _seconds(entry: StageStatus, result: StageResult | None, now: datetime) -> f
 
 
 def _figure(value: Any) -> str:
+    """A value of a `key=value` list: no thousands separators (a comma there reads as the list's own)."""
     if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
 
 

@@ -119,6 +119,20 @@ def test_the_finished_stages_key_figures() -> None:
     assert evaluate.result == "acceptance length 3.28, speedup 0.707x"
 
 
+def test_key_value_figures_carry_no_thousands_separators() -> None:
+    status = {
+        "phase": "Running",
+        "stages": {
+            "extract": {
+                "phase": "Succeeded",
+                "result": {"samples": 12, "tokensPerSecond": 3164.4, "bytesPerToken": 1035.0},
+            }
+        },
+    }
+    [extract] = table.rows(status_of(status), NOW)
+    assert extract.result == "samples=12, tokensPerSecond=3164, bytesPerToken=1035"
+
+
 def test_the_headline_says_phase_ready_progress_and_eta() -> None:
     assert table.headline("Eagle3Run ns/tiny", status_of(RUNNING)) == (
         "Eagle3Run ns/tiny: Running, Ready False, train 2/6 ep, ETA 3m (Progressing: stage train is running)"

@@ -329,6 +329,20 @@ def test_the_summary_table_shows_notes_verbatim() -> None:
     assert "[/oops] key [bold]loud" in console.export_text()
 
 
+def test_the_summary_tables_key_value_figures_carry_no_thousands_separators() -> None:
+    """Issue 29: `tokensPerSecond=3,164, bytesPerToken=1,035,` read as a list of its own."""
+    from rich.console import Console
+
+    from eagle3_contract.results import ExtractResult
+    from eagle3_pipeline.local.display import StageOutcome, summary_table
+
+    result = ExtractResult(samples=12, tokens=40960, tokens_per_second=3164.4, bytes_per_token=1035.0)
+    console = Console(record=True, width=200)
+    console.print(summary_table([StageOutcome("extract", "done", result=result)]))
+    text = console.export_text()
+    assert "tokens=40960, tokensPerSecond=3164, bytesPerToken=1035" in text, text
+
+
 def test_the_sweep_table_shows_each_cell_against_the_verifier_alone_and_the_tuned_k() -> None:
     from rich.console import Console
 

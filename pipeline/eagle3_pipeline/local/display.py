@@ -333,7 +333,7 @@ def summary_table(outcomes: list[StageOutcome]) -> Any:
     for o in outcomes:
         # each stage's model picks what its row shows (StageResult.summary); the rest is in result.json
         figures = o.result.summary() if o.result is not None else {}
-        shown = [f"{k}={_short(v)}" for k, v in figures.items()]
+        shown = [f"{k}={_plain(v)}" for k, v in figures.items()]
         text = ", ".join(shown) or o.note
         # Text, not str: a cell string is read as rich markup, and notes carry user text ('[bold]', '[/x]')
         status = "reused" if o.status == "cached" else o.status
@@ -376,8 +376,16 @@ def _cell_text(cell: Any) -> str:
 
 
 def _short(value: Any) -> str:
+    """A table cell's figure: thousands separated."""
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
+
+
+def _plain(value: Any) -> str:
+    """A value of a `key=value` list: no thousands separators (a comma there reads as the list's own)."""
+    if isinstance(value, float):
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
 
 
