@@ -366,6 +366,37 @@ def test_the_sweep_table_shows_each_cell_against_the_verifier_alone_and_the_tune
     assert "alone" in rows
 
 
+def test_the_tuned_k_row_shows_the_k_served_at_every_measured_concurrency() -> None:
+    """Issue 29: a concurrency inside a range starting lower printed "-", which reads as speculation off."""
+    from rich.console import Console
+
+    from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
+    from eagle3_contract.results import EvaluateResult
+    from eagle3_pipeline.local.display import StageOutcome, sweep_table
+
+    measured = [(1, 1, 30.0, 1.5), (1, 4, 60.0, 1.2), (1, 8, 90.0, 0.9), (3, 1, 36.0, 1.8), (3, 4, 70.0, 1.4),
+                (3, 8, 80.0, 0.8)]  # fmt: skip
+    cells = [
+        SweepCell(num_speculative_tokens=k, concurrency=c, acceptance_length=1.5, output_tokens_per_second=t,
+                  speedup=x)
+        for k, c, t, x in measured
+    ]  # fmt: skip
+    schedule = plan_schedule(cells)
+    assert any(r.min_batch_size < 4 <= r.max_batch_size for r in schedule), schedule  # 4 is inside a range
+    baselines = [BaselineCell(concurrency=c, output_tokens_per_second=20.0 * c) for c in (1, 4, 8)]
+    table = SpeculationTable(cells=cells, baselines=baselines, schedule=schedule)
+    result = EvaluateResult(acceptance_length=1.5, speculation=table)
+    console = Console(record=True, width=200)
+    console.print(sweep_table([StageOutcome("evaluate", "done", result=result)]))
+    [row] = [line for line in console.export_text().splitlines() if "tuned k" in line]
+    served = [cell.strip() for cell in row.split("│")[2:-1]]
+    expected = [
+        str(next(r.num_speculative_tokens for r in schedule if r.min_batch_size <= c <= r.max_batch_size))
+        for c in (1, 4, 8)
+    ]
+    assert served == expected and "-" not in served, (row, schedule)
+
+
 # sysfs refuses mkdir to every user, root included: an artifacts directory nobody can write
 UNWRITABLE = "/sys/eagle3-not-writable/art"
 

@@ -362,9 +362,17 @@ def sweep_table(outcomes: list[StageOutcome]) -> Any:
     for k in sorted({c.num_speculative_tokens for c in table_of.cells}):
         cells = {c.concurrency: c for c in table_of.cells if c.num_speculative_tokens == k}
         table.add_row(str(k), *(_cell_text(cells.get(c)) for c in concurrencies))
-    served = {r.concurrency: r.num_speculative_tokens for r in table_of.schedule}
-    table.add_row("tuned k", *(str(served.get(c, "-")) for c in concurrencies))
+    table.add_row("tuned k", *(_served_k(table_of.schedule, c) for c in concurrencies))
     return table
+
+
+def _served_k(schedule: Any, concurrency: int) -> str:
+    """The k the tuned schedule serves at `concurrency`: that of the range holding it ("0": speculation off
+    there; "-": no range holds it)."""
+    for r in schedule:
+        if r.min_batch_size <= concurrency <= r.max_batch_size:
+            return str(r.num_speculative_tokens)
+    return "-"
 
 
 def _cell_text(cell: Any) -> str:
