@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from eagle3_contract.api.status import Eagle3RunStatus
 from eagle3_contract.cli_types import positive_int
+from eagle3_contract.stages import ORDER
 
 
 def _stage(args: argparse.Namespace) -> int:
@@ -80,7 +81,6 @@ def _tiny(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `stage`, `produce`, `run`, `plan` and `tiny` on the `eagle3` command line."""
     from eagle3_contract.online import PRODUCER_PORT
-    from eagle3_contract.stages import ORDER
 
     stage = sub.add_parser("stage", help="run one stage program (what a stage Job's container runs)")
     stage.add_argument("stage", choices=[s.value for s in ORDER], help="the stage to run")
@@ -114,7 +114,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="local directory standing in for /models (default $EAGLE3_MODELS_ROOT or the user cache)",
     )
     run.add_argument("--vllm", help="the `vllm` executable for stages that start a vLLM server")
-    run.add_argument("--until", help="stop after this stage")
+    run.add_argument("--until", choices=[stage.value for stage in ORDER], help="stop after this stage")
     run.add_argument(
         "--dry-run",
         action="store_true",

@@ -370,3 +370,13 @@ def test_the_help_says_what_the_tool_does_lists_every_command_and_shows_defaults
     flat = " ".join(operator.split())
     assert "liveness endpoint port (/healthz) (default: 8080)" in flat, "an unspelled default is shown"
     assert "(default: [])" not in flat and "(default: None)" not in flat
+
+
+def test_run_until_an_unknown_stage_is_a_usage_error(capsys) -> None:
+    """Issue 29: `eagle3 run M --until bogus` was accepted and ran every stage."""
+    from eagle3_cli.main import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["run", "examples/tiny/eagle3run.yaml", "--until", "bogus"])
+    assert stopped.value.code == 2
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err
