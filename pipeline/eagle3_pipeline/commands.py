@@ -28,7 +28,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run:
         from eagle3_pipeline.local.dry_run import main as dry_run_main
 
-        return dry_run_main(args.file, args.artifacts, args.models)
+        shape = (args.hidden_size, args.layers) if args.hidden_size else None
+        return dry_run_main(args.file, args.artifacts, args.models, shape)
+    if args.hidden_size or args.layers:
+        args.parser.error(
+            "--hidden-size and --layers size a --dry-run; a run reads the verifier's own config"
+        )
     from eagle3_pipeline.local.run import main as run_main
 
     return run_main(args.file, args.artifacts, args.models, args.vllm, args.until)
@@ -120,7 +125,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         action="store_true",
         help="print the stage plan and the estimates (tokens, hidden-state bytes, GPUs); run nothing",
     )
-    run.set_defaults(func=_run)
+    run.add_argument(
+        "--hidden-size",
+        type=positive_int,
+        help="with --dry-run: the verifier's hidden size, where neither its config (a local path, the Hub "
+        "cache, the Hub) nor the table of known verifiers has it",
+    )
+    run.add_argument(
+        "--layers", type=positive_int, help="with --hidden-size: the verifier's number of layers"
+    )
+    run.set_defaults(func=_run, parser=run)
     plan = sub.add_parser(
         "plan", help="predict, before training, the speedup a draft would give (runs the predict stage)"
     )

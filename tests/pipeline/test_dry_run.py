@@ -81,7 +81,44 @@ def test_a_hub_verifier_and_dataset_give_the_upper_bound_and_download_nothing(
         capsys, str(write_manifest(tmp_path / "run.yaml", spec)), "--artifacts", str(tmp_path / "a")
     )
     assert "tokens: 4,096,000 (upper bound from dataset.maxSamples x maxSequenceLength (1000 x 4096))" in out
-    assert "hidden states per token: unknown (4 layers x the hidden size x bfloat16)" in out
+    # the table of known verifiers: Kimi-K2.5's text config is 7168 wide (issue 29: "unknown" before)
+    assert "hidden states per token: 57,352 B (4 layers x 7168 x bfloat16 + token id)" in out
+    assert "from the table of known verifiers (huggingface.co/moonshotai/Kimi-K2.5" in out
     assert "│ train │ run │ 16 │ 2 │ 40,960,000 │ + 16 GPUs of" in out  # training.epochs 10
     assert "│ extract │ skip │ 0 │ 0 │ - │" in out and "online (this spec)" in out
     assert not (tmp_path / "a").exists() and not (tmp_path / "hf").exists()
+
+
+def test_the_llama_example_is_sized_from_the_table_of_known_verifiers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: 50,000 samples x 4,096 tokens x (4 layers x 4096 x 2 B + an 8-byte token id) = 6.7 TB
+    stored offline, which the example's volume must hold."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-8b.yaml"
+    out = dry_run(capsys, str(example), "--artifacts", str(tmp_path / "a"))
+    per_token = 4 * 4096 * 2 + 8
+    assert f"hidden states per token: {per_token:,} B (4 layers x 4096 x bfloat16 + token id)" in out
+    assert "tokens: 204,800,000 (upper bound" in out
+    stored = 204_800_000 * per_token
+    assert f"│ offline (this spec) │ {stored / 1e12:.1f} TB │" in out, out
+    assert not (tmp_path / "hf").exists(), "the table needs no download"
+
+
+def test_an_unknown_verifier_is_sized_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here: the Hub is not asked
+    spec = {"verifier": {"model": "example-org/unknown-model"}, "dataset": {"source": "d", "maxSamples": 10}}
+    manifest = str(write_manifest(tmp_path / "run.yaml", spec))
+    out = dry_run(capsys, manifest, "--artifacts", str(tmp_path / "a"))
+    assert "hidden states per token: unknown" in out and "give it with --hidden-size" in out
+    out = dry_run(
+        capsys, manifest, "--artifacts", str(tmp_path / "a"), "--hidden-size", "1024", "--layers", "16"
+    )
+    assert "hidden states per token: 8,200 B (4 layers x 1024 x bfloat16 + token id)" in out
+    assert "given on the command line" in out
+    with pytest.raises(SystemExit) as refused:
+        eagle3_main(["run", manifest, "--hidden-size", "1024"])  # not a dry run
+    assert refused.value.code == 2

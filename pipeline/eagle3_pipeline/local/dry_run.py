@@ -3,7 +3,9 @@
 Which stages would run, be reused (their output is complete under --artifacts) or be skipped, then the figures
 of status.plan.estimates (eagle3_contract.estimates): GPUs and tokens per stage, and the hidden-state bytes
 offline extraction would store and online extraction would move. What this machine can read refines them:
-complete data-stage outputs give the exact token count; a local verifier's config.json gives the hidden size;
+complete data-stage outputs give the exact token count; the verifier's config.json (a local directory, the
+Hub cache, the Hub), the table of known verifiers (eagle3_contract.verifier_shapes) or --hidden-size give its
+shape;
 a local dataset is counted cheaply, by tokenizing up to SAMPLE_ROWS evenly spread rows with the verifier's
 chat template and extrapolating to every row (the output says which).
 """
@@ -20,6 +22,7 @@ from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.status import Estimates, ModeEstimate
 from eagle3_contract.estimates import (
     TokenCount,
+    VerifierShape,
     known_from_results,
     run_estimates,
     stored_layers,
@@ -27,6 +30,7 @@ from eagle3_contract.estimates import (
 from eagle3_contract.mounts import MODEL_CACHE_MOUNT
 from eagle3_contract.results import ExtractResult, GenerateResult, PrepareResult, StageResult, parse_result
 from eagle3_contract.stages import Stage, StagePlan, plan_stages
+from eagle3_contract.verifier_shapes import known_shape
 from eagle3_pipeline.data.conversations import RowError, load_conversations
 from eagle3_pipeline.data.masking import ChatTemplate, tokenize_conversation
 from eagle3_pipeline.data.verifier import estimated_shape
@@ -123,9 +127,14 @@ def _sample_lengths(spec: Eagle3RunSpec, conversations: list[Any], model: str) -
 
 
 def dry_run_estimates(
-    spec: Eagle3RunSpec, lines: list[StageLine], artifacts: Path, models: Path | None
+    spec: Eagle3RunSpec,
+    lines: list[StageLine],
+    artifacts: Path,
+    models: Path | None,
+    given: tuple[int, int | None] | None = None,
 ) -> Estimates:
-    """The estimates from the reused outputs' results, else the local verifier and dataset, else the spec."""
+    """The estimates from the reused outputs' results, else the local verifier and dataset, else the spec.
+    The verifier's shape: `given` (--hidden-size, --layers), else prepare's result, else `verifier_shape`."""
     results = {line.plan.stage: line.result for line in lines if line.result is not None}
     prepare, generate = results.get(Stage.PREPARE), results.get(Stage.GENERATE)
     shape, tokens = known_from_results(
@@ -134,17 +143,30 @@ def dry_run_estimates(
         generate if isinstance(generate, GenerateResult) else None,
     )
     model = local_path(spec.verifier.model, artifacts, models)
-    if shape is None:
-        v = spec.verifier  # read here only: a dry run downloads nothing
-        where = model if Path(model).is_dir() else f"{model} in the Hub cache"
-        shape = estimated_shape(
-            model, v.revision, v.trust_remote_code, f"from the verifier's config ({where})", offline=True
-        )
+    if given is not None:
+        shape = VerifierShape(given[0], given[1], "given on the command line (--hidden-size, --layers)")
+    elif shape is None:
+        shape = verifier_shape(spec, model)
     if tokens is None or tokens.basis.startswith("upper bound"):  # the rows here bound it at least as tightly
         tokens = count_tokens(spec, local_path(spec.dataset.source, artifacts, models), model) or tokens
     extract = results.get(Stage.EXTRACT)
     measured = extract.bytes if isinstance(extract, ExtractResult) else None
     return run_estimates(spec, shape, tokens, measured, [line.plan for line in lines])
+
+
+def verifier_shape(spec: Eagle3RunSpec, model: str) -> VerifierShape | None:
+    """The verifier's shape without running anything: its config.json in a local directory or the Hub cache,
+    else the table of known verifiers, else its config from the Hub (a few KB; where there is a network)."""
+    v = spec.verifier
+    where = model if Path(model).is_dir() else f"{model} in the Hub cache"
+    basis = f"from the verifier's config ({where})"
+    found = estimated_shape(model, v.revision, v.trust_remote_code, basis, offline=True)
+    if found is None:
+        found = known_shape(v.model)
+    if found is None and not Path(model).is_absolute():
+        basis = f"from the verifier's config ({model} on the Hub)"
+        found = estimated_shape(model, v.revision, v.trust_remote_code, basis, offline=False)
+    return found
 
 
 def _n(value: int | None) -> str:
@@ -188,7 +210,8 @@ def summary_lines(spec: Eagle3RunSpec, estimates: Estimates) -> list[str]:
     if hs.bytes_per_token is None:
         per_token = (
             f"unknown ({stored_layers(spec)} layers x the hidden size x {hs.dtype}): the verifier's config "
-            "is neither in a local directory nor in the Hub cache; prepare's result will give it"
+            "is neither in a local directory, the Hub cache, the Hub nor the table of known verifiers; give "
+            "it with --hidden-size (and --layers), or prepare's result will"
         )
     else:
         scale = " + fp8 scale" if hs.dtype == "fp8" else ""
@@ -202,8 +225,11 @@ def summary_lines(spec: Eagle3RunSpec, estimates: Estimates) -> list[str]:
     ]
 
 
-def main(path: str, artifacts: str | None, models: str | None) -> int:
-    """Print the plan and the estimates of the manifest at `path`; nothing runs, nothing is written."""
+def main(
+    path: str, artifacts: str | None, models: str | None, shape: tuple[int, int | None] | None = None
+) -> int:
+    """Print the plan and the estimates of the manifest at `path`; nothing runs, nothing is written.
+    `shape`: the verifier's (hidden size, layers) as given on the command line."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -217,7 +243,7 @@ def main(path: str, artifacts: str | None, models: str | None) -> int:
     spec, root = manifest.spec, Path(artifacts) if artifacts else default_artifacts(manifest)
     models_dir = Path(models) if models else None
     lines = stage_lines(spec, root)
-    estimates = dry_run_estimates(spec, lines, root, models_dir)
+    estimates = dry_run_estimates(spec, lines, root, models_dir, shape)
     console.print(plan_table(lines, estimates))
     console.print(hidden_states_table(spec, estimates))
     for text in summary_lines(spec, estimates):
