@@ -13,3 +13,6 @@ OUT_OF_MEMORY = "OutOfMemory"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 ERROR = "Error"
 FAILURE_REASONS = (OUT_OF_MEMORY, DEADLINE_EXCEEDED, ERROR)
+# Offline extraction would store more hidden states than the artifacts volume (or the local disk) holds: the
+# extract stage is not started (eagle3_contract.storage).
+STORAGE_TOO_SMALL = "StorageTooSmall"

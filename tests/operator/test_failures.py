@@ -249,3 +249,22 @@ async def _succeeded(cluster, stage):
 async def _attempts(cluster, n):
     st = await status(cluster, "tiny")
     return st if st.get("stages", {}).get("extract", {}).get("attempts") == n else None
+
+
+async def test_a_volume_too_small_for_offline_extract_never_gets_an_extract_job(backend):
+    """Issue 29: the Llama example's volume held a third of what its extract would store, which would fail
+    hours in. Once prepare's result gives the exact figure, extract is not started: the run fails
+    StorageTooSmall, naming both figures and the fields to change; a bigger volume lets it go on."""
+    cluster, player = backend.cluster, backend.player
+    async with backend.operator():
+        await cluster.apply_run("small", tiny(storage={"artifacts": {"size": "1Mi"}}))
+        await complete(cluster, player, "small", ("prepare",))
+        st = await wait_phase(cluster, "small", "Failed")
+        failed = conditions(st)["Failed"]
+        assert failed["reason"] == "StorageTooSmall", failed
+        assert "extract would store" in failed["message"] and "holds 1.0 MB" in failed["message"]
+        assert "spec.storage.artifacts.size" in failed["message"]
+        assert st["stages"]["extract"]["phase"] == "Pending"
+        assert not await cluster.jobs("small", "extract"), "extract never started"
+        await cluster.edit_run("small", {"storage": {"artifacts": {"size": "5Gi"}}})
+        await wait_job(cluster, "small", "extract")

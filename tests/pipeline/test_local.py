@@ -456,3 +456,25 @@ def test_the_extract_stage_fails_fast_with_the_same_message(tmp_path: Path) -> N
     assert TP_PROBLEM in proc.stderr
     assert "spec.extraction.layers: ids [4, 9] are beyond the verifier's 4 decoder layers" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.pipeline
+def test_offline_extract_that_the_disk_cannot_hold_is_refused_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29: `eagle3 run` refuses offline extract when its hidden states (exact once prepare has run)
+    exceed the artifacts directory's free space, naming both figures, as the operator refuses a volume."""
+    from eagle3_cli.main import main
+    from eagle3_pipeline.local import storage_check
+
+    verifier = save_verifier(tmp_path / "verifier")
+    source = write_jsonl(tmp_path / "d.jsonl", [chat(i) for i in range(12)])
+    path = write_manifest(tmp_path / "run.yaml", base_spec(verifier, source))
+    monkeypatch.setattr(storage_check, "free_bytes", lambda _path: 999)  # a nearly full disk
+    code = main(["run", str(path), "--artifacts", str(tmp_path / "art"), "--until", "extract"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    [flat] = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert "extract would store" in flat and "holds 999 B" in flat and "spec.storage.artifacts.size" in flat
+    assert not (tmp_path / "art" / "extract").exists(), "extract never started"
+    assert (tmp_path / "art" / "prepare").is_dir(), "prepare ran: its result gave the exact figure"

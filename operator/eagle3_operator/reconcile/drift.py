@@ -14,36 +14,12 @@ omits counts as equal to its absence.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-# A Kubernetes quantity (k8s.io/apimachinery resource.Quantity): a number and a binary, decimal or exponent
-# suffix. Parsed here because kubernetes_asyncio has no parser (the synchronous client's
-# kubernetes.utils.parse_quantity is not a dependency of the operator).
-_QUANTITY = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
-_SUFFIX = {
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60, "n": Decimal("1e-9"), "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"),
-    "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
-}  # fmt: skip
+from eagle3_contract.quantity import quantity
+
 DRIFTED = "drifted"
-
-
-def quantity(text: str) -> Decimal | None:
-    """The value of a Kubernetes quantity string, or None if it is not one."""
-    match = _QUANTITY.match(text)
-    if match is None:
-        return None
-    number, suffix = match.group(1), match.group(2) or ""
-    try:
-        if suffix[:1] in ("e", "E") and len(suffix) > 1:
-            return Decimal(number + suffix)
-        return Decimal(number) * _SUFFIX[suffix]
-    except InvalidOperation:
-        return None
 
 
 def _empty(value: Any) -> bool:

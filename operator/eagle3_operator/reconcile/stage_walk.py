@@ -8,11 +8,13 @@ from datetime import datetime
 
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.api.status import BlockedBy, StagePhase, StageProgress, StageStatus
+from eagle3_contract.estimates import estimates_from_stages
 from eagle3_contract.gate import GateVerdict, judge_evaluation
 from eagle3_contract.policy import next_token_budget, out_of_memory_message, out_of_memory_retry_note
-from eagle3_contract.reasons import OUT_OF_MEMORY
+from eagle3_contract.reasons import OUT_OF_MEMORY, STORAGE_TOO_SMALL
 from eagle3_contract.results import EvaluateResult, StageResult, parse_message, parse_result, stage_error
 from eagle3_contract.stages import Stage, StagePlan
+from eagle3_contract.storage import requested_bytes, too_small
 from eagle3_operator.builders.job import build_job
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.actions import Action, object_ref
@@ -189,6 +191,13 @@ class Walk:
                 token_budget=budget, message="spec.suspend is true: no new Jobs are created",
             )  # fmt: skip
             return False
+        if plan.stage == Stage.EXTRACT and (short := self._storage_shortfall()) is not None:
+            self.progress.stages[stage] = StageStatus(
+                phase=StagePhase.PENDING, hash=plan.hash, output_dir=plan.output_dir, attempts=attempt,
+                token_budget=budget, message=short,
+            )  # fmt: skip
+            self.progress.failed = (STORAGE_TOO_SMALL, f"stage {stage}: {short}")
+            return False
         job = build_job(self.ref, self.spec, plan, attempt, budget, self.spec_configmap)
         self.progress.actions.append(Action("create", job))
         self.progress.stages[stage] = StageStatus(
@@ -197,6 +206,13 @@ class Walk:
             message=prev.message if prev is not None and prev.phase == StagePhase.FAILED else None,
         )  # fmt: skip
         return False
+
+    def _storage_shortfall(self) -> str | None:
+        """Offline extract's hidden states against the claim the operator creates, from the data stages'
+        results (exact by now): why the stage must not start, or None."""
+        size = requested_bytes(self.spec)
+        where = f"the artifacts volume (spec.storage.artifacts.size {self.spec.storage.artifacts.size})"
+        return too_small(self.spec, estimates_from_stages(self.spec, self.progress.stages), size, where)
 
     def _failed(self, plan: StagePlan, job: JobView, base: StageStatus) -> bool:
         stage = plan.stage.value

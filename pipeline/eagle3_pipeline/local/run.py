@@ -57,6 +57,7 @@ from eagle3_pipeline.local.display import (
 from eagle3_pipeline.local.display import StageOutcome as StageOutcome  # re-exported: tests use it
 from eagle3_pipeline.local.stage_process import StageProcess
 from eagle3_pipeline.local.status import StatusRecorder, snapshot_name, status_file
+from eagle3_pipeline.local.storage_check import storage_problem
 from eagle3_pipeline.runtime.context import (
     ENV_MODELS_ROOT,
     RESULT_FILE,
@@ -310,6 +311,8 @@ def _run_plans(
             result = parse_result(plan.stage, read_result(options.artifacts / plan.output_dir))
             warn_if_dataset_changed(plan, result, manifest.spec, options.artifacts, env)
             outcomes.append(StageOutcome(plan.stage.value, "cached", result=result, note=plan.output_dir))
+        elif (short := storage_problem(plan, outcomes, manifest.spec, options.artifacts)) is not None:
+            outcomes.append(StageOutcome(plan.stage.value, "failed", note=short))
         else:
             outcomes.append(run_stage(plan, spec_file, options, manifest.spec, env, observer))
         observer.stage_finished(outcomes[-1])

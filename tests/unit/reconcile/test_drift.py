@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from eagle3_contract.quantity import quantity
 from eagle3_operator.builders import build_deployment, build_service
 from eagle3_operator.builders.monitoring import build_stage_pod_monitor
 from eagle3_operator.builders.names import ANNOTATION_APPLIED, ANNOTATION_SPEC_HASH
-from eagle3_operator.reconcile.drift import DRIFTED, has_drifted, holds, observed_hash, quantity
+from eagle3_operator.reconcile.drift import DRIFTED, has_drifted, holds, observed_hash
 from eagle3_operator.reconcile.slim import slim_deployment
 from tests.unit.builders.builder_cases import TINY_RUN, draft_dir, tiny_spec
 
