@@ -4,6 +4,7 @@ register (`crd` and `status` are its own) under one parser whose help shows ever
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -108,7 +109,26 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+# Off a terminal, progress bars are lines of `\r`-joined updates in a log: tqdm (speculators' training, the
+# tiny verifier's pretraining), datasets' "Saving the dataset" and transformers' "Writing model shards" each
+# read one of these at import, so they are set before any of them is imported, and the stage processes that
+# `eagle3 run` starts inherit them. A variable the user set is left as it is.
+QUIET_PROGRESS = {
+    "TQDM_DISABLE": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+}
+
+
+def quiet_progress_off_a_terminal() -> None:
+    """No progress bars where standard error is not a terminal (CI, `| tee`, a pod's log)."""
+    if not sys.stderr.isatty():
+        for name, value in QUIET_PROGRESS.items():
+            os.environ.setdefault(name, value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_progress_off_a_terminal()
     args = parser().parse_args(argv)
     try:
         configure_logging(

@@ -380,3 +380,21 @@ def test_run_until_an_unknown_stage_is_a_usage_error(capsys) -> None:
         main(["run", "examples/tiny/eagle3run.yaml", "--until", "bogus"])
     assert stopped.value.code == 2
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_off_a_terminal_no_progress_bars_are_drawn(monkeypatch) -> None:
+    """Issue 29: off a terminal, tqdm's and the Hugging Face libraries' bars leaked into logs as `\\r`-joined
+    updates; the variables that turn them off are set for eagle3 and the stage processes it starts."""
+    from eagle3_cli import main as cli_main
+
+    for name in cli_main.QUIET_PROGRESS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")  # the user's own choice stays
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    cli_main.quiet_progress_off_a_terminal()
+    assert os.environ["TQDM_DISABLE"] == "1" and os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+    monkeypatch.delenv("TQDM_DISABLE")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    cli_main.quiet_progress_off_a_terminal()
+    assert "TQDM_DISABLE" not in os.environ, "a terminal keeps its bars"
