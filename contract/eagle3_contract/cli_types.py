@@ -39,3 +39,14 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535; 0 is off)")
     return value
+
+
+def whole_seconds_or_off(text: str) -> int:
+    """Whole seconds, 0 to 3600; 0 turns the bound off (`--watch-seconds`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not whole seconds from 0 to 3600 (0 is off)")
+    return value

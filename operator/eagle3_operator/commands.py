@@ -13,7 +13,7 @@ from typing import Any
 
 from eagle3_contract.api.fields import HTTP_URL
 from eagle3_contract.api.status import Eagle3RunStatus
-from eagle3_contract.cli_types import port, positive_seconds
+from eagle3_contract.cli_types import port, positive_seconds, whole_seconds_or_off
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -35,6 +35,7 @@ def _operator(args: argparse.Namespace) -> int:
         priority=args.priority,
         resync_seconds=args.resync_seconds,
         api_timeout_seconds=args.api_timeout_seconds,
+        watch_seconds=args.watch_seconds,
     )
     return 0
 
@@ -212,6 +213,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="S",
         help="give up on an API call that got no answer in S seconds and retry it (default 30): a silent "
         "connection (a partition, a dead load balancer) never holds a run",
+    )
+    op.add_argument(
+        "--watch-seconds",
+        type=whole_seconds_or_off,
+        default=8,
+        metavar="S",
+        help="end each watch request after S seconds and resume it (default 8), so a watch that went silent "
+        "(a partition) is given up within S + 2 seconds; 0: one request for as long as the server keeps it, "
+        "and a silent one is dropped after kopf's 70 s",
     )
     op.set_defaults(func=_operator)
     _add_promote_command(sub)

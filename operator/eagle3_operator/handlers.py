@@ -40,7 +40,7 @@ RELIST_SETTLE_SECONDS = 2.0
 # How long one watch request lasts (the server ends it; kopf resumes from its resourceVersion), and the grace
 # after it before the client gives a silent one up: a run created after a partition heals is seen within
 # about their sum (issue 28 item 17), at the cost of one watch request per watched kind per WATCH_SECONDS.
-WATCH_SECONDS = 8  # an integer: kopf sends it as the timeoutSeconds query parameter
+WATCH_SECONDS = 8  # an integer: kopf sends it as the timeoutSeconds query parameter (--watch-seconds)
 WATCH_GRACE_SECONDS = 2.0
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     # A watch is trusted for WATCH_SECONDS: the server ends each watch request then and kopf resumes it from
     # its last resourceVersion (no re-list), and one that stays silent past that (a partition that drops
     # packets without a reset) is given up client-side soon after, not at kopf's 70 s inactivity timeout.
-    settings.watching.server_timeout = WATCH_SECONDS
-    settings.watching.client_timeout = WATCH_SECONDS + min(WATCH_GRACE_SECONDS, api_seconds)
+    watch_seconds = memo.get("watch_seconds")
+    watch_seconds = WATCH_SECONDS if watch_seconds is None else int(watch_seconds)
+    if watch_seconds > 0:  # 0: kopf's own (one request for as long as the server keeps it)
+        settings.watching.server_timeout = watch_seconds
+        settings.watching.client_timeout = watch_seconds + min(WATCH_GRACE_SECONDS, api_seconds)
     state = await OperatorState.start(memo)
     memo[MEMO_KEY] = state  # before the tasks start: kopf copies the memo for each object's handlers
     state.resync = asyncio.create_task(resync(state, kwargs))

@@ -39,13 +39,14 @@ def run_operator(
     priority: int | None = None,
     resync_seconds: float | None = None,
     api_timeout_seconds: float | None = None,
+    watch_seconds: int | None = None,
 ) -> None:
     """Block running the operator; metrics on `metrics_port`, kopf's liveness probe on `liveness`; runs get
     the `defaults` they leave unset (eagle3_contract.api.defaults: images, pull secrets, PodMonitor labels,
     the Prometheus URL of serving.canary);
     `priority` ranks this operator among its kopf peers (None: the default); every run reconciled (and the
     indexes re-listed) each `resync_seconds`; every API call answered within `api_timeout_seconds` or
-    retried."""
+    retried; a watch trusted for `watch_seconds` (None: the default; 0: kopf's own, unbounded)."""
     metrics = OperatorMetrics()
     if metrics_port:
         try:
@@ -61,6 +62,7 @@ def run_operator(
         namespaces=list(namespaces),
         resync_seconds=resync_seconds,
         api_timeout_seconds=api_timeout_seconds,
+        watch_seconds=watch_seconds,
     )
     options: dict[str, Any] = dict(
         clusterwide=not namespaces,

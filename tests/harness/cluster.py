@@ -360,6 +360,8 @@ async def running_operator(
     """The real kopf operator with this project's handlers, in this event loop, against `url`.
 
     `namespace` limits it to one namespace (a real server; kmock cannot list namespaces), else cluster-wide.
+    Against kmock (plain http) the watches are kopf's own, unbounded: kmock ignores timeoutSeconds (its TODO)
+    and replays every object on each connect, so a bounded watch would reconnect and replay every few seconds.
     """
     stop, ready = asyncio.Event(), asyncio.Event()
     config = k8s.Configuration(host=url)
@@ -376,6 +378,7 @@ async def running_operator(
         progress_seconds=progress_seconds,
         defaults=OperatorDefaults(pipeline_image=pipeline_image),
         namespaces=[namespace] if namespace else [],
+        watch_seconds=0 if url.startswith("http://") else None,
     )
     scope: dict[str, Any] = {"namespaces": [namespace]} if namespace else {"clusterwide": True}
     task = asyncio.create_task(
