@@ -35,6 +35,15 @@ KUBERNETES_VERSION = "1.31"
 NOT_IN_SCHEMAS = {"PodMonitor"}
 
 
+def assert_valid(obj: dict[str, Any], context: str = "") -> None:
+    """`obj` passes the Kubernetes schema of its kind, strictly; else the test fails naming the field."""
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = "/".join(str(p) for p in exc.path)
+        pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {path}: {exc.message}{context}")
+
+
 @pytest.mark.parametrize(
     ("run", "make_spec"), [(TINY_RUN, tiny_spec), (KIMI_RUN, kimi_spec)], ids=["tiny", "kimi"]
 )
@@ -43,11 +52,7 @@ def test_objects_match_kubernetes_schemas(run: RunRef, make_spec: Any) -> None:
     for obj in all_objects(run, make_spec()):
         if obj["kind"] in NOT_IN_SCHEMAS:
             continue
-        try:
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            path = "/".join(str(p) for p in exc.path)
-            pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {path}: {exc.message}")
+        assert_valid(obj)
         checked.add(obj["kind"])
     assert checked == {"ConfigMap", "PersistentVolumeClaim", "Job", "Deployment", "Service"}
 
@@ -103,13 +108,8 @@ def test_every_manifest_the_validator_accepts_builds_objects_the_kubernetes_sche
     nothing the run was accepted with is refused by the API server when the operator creates a pod."""
     spec = parse_spec(doc)
     for obj in every_object(TINY_RUN, spec):
-        if obj["kind"] in NOT_IN_SCHEMAS:
-            continue
-        try:
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            path = "/".join(str(p) for p in exc.path)
-            pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {path}: {exc.message}\nspec: {doc}")
+        if obj["kind"] not in NOT_IN_SCHEMAS:
+            assert_valid(obj, f"\nspec: {doc}")
 
 
 def test_strict_validation_catches_a_typo() -> None:
