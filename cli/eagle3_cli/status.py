@@ -109,6 +109,13 @@ def _train_text(result: TrainResult | None, progress: StageProgress | None) -> s
     return ", ".join(w for w in words if w)
 
 
+def _at(result: EvaluateResult) -> str:
+    """Where the headline speedup was measured: ` at k=3, 4 in flight`."""
+    at = [f"k={result.num_speculative_tokens}"] if result.num_speculative_tokens is not None else []
+    at += [f"{result.speedup_concurrency} in flight"] if result.speedup_concurrency is not None else []
+    return f" at {', '.join(at)}" if at else ""
+
+
 def result_text(stage: str, result: StageResult | None, progress: StageProgress | None) -> str:
     """The key figures: train's epochs, validation loss and estimated acceptance, evaluate's acceptance
     length; the other stages' summary fields (eagle3_contract.results)."""
@@ -119,7 +126,7 @@ def result_text(stage: str, result: StageResult | None, progress: StageProgress 
     if isinstance(result, EvaluateResult) and result.acceptance_length is not None:
         words = [f"acceptance length {result.acceptance_length:.3g}"]
         if result.speedup is not None:
-            words.append(f"speedup {result.speedup:.3g}x")
+            words.append(f"speedup {result.speedup:.3g}x{_at(result)}")
         return ", ".join(words)
     figures = list(result.summary().items())[:SUMMARY_FIGURES]
     return ", ".join(f"{k}={_figure(v)}" for k, v in figures)

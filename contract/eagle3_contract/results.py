@@ -300,7 +300,7 @@ class EvaluateResult(StageResult):
     """
 
     STAGE = Stage.EVALUATE
-    SUMMARY = ("acceptance_length", "acceptance_rate", "speedup")
+    SUMMARY = ("acceptance_length", "acceptance_rate", "speedup", "speedup_concurrency")
 
     prompts: int | None = None
     prompts_requested: int | None = None
@@ -319,7 +319,11 @@ class EvaluateResult(StageResult):
     output_tokens_per_second: float | None = None
     baseline_output_tokens: int | None = None
     baseline_output_tokens_per_second: float | None = None
+    # the headline speedup: output tokens/s with the draft at num_speculative_tokens over the verifier
+    # alone's, both at speedup_concurrency requests in flight; evaluation.sweep's cell there when the sweep
+    # measured that k (its servers measure with the prompts' prefixes cached), else the main runs' figures
     speedup: float | None = None
+    speedup_concurrency: int | None = None
     outputs_matching_baseline: int | None = None
     message: str | None = None
     mapping_consistent: bool | None = None

@@ -123,9 +123,10 @@ class OperatorMetrics:
         )  # fmt: skip
         self.speedup = gauge(
             "eagle3_run_speedup",
-            "Evaluated output tokens per second with the draft / without (greedy).",
-            "model",
-        )
+            "Evaluated output tokens per second with the draft at k / the verifier alone's, both with "
+            "`concurrency` requests in flight (greedy; the result's speedup and speedupConcurrency).",
+            "model", "k", "concurrency",
+        )  # fmt: skip
         self.validation_loss = gauge("eagle3_run_validation_loss", "Best validation loss of training.")
         self.hidden_bytes = gauge("eagle3_run_hidden_state_bytes", "Bytes of extracted hidden states.")
         self.tokens = gauge("eagle3_run_tokens_processed", "Tokens a stage processed.", "stage")
@@ -260,7 +261,8 @@ class OperatorMetrics:
                 self._series(memory, slot, self.acceptance_position, *labels).set(value)
                 kept.add(slot)
         if result.speedup is not None:
-            self._series(memory, "speedup", self.speedup, ns, run, model).set(result.speedup)
+            at = (str(result.num_speculative_tokens or ""), str(result.speedup_concurrency or ""))
+            self._series(memory, "speedup", self.speedup, ns, run, model, *at).set(result.speedup)
             kept.add("speedup")
         self._keep_only(
             memory, ("acceptance_length/", "acceptance_rate/", "acceptance_position/", "speedup"), kept

@@ -108,8 +108,8 @@ FAKE_RESULTS: dict[Stage, StageResult] = {
         accepted_tokens_by_position=[110, 50, 20], acceptance_rate=0.2, acceptance_length=1.6,
         acceptance_by_position=[0.366667, 0.166667, 0.066667], output_tokens=480,
         output_tokens_per_second=120.0, baseline_output_tokens=480, baseline_output_tokens_per_second=100.0,
-        speedup=1.2, outputs_matching_baseline=8, message=None, mapping_consistent=True,
-        embeddings_match_verifier=True,
+        speedup=1.2, speedup_concurrency=8, outputs_matching_baseline=8, message=None,
+        mapping_consistent=True, embeddings_match_verifier=True,
         draft_checkpoint="train/0123456789ab/checkpoints/checkpoint_best",
         server_start_seconds=ServerStartSeconds(draft=30.0, baseline=25.0), seconds=70.0,
         sampled=SampledAcceptance(

@@ -404,7 +404,7 @@ def test_the_canary_figures_in_status_are_prometheus_answers(tier: Tier) -> None
             assert figures["requests"] >= least, (run, track, figures)
 
 
-def test_the_operator_exports_the_canary_and_the_sweep(tier: Tier) -> None:
+def test_the_operator_exports_the_canary_and_the_sweep(tier: Tier, dashboard: dict[str, Any]) -> None:
     for run, phase in (("promote", "Promoted"), ("rollback", "RolledBack")):
         assert tier.scalar(f'eagle3_run_canary_phase{{run="{run}", phase="{phase}"}}') == 1
         canary = canary_status(tier, run)
@@ -412,6 +412,13 @@ def test_the_operator_exports_the_canary_and_the_sweep(tier: Tier) -> None:
         assert length == canary["canary"]["acceptanceLength"]
     speedup = tier.scalar('eagle3_run_sweep_speedup{run="good", k="3", concurrency="1"}')
     assert speedup == pytest.approx(52.0 / 40.0)
+    # the headline speedup (the "Evaluated speedup" panel) is the sweep table's cell at its own k and
+    # concurrency labels: one figure, whichever panel shows it
+    expr = ex.substitute(panel_expr(dashboard, "Evaluated speedup"), ALL_SELECTED)
+    (headline,) = [r for r in tier.prometheus.query(expr, at=tier.end) if r["metric"]["run"] == "good"]
+    at = headline["metric"]
+    cell = f'eagle3_run_sweep_speedup{{run="good", k="{at["k"]}", concurrency="{at["concurrency"]}"}}'
+    assert float(headline["value"][1]) == tier.scalar(cell)
     schedule = tier.prometheus.query('eagle3_run_speculation_length{run="good"}', at=tier.end)
     got = {
         (r["metric"]["min_batch_size"], r["metric"]["max_batch_size"]): float(r["value"][1]) for r in schedule

@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
+from eagle3_contract.api.speculation import (
+    BaselineCell,
+    SpeculationTable,
+    SweepCell,
+    headline_cell,
+    plan_schedule,
+)
 from eagle3_pipeline.data.draft_checkpoint import sha256_of
 from eagle3_pipeline.serving.spec_metrics import (
     ACCEPTED,
@@ -51,7 +57,7 @@ from tests.observability.prometheus import (
     wait_for,
 )
 from tests.observability.stage_stack import RISING_AT, STALL_WAIT_S, StageStack
-from tests.observability.vllm_stack import MODEL, Served
+from tests.observability.vllm_stack import MODEL, NUM_SPECULATIVE_TOKENS, Served
 
 EVALUATION_PROMPTS = 8
 WAVES, WAVE_PROMPTS, WAVE_PAUSE_S = 6, 8, 3.0
@@ -79,6 +85,10 @@ SWEEP = SpeculationTable(
                output_tokens_per_second=120.0)],
     schedule=plan_schedule(SWEEP_CELLS),
 ).model_dump(mode="json", by_alias=True, exclude_none=True)  # fmt: skip
+
+
+HEADLINE = headline_cell(SWEEP_CELLS, NUM_SPECULATIVE_TOKENS, EVALUATION_PROMPTS)
+assert HEADLINE is not None
 
 
 @dataclass
@@ -125,6 +135,10 @@ def evaluate(tier: Tier, models: Path) -> dict[str, Any]:
         "drafts": int(delta.drafts),  # as the evaluate stage writes it (the contract is strict)
         "outputTokens": good.completion_tokens - tokens_before,
         "speculation": SWEEP,
+        # the headline speedup is the sweep's cell at evaluate's k nearest its concurrency, as evaluate's is
+        "numSpeculativeTokens": NUM_SPECULATIVE_TOKENS,
+        "speedup": HEADLINE.speedup,
+        "speedupConcurrency": HEADLINE.concurrency,
     }
 
 

@@ -265,6 +265,7 @@ def test_the_result_carries_the_figures_and_passes_the_gate(tmp_path: Path) -> N
     assert result["drafts"] == 100 and result["acceptedTokensByPosition"] == [42, 18, 0]
     assert result["outputTokensPerSecond"] == 150 and result["baselineOutputTokensPerSecond"] == 100
     assert result["speedup"] == 1.5 and result["outputsMatchingBaseline"] == 2
+    assert result["speedupConcurrency"] == 3  # the 3 prompts in flight at once (at most CONCURRENCY)
     assert "gatePassed" not in result and "minAcceptanceLength" not in result  # the verdict is the gate's
     assert result["message"] is None  # nothing the figures do not say
     verdict = judged(result, 1.5)
@@ -607,6 +608,10 @@ def test_the_sweep_measures_every_k_and_concurrency_against_the_baseline(good_ru
         assert length is not None and 1.0 < length <= cell.num_speculative_tokens + 1
     assert table.schedule == plan_schedule(table.cells)
     assert table.schedule[0].min_batch_size == 1 and table.schedule[-1].max_batch_size == 2
+    # the headline speedup is the sweep's k-3 cell nearest the main runs' concurrency, not a second figure
+    headline = {(c.num_speculative_tokens, c.concurrency): c.speedup for c in table.cells}
+    assert good_run.result["speedupConcurrency"] == max(SWEEP_CONCURRENCIES)
+    assert good_run.result["speedup"] == headline[(3, max(SWEEP_CONCURRENCIES))]
     message = good_run.result["message"] or ""
     assert "sweep reuses" not in message and "sweep requests failed" not in message, message
     # k 3 was measured on evaluate's own draft server, k 1 on one more

@@ -118,3 +118,46 @@ def test_the_table_has_the_speedups_and_the_schedule_they_justify(tmp_path: Path
     failed = with_sweep({"message": None}, sweep)["message"]
     assert failed.startswith("1 sweep requests failed") and "APITimeoutError" in failed
     assert with_sweep({"message": None}, None) == {"message": None, "speculation": None}
+
+
+def test_the_headline_speedup_is_the_sweeps_cell_at_evaluates_k_nearest_its_concurrency(
+    tmp_path: Path,
+) -> None:
+    """Issue 29: the demo's summary said speedup 0.7059 (the main runs, 8 in flight) while the sweep under it
+    said 1.02x and 1.07x for the same k. With a sweep that measured evaluate's k, the headline is one of its
+    cells, at the measured concurrency nearest the main runs' (ties: the larger), and says which."""
+    ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1, 3]}, concurrencies=[1, 4])
+    sweep = SpeculationSweep.of(ctx, prompts_of(16))
+    assert sweep is not None
+    for k, concurrency, tps in ((3, 1, 25.5), (3, 4, 64.2), (1, 1, 22.0), (1, 4, 70.0)):
+        sweep.cells.append(
+            SweepCell(num_speculative_tokens=k, concurrency=concurrency, output_tokens_per_second=tps)
+        )
+    sweep.baselines += [
+        BaselineCell(concurrency=1, output_tokens_per_second=25.0),
+        BaselineCell(concurrency=4, output_tokens_per_second=60.0),
+    ]
+    main = {"numSpeculativeTokens": 3, "speedup": 0.7059, "speedupConcurrency": 8, "message": None}
+    result = with_sweep(main, sweep)
+    assert (result["speedup"], result["speedupConcurrency"]) == (1.07, 4)  # 64.2 / 60, at 4 in flight
+    assert EvaluateResult.model_validate(result).summary() == {"speedup": 1.07, "speedupConcurrency": 4}
+    nearer_one = with_sweep(main | {"speedupConcurrency": 2}, sweep)  # 2 is 1 from 1 and 2 from 4
+    assert (nearer_one["speedup"], nearer_one["speedupConcurrency"]) == (1.02, 1)
+    tie = with_sweep(
+        main | {"speedupConcurrency": 2},
+        sweep.__class__(
+            **{
+                **vars(sweep),
+                "cells": [
+                    SweepCell(num_speculative_tokens=3, concurrency=c, output_tokens_per_second=t)
+                    for c, t in ((1, 25.5), (3, 64.2))
+                ],
+                "baselines": [
+                    BaselineCell(concurrency=c, output_tokens_per_second=t) for c, t in ((1, 25.0), (3, 60.0))
+                ],
+            }
+        ),
+    )
+    assert tie["speedupConcurrency"] == 3  # equally near 1 and 3: the larger
+    other_k = with_sweep(main | {"numSpeculativeTokens": 2}, sweep)  # the sweep never measured k 2
+    assert (other_k["speedup"], other_k["speedupConcurrency"]) == (0.7059, 8)  # the main runs' figure

@@ -76,6 +76,10 @@ def test_the_tiny_example_trains_a_draft_vllm_accepts(demo: tuple[Path, str], ti
     measured = {(c.num_speculative_tokens, c.concurrency) for c in table.cells if c.output_tokens_per_second}
     ks, concurrencies = asked["sweep"]["numSpeculativeTokens"], asked["concurrencies"]
     assert measured == {(k, c) for k in ks for c in concurrencies}
+    # the headline speedup is the table's cell at evaluate's k and a measured concurrency, not a second figure
+    cells = {(c.num_speculative_tokens, c.concurrency): c.speedup for c in table.cells}
+    at = (evaluate["numSpeculativeTokens"], evaluate["speedupConcurrency"])
+    assert at in cells and evaluate["speedup"] == cells[at], evaluate
     [export] = results(art, "export")
     assert len(export["sha256"]) == 64 and export["ratio"] <= 1.05
     second = run(EXAMPLE, art, tiny_models, vllm)

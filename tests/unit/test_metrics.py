@@ -426,7 +426,8 @@ def figures(metrics: OperatorMetrics) -> dict[tuple[str, ...], float | None]:
 def test_the_evaluated_figures_by_sampling_and_position_and_the_speedup() -> None:
     metrics = OperatorMetrics()
     evaluate = {"acceptanceByPosition": [0.9, 0.5, 0.25], "speedup": 1.8, "sampled": SAMPLED}
-    metrics.observe(report(status=evaluated(**evaluate)))
+    at = {"numSpeculativeTokens": 3, "speedupConcurrency": 4}
+    metrics.observe(report(status=evaluated(**evaluate, **at)))
     length, rate = "eagle3_run_acceptance_length", "eagle3_run_acceptance_rate"
     position = "eagle3_run_acceptance_by_position"
     assert figures(metrics) == pytest.approx({
@@ -436,6 +437,8 @@ def test_the_evaluated_figures_by_sampling_and_position_and_the_speedup() -> Non
     })  # fmt: skip
     labels = {"namespace": "ns", "run": "a", "model": "Qwen/Qwen3-8B", "sampling": "sampled", "position": "1"}
     assert sample(metrics, position, **labels) == pytest.approx(0.3)
+    speedup = {"namespace": "ns", "run": "a", "model": "Qwen/Qwen3-8B", "k": "3", "concurrency": "4"}
+    assert sample(metrics, "eagle3_run_speedup", **speedup) == 1.8  # says the k and concurrency it is at
 
 
 def test_a_new_evaluation_replaces_every_evaluated_figure() -> None:

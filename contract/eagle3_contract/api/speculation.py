@@ -92,6 +92,17 @@ def best_k(cells: Sequence[SweepCell], concurrency: int) -> SweepCell | None:
     return max(faster, key=lambda c: (c.output_tokens_per_second, -c.num_speculative_tokens))
 
 
+def headline_cell(cells: Sequence[SweepCell], k: int, concurrency: int) -> SweepCell | None:
+    """The cell evaluate's headline speedup is read from: k's, at the measured concurrency nearest
+    `concurrency` (the main runs' requests in flight; ties: the larger); None when the sweep measured no
+    speedup at k. One figure, so the result, the summary, `eagle3 status`, the metrics and the dashboard
+    agree with the sweep's own table."""
+    measured = [c for c in cells if c.num_speculative_tokens == k and c.speedup is not None]
+    if not measured:
+        return None
+    return min(measured, key=lambda c: (abs(c.concurrency - concurrency), -c.concurrency))
+
+
 def plan_schedule(cells: Sequence[SweepCell]) -> list[SpeculationRange]:
     """The best k per batch-size range, adjacent ranges of the same k merged (see the module doc)."""
     concurrencies = sorted({c.concurrency for c in cells})

@@ -134,9 +134,20 @@ def _table(
     )
 
 
-def sweep_panels() -> list[table.Panel]:
-    """evaluate's sweep and the schedule serving.speculationLength tuned serves."""
+def sweep_panels() -> list[p.Panel | table.Panel]:
+    """evaluate's headline speedup, its sweep and the schedule serving.speculationLength tuned serves."""
     return [
+        p.single(
+            "Evaluated speedup",
+            f"The evaluate stage's speedup ({sq.EVALUATED_SPEEDUP}; the result's speedup and "
+            "speedupConcurrency, as `eagle3 run` and `eagle3 status` show it): output tokens/s with the "
+            "draft at k over the verifier alone's, both at the concurrency named. With evaluation.sweep it "
+            "is the sweep's cell at evaluate's k nearest evaluate's own concurrency, the same figure as in "
+            "the table beside it.",
+            "none",
+            p.Target(sq.evaluated_speedup(), "{{run}}: k {{k}}, {{concurrency}} in flight"),
+            width=4,
+        ),
         _table(
             "Speculation sweep: k x concurrency",
             "evaluate's sweep (evaluation.sweep, status.checkpoint.speculation.cells): per number of "
@@ -150,7 +161,7 @@ def sweep_panels() -> list[table.Panel]:
                 (sq.sweep_cells(sq.SWEEP_SPEEDUP), "speedup"),
             ],
             ["namespace", "run", "concurrency", "k"],
-            16,
+            12,
         ),
         _table(
             "Tuned speculation length by batch size",

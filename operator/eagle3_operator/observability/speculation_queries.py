@@ -29,6 +29,7 @@ SWEEP_LENGTH = "eagle3_run_sweep_acceptance_length"
 SWEEP_SPEED = "eagle3_run_sweep_output_tokens_per_second"
 SWEEP_SPEEDUP = "eagle3_run_sweep_speedup"
 SPECULATION_LENGTH = "eagle3_run_speculation_length"
+EVALUATED_SPEEDUP = "eagle3_run_speedup"
 
 TRACK_BY = cq.TRACK_BY
 TRACKED = f'{cq.TRACK_LABEL}!=""'  # series the canary's PodMonitor labelled (a scrape without it has none)
@@ -77,6 +78,11 @@ def canary_decision_seconds(s: Scope = DASHBOARD) -> str:
 def sweep_cells(metric: str, s: Scope = DASHBOARD) -> str:
     """One figure of every k by concurrency cell (k 0: the verifier alone), per run."""
     return f"max by ({CELL_BY}) ({selector(metric, s.evaluated)})"
+
+
+def evaluated_speedup(s: Scope = DASHBOARD) -> str:
+    """evaluate's headline speedup, with the k and the concurrency it was measured at, per run."""
+    return f"max by ({CELL_BY}) ({selector(EVALUATED_SPEEDUP, s.evaluated)})"
 
 
 def speculation_schedule(s: Scope = DASHBOARD) -> str:

@@ -66,7 +66,8 @@ REQUIRED: dict[str, tuple[str, str, list[str]]] = {
     "Canary decision: output tokens/s": ("stat", "tps", [sq.canary_figure(sq.CANARY_SPEED)]),
     "Canary decision: requests": ("stat", "short", [sq.canary_figure(sq.CANARY_REQUESTS)]),
     "Canary time to decision": ("stat", "s", [sq.canary_decision_seconds()]),
-    # the speculation-length row: evaluate's sweep and the schedule it justifies
+    # the speedup and speculation-length row: evaluate's speedup, its sweep and the schedule it justifies
+    "Evaluated speedup": ("stat", "none", [sq.evaluated_speedup()]),
     "Speculation sweep: k x concurrency": (
         "table",
         "none",
@@ -132,7 +133,7 @@ def test_rows_and_layout() -> None:
         "Speculative decoding (live, vLLM)",
         "Serving latency and load (vLLM)",
         "Canary: incumbent vs canary (vLLM live, operator's decision)",
-        "Speculation length (evaluate's sweep)",
+        "Speedup and speculation length (evaluate's sweep)",
         "Training pipeline (operator)",
         "Training (train stage, live)",
         "Stage throughput (stage pods, live)",

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.api.speculation import headline_cell
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.degenerate import Screening
-from eagle3_pipeline.serving.requests import Measurement, Message
+from eagle3_pipeline.serving.requests import CONCURRENCY, Measurement, Message
 from eagle3_pipeline.serving.spec_metrics import Acceptance, SpecDecodeCounters, consistency_problems
 from eagle3_pipeline.stages.evaluate.prompts import HeldOut, degenerate_examples, degenerate_note
 from eagle3_pipeline.stages.evaluate.sweep import SpeculationSweep
@@ -123,6 +124,7 @@ def summarize(ctx: Context, ev: Evaluation) -> dict[str, Any]:
         "baselineOutputTokens": base.output_tokens if base and draft else None,
         "baselineOutputTokensPerSecond": round(base_speed, 2) if base_speed else None,
         "speedup": round(speed / base_speed, 4) if speed and base_speed else None,
+        "speedupConcurrency": min(CONCURRENCY, ev.measured) if speed and base_speed else None,
         "outputsMatchingBaseline": matching(draft.outputs, base.outputs) if draft and base else None,
         "message": "; ".join(notes(ctx, ev)) or None,
         "mappingConsistent": ev.mapping_problem is None,
@@ -137,11 +139,21 @@ def summarize(ctx: Context, ev: Evaluation) -> dict[str, Any]:
 
 
 def with_sweep(result: dict[str, Any], sweep: SpeculationSweep | None) -> dict[str, Any]:
-    """The result with evaluation.sweep's table (`speculation`, None without a sweep) and its notes."""
+    """The result with evaluation.sweep's table (`speculation`, None without a sweep) and its notes. When
+    the sweep measured evaluate's own k, the headline speedup is its cell's at the measured concurrency
+    nearest the main runs' (eagle3_contract.api.speculation.headline_cell): the main runs answer each
+    prompt once on a fresh server, the sweep's cells with the prompts' prefixes cached, and one figure
+    must mean one thing wherever it is shown."""
     if sweep is None:
         return result | {"speculation": None}
     notes = [note for note in (result.get("message"), *sweep.notes()) if note]
-    return result | {"speculation": sweep.document(), "message": "; ".join(notes) or None}
+    table = sweep.table()
+    shown = result | {"speculation": table.model_dump(mode="json", by_alias=True)}
+    k, main = result.get("numSpeculativeTokens"), result.get("speedupConcurrency") or CONCURRENCY
+    cell = headline_cell(table.cells, k, main) if k is not None else None
+    if cell is not None:
+        shown |= {"speedup": cell.speedup, "speedupConcurrency": cell.concurrency}
+    return shown | {"message": "; ".join(notes) or None}
 
 
 def relative_to(path: Path, root: Path) -> str:

@@ -29,7 +29,6 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
@@ -241,9 +240,6 @@ class SpeculationSweep:
                 f"{len(self.failures)} sweep requests failed (their cells are slower), e.g. {examples}"
             )
         return out
-
-    def document(self) -> dict[str, Any]:
-        return self.table().model_dump(mode="json", by_alias=True)
 
 
 def speed(run: Measurement) -> float | None:
