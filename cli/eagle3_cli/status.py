@@ -104,9 +104,20 @@ def _train_text(result: TrainResult | None, progress: StageProgress | None) -> s
     )
     accept = result.estimated_acceptance_length if result is not None else None
     accept = live_accept if accept is None else accept
-    words = [epochs_text, f"val loss {loss:.4g}" if loss is not None else ""]
+    words = [epochs_text, _loss_text(result, loss)]
     words.append(f"est. acceptance {accept:.3g}" if accept is not None else "")
     return ", ".join(w for w in words if w)
+
+
+def _loss_text(result: TrainResult | None, loss: float | None) -> str:
+    """A finished run's lowest validation loss with its epoch (counted from 1, as the progress counts them):
+    `best val loss 1.91 (epoch 4)`; a running one's last epoch's: `val loss 1.96`."""
+    if loss is None:
+        return ""
+    if result is None or "best_val_loss" not in result.model_fields_set:
+        return f"val loss {loss:.4g}"
+    at = f" (epoch {result.best_epoch + 1})" if result.best_epoch is not None else ""
+    return f"best val loss {loss:.4g}{at}"
 
 
 def _at(result: EvaluateResult) -> str:

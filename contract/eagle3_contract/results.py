@@ -226,7 +226,7 @@ class VocabResult(StageResult):
 class TrainEpoch(ResultModel):
     """One line of metrics.jsonl (eagle3_pipeline.stages.train.metrics), without speculators' raw record."""
 
-    epoch: int | None = None
+    epoch: int | None = None  # speculators' 0-based index (its checkpoints/<epoch>); people read epoch + 1
     train_loss: float | None = None
     val_loss: float | None = None
     train_accuracy_by_position: list[float] | None = None
@@ -246,8 +246,8 @@ class TrainResult(StageResult):
     SUMMARY = ("draft_vocab_size", "best_val_loss", "estimated_acceptance_length")
 
     epochs: list[TrainEpoch] | None = None
-    best_epoch: int | None = None
-    best_val_loss: float | None = None
+    best_epoch: int | None = None  # the 0-based index, as TrainEpoch.epoch; shown as epoch best_epoch + 1
+    best_val_loss: float | None = None  # the lowest over the epochs (best_epoch's), not the last epoch's
     val_accuracy_by_position: list[float] | None = None
     estimated_acceptance_length: float | None = None
     train_tokens_per_second: float | None = None

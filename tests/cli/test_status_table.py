@@ -107,14 +107,18 @@ def test_the_finished_stages_key_figures() -> None:
         "stages": {
             "train": {
                 "phase": "Succeeded",
-                "result": {"epochs": [{}, {}, {}], "bestValLoss": 1.9104, "estimatedAcceptanceLength": 3.0},
+                "result": {
+                    "epochs": [{}, {}, {}], "bestEpoch": 1, "bestValLoss": 1.9104, "estimatedAcceptanceLength": 3.0,
+                },
                 "progress": {"unit": "steps", "done": 240, "total": 240},
             },
             "evaluate": {"phase": "Succeeded", "result": {"acceptanceLength": 3.283, "speedup": 0.707}},
         },
     }
     train, evaluate = table.rows(status_of(status), NOW)
-    assert train.result == "3 epochs, val loss 1.91, est. acceptance 3"
+    # the lowest validation loss, with its epoch counted from 1 as the progress counts them (bestEpoch is the
+    # 0-based index): issue 29 found "val 1.961" (the last epoch) beside "1.910" (the best) under one name
+    assert train.result == "3 epochs, best val loss 1.91 (epoch 2), est. acceptance 3"
     assert train.rate == "" and train.eta == ""  # a finished stage has no rate
     assert evaluate.result == "acceptance length 3.28, speedup 0.707x"
 

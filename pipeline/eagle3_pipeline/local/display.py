@@ -124,14 +124,16 @@ def rate_text(progress: StageProgress | None) -> str:
 
 
 def train_text(progress: StageProgress | None) -> str:
-    """train's figures: `epoch 3/6 loss 0.886 val 1.96`; '' for another stage."""
+    """train's figures: `epoch 3/6 loss 0.886 val loss 1.96` (epochs done of training.epochs; the last
+    finished epoch's validation loss: the result's bestValLoss is the lowest over the epochs); '' for another
+    stage."""
     if progress is None or not progress.epochs:
         return ""
     words = [f"epoch {progress.epochs_done or 0}/{progress.epochs}"]
     if progress.train_loss is not None:
         words.append(f"loss {progress.train_loss:.4g}")
     if progress.val_loss is not None:
-        words.append(f"val {progress.val_loss:.4g}")
+        words.append(f"val loss {progress.val_loss:.4g}")
     return " ".join(words)
 
 

@@ -323,7 +323,7 @@ def write_info(path: Path, trainer: Any, on_cpu: bool) -> None:
         info["parameters"],
         info["device"],
         info["worldSize"],
-        trainer.current_epoch,
+        trainer.current_epoch + 1,  # speculators' index is 0-based; people count epochs from 1
         trainer.config.num_epochs,
     )
 

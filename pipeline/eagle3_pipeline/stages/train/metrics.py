@@ -156,7 +156,7 @@ class MetricsRecorder(logging.Handler):
             logger.info(
                 "epoch %d: train loss %s, val loss %.4f, val accuracy by position %s, "
                 "estimated acceptance length %.3f (%d steps, %.1f s)",
-                epoch,
+                epoch + 1,  # people count epochs from 1, as the progress does; metrics.jsonl keeps the index
                 line["trainLoss"],
                 line["valLoss"],
                 line["valAccuracyByPosition"],

@@ -47,7 +47,7 @@ def keep_complete_epochs(save_path: Path, metrics: Path) -> int:
                 child.unlink()
     if complete:
         repair_best(save_path, complete)
-        logger.info("train: resuming after epoch %d", len(complete) - 1)
+        logger.info("train: resuming after epoch %d (epochs counted from 1)", len(complete))
     return len(complete)
 
 
@@ -63,6 +63,6 @@ def repair_best(save_path: Path, epochs: list[Epoch]) -> None:
     checkpointer = SingleGPUCheckpointer(save_path)
     if checkpointer.read_best_epoch() == best and checkpointer.val_metrics_path(best).is_file():
         return
-    logger.info("train: %s -> %d (lowest validation loss)", BEST, best)
+    logger.info("train: %s -> %d (epoch %d, the lowest validation loss)", BEST, best, best + 1)
     checkpointer.save_val_metrics(best, best_epoch(epochs)["speculatorsVal"])
     checkpointer.update_best_symlink(best)
