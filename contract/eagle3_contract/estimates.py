@@ -24,6 +24,7 @@ from eagle3_contract.api.status import (
     Estimates,
     HiddenStatesEstimate,
     ModeEstimate,
+    ServingEstimate,
     StageEstimate,
     StageStatus,
 )
@@ -189,6 +190,33 @@ def stage_estimate(spec: Eagle3RunSpec, plan: StagePlan, tokens: int | None) -> 
     )
 
 
+def vllm_pod_gpus(spec: Eagle3RunSpec) -> int:
+    """GPUs of one serving vLLM pod: the verifier's tensor parallelism; none on CPU (nodePool.device)."""
+    return 0 if on_cpu(spec) else spec.verifier.tensor_parallel_size
+
+
+def serving_estimate(spec: Eagle3RunSpec) -> ServingEstimate | None:
+    """The Deployment's GPUs and, with serving.canary, the canary's beside it; None without serving."""
+    serving = spec.serving
+    if not serving.enabled:
+        return None
+    per_pod, canary = vllm_pod_gpus(spec), serving.canary
+    return ServingEstimate(
+        replicas=serving.replicas,
+        gpus=serving.replicas * per_pod,
+        canary_replicas=canary.replicas if canary is not None else None,
+        canary_gpus=canary.replicas * per_pod if canary is not None else None,
+    )
+
+
+def peak_gpus(stages: Sequence[StageEstimate], serving: ServingEstimate | None) -> int:
+    """The most GPUs held at once: the largest stage's (with train's producers), or serving's with its
+    canary during a rollout."""
+    stage = max((e.gpus + (e.producer_gpus or 0) for e in stages), default=0)
+    rollout = (serving.gpus + (serving.canary_gpus or 0)) if serving is not None else 0
+    return max(stage, rollout)
+
+
 def run_estimates(
     spec: Eagle3RunSpec,
     shape: VerifierShape | None = None,
@@ -201,6 +229,8 @@ def run_estimates(
     (default: planned here)."""
     count = tokens if tokens is not None else upper_bound(spec)
     n = count.tokens if count is not None else None
+    stages = [stage_estimate(spec, plan, n) for plan in (plans if plans is not None else plan_stages(spec))]
+    serving = serving_estimate(spec)
     return Estimates(
         tokens=n,
         tokens_basis=(
@@ -209,9 +239,9 @@ def run_estimates(
             else "unknown until prepare has run: dataset.maxSamples is not set (it would give an upper bound)"
         ),
         hidden_states=hidden_states_estimate(spec, shape, n, measured_bytes),
-        stages=[
-            stage_estimate(spec, plan, n) for plan in (plans if plans is not None else plan_stages(spec))
-        ],
+        stages=stages,
+        serving=serving,
+        peak_gpus=peak_gpus(stages, serving),
     )
 
 

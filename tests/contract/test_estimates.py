@@ -82,6 +82,30 @@ def test_gpus_per_stage_count_pods_producers_and_skips() -> None:
     assert (offline["extract"].gpus, offline["train"].producer_gpus) == (8, None)
 
 
+def test_serving_and_its_canary_are_counted_and_the_peak_is_the_most_held_at_once() -> None:
+    """Issue 29: the Kimi example's 2 x 8 serving GPUs were missing from the estimates."""
+    spec = kimi(serving={"replicas": 2})
+    estimates = run_estimates(spec, KIMI, KIMI_TOKENS)
+    assert estimates.serving is not None
+    assert (estimates.serving.replicas, estimates.serving.gpus, estimates.serving.canary_gpus) == (
+        2,
+        16,
+        None,
+    )
+    assert estimates.peak_gpus == 16  # offline: every stage holds at most one 8-GPU node, serving two
+    canary = run_estimates(kimi(serving={"replicas": 3, "canary": {"replicas": 2}}), KIMI, KIMI_TOKENS)
+    assert canary.serving is not None and (canary.serving.canary_replicas, canary.serving.canary_gpus) == (
+        2,
+        16,
+    )
+    assert canary.peak_gpus == 24 + 16  # the Deployment and the canary beside it
+    online = kimi(extraction={"mode": "online", "servers": 3}, training={"gpus": 8, "nodes": 4})
+    assert run_estimates(online, KIMI, KIMI_TOKENS).peak_gpus == 32 + 24  # train with its producers
+    assert run_estimates(kimi(serving={"enabled": False}), KIMI, KIMI_TOKENS).serving is None
+    on_cpu = run_estimates(parse_spec(tiny()), None, None)
+    assert on_cpu.serving is not None and on_cpu.serving.gpus == 0 and on_cpu.peak_gpus == 0
+
+
 def test_tokens_per_stage() -> None:
     spec = kimi(training={"epochs": 5}, evaluation={"prompts": 10, "maxTokens": 100})
     stages = stages_of(run_estimates(spec, KIMI, KIMI_TOKENS))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from eagle3_cli.main import main as eagle3_main
 from eagle3_pipeline.stage_main import run_stage
@@ -102,7 +103,27 @@ def test_the_llama_example_is_sized_from_the_table_of_known_verifiers(
     assert "tokens: 204,800,000 (upper bound" in out
     stored = 204_800_000 * per_token
     assert f"│ offline (this spec) │ {stored / 1e12:.1f} TB │" in out, out
+    assert "│ serve │ serve │ 1 │ 1 │ - │" in out  # one replica of a one-GPU verifier
     assert not (tmp_path / "hf").exists(), "the table needs no download"
+
+
+def test_the_kimi_example_shows_every_gpu_it_holds_serving_included(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: the Kimi example's 2 x 8 serving GPUs were missing; a canary's are shown beside them."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    example = Path(__file__).resolve().parents[2] / "examples" / "kimi-k2.5-tp8.yaml"
+    out = dry_run(capsys, str(example), "--artifacts", str(tmp_path / "a"))
+    assert "│ serve │ serve │ 16 │ 2 │ - │" in out and "│ canary │" not in out
+    # online: train's 2 nodes of 8 and the 2 producers of 8 at once
+    assert "│ train │ run │ 16 │ 2 │" in out and "+ 16 GPUs of hidden-state" in out
+    assert "GPUs at once, at most: 32" in out
+    doc = yaml.safe_load(example.read_text())
+    doc["spec"]["serving"]["canary"] = {"replicas": 1}
+    canary = tmp_path / "canary.yaml"
+    canary.write_text(yaml.safe_dump(doc))
+    out = dry_run(capsys, str(canary), "--artifacts", str(tmp_path / "a"))
+    assert "│ canary │ serve │ 8 │ 1 │ - │" in out
 
 
 def test_an_unknown_verifier_is_sized_from_the_command_line(

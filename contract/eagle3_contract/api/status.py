@@ -263,6 +263,17 @@ class StageEstimate(StatusModel):
     skipped: str | None = Field(None, description="Why the stage does not run for this spec.")
 
 
+class ServingEstimate(StatusModel):
+    """What serving holds from its rollout on: the vLLM Deployment, and the canary beside it while it runs."""
+
+    replicas: int = Field(description="vLLM replicas (serving.replicas).")
+    gpus: int = Field(description="GPUs of the Deployment: replicas x verifier.tensorParallelSize; 0 on CPU.")
+    canary_replicas: int | None = Field(
+        None, description="serving.canary.replicas, beside the Deployment while a canary is observed."
+    )
+    canary_gpus: int | None = Field(None, description="GPUs of the canary's pods (unset: no canary).")
+
+
 class Estimates(StatusModel):
     """Figures before (and while) the run: each says its basis, an upper bound until prepare has run."""
 
@@ -270,6 +281,14 @@ class Estimates(StatusModel):
     tokens_basis: str = Field(description="Where the token count came from: exact, upper bound, unknown.")
     hidden_states: HiddenStatesEstimate = Field(description="Hidden-state bytes, offline and online.")
     stages: list[StageEstimate] = Field(default_factory=list, description="GPUs and tokens per stage.")
+    serving: ServingEstimate | None = Field(
+        None, description="GPUs serving holds from its rollout on (unset: serving.enabled is false)."
+    )
+    peak_gpus: int | None = Field(
+        None,
+        description="The most GPUs the run holds at once: its largest stage (train with its online "
+        "producers) or serving with its canary, whichever is more.",
+    )
 
 
 class PredictionRow(StatusModel):

@@ -7,6 +7,7 @@ from typing import Any
 
 from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE, DEFAULT_VLLM_IMAGE, Eagle3RunSpec
 from eagle3_contract.api.speculation import SpeculationRange, tuned_speculative_config
+from eagle3_contract.estimates import vllm_pod_gpus
 from eagle3_contract.mounts import DRAFT_WEIGHTS, draft_path
 from eagle3_contract.stages import on_cpu
 from eagle3_contract.vllm_command import Endpoint, VllmEngine, eagle3_speculative_config, vllm_serve_args
@@ -51,8 +52,8 @@ def serving_selector(run: RunRef) -> dict[str, str]:
 
 
 def serving_gpus(spec: Eagle3RunSpec) -> int:
-    """GPUs of one vLLM pod: the verifier's tensor parallelism; none on the CPU backend (nodePool.device)."""
-    return 0 if on_cpu(spec) else spec.verifier.tensor_parallel_size
+    """GPUs of one vLLM pod (the contract's figure, which the run's estimates count too)."""
+    return vllm_pod_gpus(spec)
 
 
 def vllm_image(spec: Eagle3RunSpec) -> str:

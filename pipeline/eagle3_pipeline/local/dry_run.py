@@ -187,7 +187,26 @@ def plan_table(lines: list[StageLine], estimates: Estimates) -> Any:
         if e.producer_gpus:
             note = f"+ {e.producer_gpus} GPUs of hidden-state producers; {note}"
         table.add_row(line.plan.stage.value, line.would, str(e.gpus), str(e.pods), _n(e.tokens), Text(note))
+    for row in serving_rows(estimates):
+        table.add_row(*row[:-1], Text(row[-1]))
     return table
+
+
+def serving_rows(estimates: Estimates) -> list[tuple[str, ...]]:
+    """The table's rows for what serving holds after export: the Deployment, and the canary beside it."""
+    serving = estimates.serving
+    if serving is None:
+        return [("serve", "skip", "0", "0", "-", "serving.enabled is false: nothing is rolled out")]
+    rows: list[tuple[str, ...]] = [
+        ("serve", "serve", str(serving.gpus), str(serving.replicas), "-",
+         "the vLLM Deployment with the draft, from the rollout on (serving.replicas)"),
+    ]  # fmt: skip
+    if serving.canary_gpus is not None:
+        rows.append(
+            ("canary", "serve", str(serving.canary_gpus), str(serving.canary_replicas), "-",
+             "a new draft's canary, beside the Deployment while it is observed (serving.canary.replicas)")
+        )  # fmt: skip
+    return rows
 
 
 def hidden_states_table(spec: Eagle3RunSpec, estimates: Estimates) -> Any:
@@ -222,6 +241,8 @@ def summary_lines(spec: Eagle3RunSpec, estimates: Estimates) -> list[str]:
     return [
         f"tokens: {_n(estimates.tokens)} ({estimates.tokens_basis})",
         f"hidden states per token: {per_token}",
+        f"GPUs at once, at most: {_n(estimates.peak_gpus)} (the largest stage with its producers, or serving "
+        "with its canary during a rollout)",
     ]
 
 
