@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from eagle3_cli.status import add_command as add_status_command
+from eagle3_cli.status_command import add_command as add_status_command
 from eagle3_contract.log_format import (
     ENV_LOG_FORMAT,
     ENV_VERBOSE,

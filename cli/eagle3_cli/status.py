@@ -1,18 +1,17 @@
-"""`eagle3 status RUN|FILE`: one table of a run's stages, for an Eagle3Run in the cluster (`RUN`, read as
-`kubectl get e3r RUN -o yaml` would) and for a local run (`FILE`, its manifest: the artifacts directory and
-what `eagle3 run` records there). Both sides hand over an Eagle3RunStatus (eagle3_contract.api.status), so
-one renderer shows both; `rows` and `headline` are pure functions of it.
+"""`eagle3 status`'s view of a run: one table of its stages, or its status as one JSON or YAML document.
+
+The readers (eagle3_cli.status_command) hand over an `Observed`: the run's Eagle3RunStatus
+(eagle3_contract.api.status), as the cluster or `eagle3 run` has it, so one renderer shows both; `rows`,
+`headline` and `wrap_items` are pure functions of it.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
-from collections.abc import Callable
-from dataclasses import astuple, dataclass
+import re
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import astuple, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.status import (
@@ -24,7 +23,6 @@ from eagle3_contract.api.status import (
     StageProgress,
     StageStatus,
 )
-from eagle3_contract.cli_types import positive_seconds
 from eagle3_contract.results import EvaluateResult, StageResult, TrainResult, parse_result
 from eagle3_contract.stage_metrics import eta_text, summary
 from eagle3_contract.stages import ORDER, Stage
@@ -35,8 +33,26 @@ COLUMNS = ("stage", "phase", "progress", "rate", "ETA", "attempts", "duration", 
 MESSAGE_CHARS = 160
 SUMMARY_FIGURES = 3  # of a stage's summary fields (eagle3_contract.results), the first ones
 ALWAYS_SHOWN = ("stage", "phase", "result")  # the other columns only where a row has a value
+RESULT_MIN_WIDTH = 20  # narrower than this (or than its longest word), the results go under the table
+OUTPUTS = ("table", "json", "yaml")
 
-Reader = Callable[[], tuple[str, Eagle3RunStatus]]
+
+@dataclass(frozen=True)
+class Observed:
+    """One read of a run: its table's title, its status, who it is (`-o json`'s keys beside `status`: name,
+    and namespace or artifacts) and a note said under the headline (e.g. whether an operator runs)."""
+
+    title: str
+    status: Eagle3RunStatus
+    identity: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+
+    def document(self) -> dict[str, Any]:
+        """What `-o json` and `-o yaml` print: the identity and the status as the API shows it (camelCase)."""
+        return self.identity | {"status": self.status.document()}
+
+
+Reader = Callable[[], Observed]
 
 
 @dataclass(frozen=True)
@@ -236,112 +252,122 @@ def _columns(table_rows: list[Row]) -> list[int]:
     return [i for i, c in enumerate(COLUMNS) if c in ALWAYS_SHOWN or any(row[i] for row in cells)]
 
 
-def plain_table(title: str, status: Eagle3RunStatus, now: datetime | None = None) -> str:
-    """The table as aligned text (where rich is not installed: the operator's image)."""
+def wrap_items(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` characters, broken between its items (a `, ` or `; ` ends one) and,
+    inside an item longer than a line, between words; never inside a word (a longer one gets its own line)."""
+    lines: list[str] = []
+    line = ""
+    for item in re.findall(r".+?(?:[,;] |$)", " ".join(text.split())):
+        if len(item.rstrip()) > width:  # begun on this line, broken between its words
+            *full, line = textwrap.wrap(line + item, width, break_long_words=False, break_on_hyphens=False)
+            lines += full
+            line += " " if item.endswith(" ") else ""
+        elif len((line + item).rstrip()) <= width:
+            line += item
+        else:
+            lines.append(line.rstrip())
+            line = item
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines
+
+
+def _result_width(table_rows: list[Row], room: int) -> int | None:
+    """The result column's width in `room` characters, or None where a word of a result would not fit (or
+    fewer than RESULT_MIN_WIDTH would): then each stage's result goes under the table."""
+    words = [len(w) for r in table_rows for w in r.result.split()]
+    return room if room >= max([RESULT_MIN_WIDTH, *words]) else None
+
+
+def _results_under(table_rows: list[Row], width: int) -> list[str]:
+    """The results of a table too narrow for them: `stage: result`, continued indented, between items."""
+    lines = []
+    for row in table_rows:
+        if row.result:
+            first, *rest = wrap_items(f"{row.stage}: {row.result}", width)
+            lines += [first, *(f"  {line}" for line in wrap_items(" ".join(rest), width - 2))]
+    return lines
+
+
+def plain_table(
+    title: str, status: Eagle3RunStatus, now: datetime | None = None, note: str = "", width: int | None = None
+) -> str:
+    """The table as aligned text (where rich is not installed: the operator's image); results wrapped in
+    `width` columns (None: not wrapped). No stage observed: the headline and the note alone."""
     found = rows(status, now)
     shown = _columns(found)
-    table = [[COLUMNS[i] for i in shown]] + [[astuple(r)[i] for i in shown] for r in found]
+    cells = [[astuple(r)[i] for i in shown] for r in found]
+    under: list[str] = []
+    if width is not None and found:
+        others = sum(max(len(COLUMNS[i]), *(len(astuple(r)[i]) for r in found)) + 2 for i in shown[:-1])
+        result_width = _result_width(found, width - others)
+        if result_width is None:
+            shown, under = shown[:-1], _results_under(found, width)
+            cells = [line[:-1] for line in cells]
+        else:
+            cells = [
+                part
+                for line in cells
+                for part in _continued(line[:-1], wrap_items(line[-1], result_width) or [""])
+            ]
+    table = [[COLUMNS[i] for i in shown], *cells]
     widths = [max(len(line[i]) for line in table) for i in range(len(shown))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in table
     ]
-    return "\n".join([headline(title, status), *lines, *prediction_lines(status)]) + "\n"
+    lines = [*lines, *under] if found else []
+    told = [note] if note else []
+    return "\n".join([headline(title, status), *told, *lines, *prediction_lines(status)]) + "\n"
 
 
-def rich_table(title: str, status: Eagle3RunStatus, now: datetime | None = None) -> Any:
+def _continued(cells: list[str], result_lines: list[str]) -> Iterator[list[str]]:
+    """A row whose result takes several lines: its cells, then blank cells beside each further line."""
+    yield [*cells, result_lines[0]]
+    for line in result_lines[1:]:
+        yield [*([""] * len(cells)), line]
+
+
+class _StageTable:
+    """The rich table of the stages, laid out for the console's width when it is drawn: the result column
+    wrapped between items, or the results under the table where their words would not fit beside it."""
+
+    def __init__(self, table_rows: list[Row]) -> None:
+        self.rows = table_rows
+
+    def _table(self, shown: list[int], results: list[str] | None) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table()
+        for i in [*shown, *([len(COLUMNS) - 1] if results is not None else [])]:
+            table.add_column(COLUMNS[i], no_wrap=True)
+        for n, row in enumerate(self.rows):
+            cells = [Text(astuple(row)[i]) for i in shown]  # Text: messages are no markup
+            table.add_row(*cells, *([Text(results[n])] if results is not None else []))
+        return table
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+        from rich.measure import Measurement
+        from rich.text import Text
+
+        others = _columns(self.rows)[:-1]  # the result column is the last
+        header = Measurement.get(console, options, self._table(others, [""] * len(self.rows))).maximum
+        result_width = _result_width(self.rows, options.max_width - header + len(COLUMNS[-1]))
+        if result_width is None:
+            yield self._table(others, None)
+            yield from (Text(line) for line in _results_under(self.rows, options.max_width))
+            return
+        results = ["\n".join(wrap_items(row.result, result_width)) for row in self.rows]
+        yield self._table(others, results)
+
+
+def rich_table(title: str, status: Eagle3RunStatus, now: datetime | None = None, note: str = "") -> Any:
+    """The table for rich: the headline, the note, the stages (none: no table) and the prediction."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     found = rows(status, now)
-    shown = _columns(found)
-    table = Table()
-    for i in shown:
-        wide = COLUMNS[i] == "result"
-        table.add_column(COLUMNS[i], no_wrap=not wide, overflow="fold", ratio=1 if wide else None)
-    for row in found:
-        cells = astuple(row)
-        table.add_row(*(Text(cells[i]) for i in shown))  # Text: messages are no markup
-    return Group(Text(headline(title, status)), table, *(Text(line) for line in prediction_lines(status)))
-
-
-def show(read: Reader, watch: bool, interval: float) -> int:
-    """Print the table once, or re-draw it every `interval` seconds until the run is finished or Ctrl-C
-    (in place on a terminal; one table after another elsewhere)."""
-    try:
-        from rich.console import Console
-    except ImportError:  # the operator's image: aligned text
-        return _show_one_by_one(read, watch, interval, None)
-    console = Console()
-    if not (watch and console.is_terminal):
-        return _show_one_by_one(read, watch, interval, console)
-    from rich.live import Live
-
-    title, status = read()
-    try:
-        with Live(rich_table(title, status), console=console, auto_refresh=False) as live:
-            while not finished(status):
-                time.sleep(interval)
-                title, status = read()
-                live.update(rich_table(title, status), refresh=True)
-    except KeyboardInterrupt:
-        pass
-    return 0
-
-
-def _show_one_by_one(read: Reader, watch: bool, interval: float, console: Any) -> int:
-    try:
-        while True:
-            title, status = read()
-            if console is not None:
-                console.print(rich_table(title, status))
-            else:
-                sys.stdout.write(plain_table(title, status))
-                sys.stdout.flush()
-            if not watch or finished(status):
-                return 0
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return 0
-
-
-def _status(args: argparse.Namespace) -> int:
-    target = Path(args.target)
-    local = target.is_file() or target.suffix in (".yaml", ".yml", ".json")
-    if local:
-        from eagle3_pipeline.commands import local_status_reader
-
-        reader = local_status_reader(args.target, args.artifacts)
-    else:
-        from eagle3_operator.commands import cluster_status_reader
-
-        reader = cluster_status_reader(args.target, args.namespace)
-    try:
-        return show(reader, args.watch, args.interval)
-    except (ValueError, OSError, RuntimeError) as exc:  # what the readers raise, with their message
-        sys.stderr.write(f"error: {exc}\n")
-        return 1
-
-
-def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register `status` on the `eagle3` command line."""
-    status = sub.add_parser(
-        "status",
-        help="show a run's stages: phase, progress, rate, ETA, attempts, duration and key results",
-        description="RUN: an Eagle3Run in the cluster (the kubeconfig's context, -n). FILE: a local run's "
-        "manifest (what `eagle3 run FILE` ran: its artifacts directory, and its progress while it runs).",
-    )
-    status.add_argument("target", metavar="RUN|FILE", help="an Eagle3Run's name, or a manifest file")
-    status.add_argument("-n", "--namespace", help="RUN's namespace (default: the kubeconfig context's)")
-    status.add_argument("--artifacts", help="FILE's artifacts directory (default ./eagle3-artifacts/<name>)")
-    status.add_argument(
-        "-w", "--watch", action="store_true", help="re-draw until the run is finished or Ctrl-C"
-    )
-    status.add_argument(
-        "--interval",
-        type=positive_seconds,
-        default=3.0,
-        metavar="S",
-        help="seconds between re-draws (default 3)",
-    )
-    status.set_defaults(func=_status)
+    parts: list[Any] = [Text(headline(title, status))]
+    parts += [Text(note)] if note else []
+    parts += [_StageTable(found)] if found else []
+    return Group(*parts, *(Text(line) for line in prediction_lines(status)))

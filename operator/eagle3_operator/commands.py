@@ -81,40 +81,78 @@ def _read_run(args: argparse.Namespace) -> dict[str, Any]:
         ) from None
 
 
-def cluster_status_reader(name: str, namespace: str | None) -> Callable[[], tuple[str, Eagle3RunStatus]]:
+def cluster_status_reader(
+    name: str, namespace: str, kubeconfig: str | None = None
+) -> Callable[[], tuple[str, Eagle3RunStatus]]:
     """`eagle3 status RUN`: a function that reads the Eagle3Run's status through k8s.py, titled
     `Eagle3Run NAMESPACE/NAME`; RuntimeError with what to do when it cannot."""
     import asyncio
 
-    from eagle3_operator.k8s import ApiError, ApiUnreachable, current_namespace, get_run
+    from eagle3_operator.k8s import ApiError, ApiUnreachable, NoCredentials, get_run
 
-    where = namespace or current_namespace()
+    what = f"Eagle3Run {namespace}/{name}"
 
     def read() -> tuple[str, Eagle3RunStatus]:
         try:
-            run = asyncio.run(get_run(where, name))
+            run = asyncio.run(get_run(namespace, name, kubeconfig))
+        except NoCredentials as exc:
+            raise RuntimeError(
+                f"cannot read {what}: {exc}; set KUBECONFIG or pass --kubeconfig, or give a run manifest or "
+                f"artifacts directory for a local run (there is no file or directory {name} here)"
+            ) from None
         except ApiUnreachable as exc:
             raise RuntimeError(
-                f"cannot read Eagle3Run {where}/{name}: the API server does not answer ({exc.cause}); check "
-                "the kubeconfig's context and the network (`kubectl get e3r` should answer)"
+                f"cannot read {what}: the API server does not answer ({exc.cause}); check the kubeconfig's "
+                "context and the network (`kubectl get e3r` should answer)"
             ) from None
         except ApiError as exc:
-            raise RuntimeError(f"cannot read Eagle3Run {where}/{name}: {exc}") from None
-        except Exception as exc:  # no kubeconfig, no route: say so, with what to check
+            raise RuntimeError(f"cannot read {what}: {exc}") from None
+        except Exception as exc:  # no route, a certificate: say so, with what to check
             raise RuntimeError(
-                f"cannot read Eagle3Run {where}/{name} from the cluster ({type(exc).__name__}: {exc}); "
-                "check the kubeconfig's context (`kubectl get e3r` should list it) and -n"
+                f"cannot read {what} from the cluster ({type(exc).__name__}: {exc}); check the kubeconfig's "
+                "context (`kubectl get e3r` should list it) and -n"
             ) from None
         try:
             status = Eagle3RunStatus.model_validate(run.get("status") or {})
         except ValueError as exc:  # pydantic's ValidationError
             raise RuntimeError(
-                f"Eagle3Run {where}/{name}: its status cannot be read by this eagle3 ({exc}); use the eagle3 "
-                "of the operator's version"
+                f"{what}: its status cannot be read by this eagle3 ({exc}); use the eagle3 of the operator's "
+                "version"
             ) from None
-        return f"Eagle3Run {where}/{name}", status
+        return what, status
 
     return read
+
+
+def operator_presence(namespace: str, kubeconfig: str | None = None) -> str:
+    """Whether an operator runs for `namespace`, from the peering objects the operators keep alive in (a
+    namespaced one's KopfPeering there, a cluster-wide one's ClusterKopfPeering); eagle3_operator.peering
+    says it. An object that cannot be read makes it unknown, never an error."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from eagle3_operator.k8s import ApiError, Kube
+    from eagle3_operator.peering import PEERING_NAME, PeeringRead, presence
+
+    async def read(kube: Kube, where: str | None) -> PeeringRead:
+        label = f"KopfPeering {where}/{PEERING_NAME}" if where else f"ClusterKopfPeering {PEERING_NAME}"
+        try:
+            return PeeringRead(label, await kube.peering("get", where, PEERING_NAME))
+        except ApiError as err:
+            return PeeringRead(label, error=f"HTTP {err.status}" if err.status else "no answer")
+
+    async def read_both() -> list[PeeringRead]:
+        kube = await Kube.connect_checked(kubeconfig=kubeconfig)
+        try:
+            return [await read(kube, namespace), await read(kube, None)]
+        finally:
+            await kube.close()
+
+    try:
+        reads = asyncio.run(read_both())
+    except Exception as exc:  # the run was read a moment ago: a passing failure, said as such
+        return f"whether an operator is running is unknown ({type(exc).__name__}: {exc})"
+    return presence(reads, datetime.now(UTC))
 
 
 def _promote(args: argparse.Namespace) -> int:

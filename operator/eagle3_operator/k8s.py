@@ -10,6 +10,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
@@ -65,6 +66,31 @@ class ApiUnreachable(ApiError):
         return True
 
 
+class NoCredentials(Exception):
+    """Neither a pod's service account nor a usable kubeconfig, in one line; `missing`: no kubeconfig file at
+    all (each command adds what to do instead)."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def in_a_pod() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def kubeconfig_files(kubeconfig: str | None = None) -> list[str]:
+    """The kubeconfig files a `kubectl` here would read: `kubeconfig` (its --kubeconfig), else $KUBECONFIG's,
+    else ~/.kube/config."""
+    listed = [p for p in (kubeconfig or os.environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
+    return listed or [os.path.expanduser("~/.kube/config")]
+
+
+def _kubeconfig_found(kubeconfig: str | None) -> bool:
+    """Whether a kubeconfig file exists (kubernetes_asyncio warns on each look that finds none)."""
+    return any(os.path.isfile(os.path.expanduser(f)) for f in kubeconfig_files(kubeconfig))
+
+
 class Kube:
     """Creates, patches and deletes children, and writes Eagle3Run status. Responses are not deserialised."""
 
@@ -92,14 +118,38 @@ class Kube:
         self._typed: dict[type[Any], Any] = {}
 
     @classmethod
-    async def connect(cls, total_seconds: float = TOTAL_SECONDS) -> Kube:
-        """In-cluster credentials in a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config); every call
-        answered within `total_seconds` or retried."""
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+    async def connect(cls, total_seconds: float = TOTAL_SECONDS, kubeconfig: str | None = None) -> Kube:
+        """In-cluster credentials in a pod unless `kubeconfig` is given, else the kubeconfig (`kubeconfig`,
+        $KUBECONFIG or ~/.kube/config); every call answered within `total_seconds` or retried."""
+        if kubeconfig is None and in_a_pod():
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         else:
-            await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+            await config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"))
         return cls(client.ApiClient(), min(CONNECT_SECONDS, total_seconds), total_seconds)
+
+    @classmethod
+    async def connect_checked(
+        cls, total_seconds: float = TOTAL_SECONDS, kubeconfig: str | None = None
+    ) -> Kube:
+        """`connect`, its failures a NoCredentials in one line: in a pod its service account, else a
+        kubeconfig file that exists, parses and names a current context."""
+        pod = kubeconfig is None and in_a_pod()
+        files = ", ".join(kubeconfig_files(kubeconfig))
+        if not pod and not _kubeconfig_found(kubeconfig):
+            raise NoCredentials(f"no kubeconfig: {files} does not exist", missing=True)
+        where = "the pod's service account" if pod else f"kubeconfig {files}"
+        try:
+            return await cls.connect(total_seconds, kubeconfig)
+        except config.ConfigException as exc:
+            detail = str(exc)
+            if "current-context" in detail:
+                detail = "it names no current context; choose one with `kubectl config use-context NAME`"
+            raise NoCredentials(f"{where} is not usable: {detail}") from None
+        except (yaml.YAMLError, ValueError, OSError) as exc:
+            detail = " ".join(str(exc).split())
+            raise NoCredentials(
+                f"{where} is not usable ({type(exc).__name__}: {detail}); fix or replace it"
+            ) from None
 
     async def close(self) -> None:
         await self.api.close()
@@ -271,22 +321,25 @@ class Kube:
         return any(r.get("name") == plural for r in resources)
 
 
-def current_namespace() -> str:
-    """The namespace a `kubectl` here would use: the pod's own in a cluster, else the kubeconfig context's."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
+def current_namespace(kubeconfig: str | None = None) -> str:
+    """The namespace a `kubectl` here would use: the pod's own in a cluster (unless `kubeconfig` is given),
+    else the kubeconfig context's; "default" without either."""
+    if kubeconfig is None and in_a_pod() and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
         with open(SERVICE_ACCOUNT_NAMESPACE) as f:
             return f.read().strip() or "default"
+    if not _kubeconfig_found(kubeconfig):
+        return "default"
     try:
-        _, active = config.list_kube_config_contexts(config_file=os.environ.get("KUBECONFIG"))
-    except (OSError, config.ConfigException):
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig or os.environ.get("KUBECONFIG"))
+    except (OSError, ValueError, yaml.YAMLError, config.ConfigException):
         return "default"
     namespace = ((active or {}).get("context") or {}).get("namespace")
     return str(namespace) if namespace else "default"
 
 
-async def get_run(namespace: str, name: str) -> dict[str, Any]:
-    """Read one Eagle3Run with the credentials `Kube.connect` finds (for the command line)."""
-    kube = await Kube.connect()
+async def get_run(namespace: str, name: str, kubeconfig: str | None = None) -> dict[str, Any]:
+    """Read one Eagle3Run with the credentials `Kube.connect_checked` finds (for the command line)."""
+    kube = await Kube.connect_checked(kubeconfig=kubeconfig)
     try:
         return await kube.get_run(namespace, name)
     finally:

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import kopf
-import yaml
-from kubernetes_asyncio.config import ConfigException
 
 import eagle3_operator.handlers  # noqa: F401  (registers the handlers)
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
 from eagle3_contract.api.defaults import OperatorDefaults
-from eagle3_operator.k8s import PEERING_API, TOTAL_SECONDS, ApiError, ApiUnreachable, Kube
+from eagle3_operator.k8s import PEERING_API, TOTAL_SECONDS, ApiError, ApiUnreachable, Kube, NoCredentials
 from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.peering import (
     LIFETIME_SECONDS,
@@ -148,35 +144,17 @@ class StartupError(Exception):
     """The operator cannot start: what is wrong, and what to do, in one line."""
 
 
-def kubeconfig_files() -> list[str]:
-    """The kubeconfig files a `kubectl` here would read: $KUBECONFIG's, else ~/.kube/config."""
-    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    return listed or [str(Path("~/.kube/config").expanduser())]
-
-
 async def connect(total_seconds: float) -> Kube:
-    """Kube.connect, its failures a StartupError: in a pod its service account, else a kubeconfig file that
-    exists, parses and names a current context."""
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    files = kubeconfig_files()
-    if not in_cluster and not any(Path(f).is_file() for f in files):
-        raise StartupError(
-            f"no kubeconfig: {', '.join(files)} does not exist; set KUBECONFIG to a cluster's kubeconfig "
-            "(the one kubectl uses), or run the operator in a pod (the chart)"
-        )
-    where = "the pod's service account" if in_cluster else f"kubeconfig {', '.join(files)}"
+    """Kube.connect_checked, its failures a StartupError: in a pod its service account, else a kubeconfig
+    file that exists, parses and names a current context."""
     try:
-        return await Kube.connect(total_seconds)
-    except ConfigException as exc:
-        detail = str(exc)
-        if "current-context" in detail:
-            detail = "it names no current context; choose one with `kubectl config use-context NAME`"
-        raise StartupError(f"{where} is not usable: {detail}") from None
-    except (yaml.YAMLError, ValueError, OSError) as exc:
-        detail = " ".join(str(exc).split())
-        raise StartupError(
-            f"{where} is not usable ({type(exc).__name__}: {detail}); fix or replace it"
-        ) from None
+        return await Kube.connect_checked(total_seconds)
+    except NoCredentials as exc:
+        advice = (
+            "; set KUBECONFIG to a cluster's kubeconfig (the one kubectl uses), or run the operator in a pod "
+            "(the chart)"
+        )
+        raise StartupError(f"{exc}{advice if exc.missing else ''}") from None
 
 
 async def check_runs_served(kube: Kube, namespace: str | None) -> None:

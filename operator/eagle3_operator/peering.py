@@ -234,3 +234,44 @@ async def acting(gate: Peering | None) -> bool:
     """Whether the operator's own background tasks may act: always without peering (`gate` None: standalone),
     else only while this operator is the active one."""
     return True if gate is None else await gate.active()
+
+
+@dataclass(frozen=True)
+class PeeringRead:
+    """One peering object as `eagle3 status` read it: `body` None where there is none, `error` (e.g. HTTP 403)
+    where it could not be read."""
+
+    where: str  # e.g. "KopfPeering team-a/eagle3-operator"
+    body: Mapping[str, Any] | None = None
+    error: str | None = None
+
+
+def _ago(seconds: float) -> str:
+    s = max(0, round(seconds))
+    if s < 120:
+        return f"{s} s ago"
+    return f"{s // 60} min ago" if s < 7200 else f"{s // 3600} h ago"
+
+
+def presence(reads: Sequence[PeeringRead], now: datetime) -> str:
+    """Whether an operator runs, from the peering objects its keep-alives would be in: the live peers (the
+    highest priority first: the active one), or none (with the last one seen), or unknown where no object
+    could be read (none exists where kopf's peering CRDs are not installed, or access is refused)."""
+    statuses = [read.body.get("status") for read in reads if read.body is not None]
+    found = [peer for status in statuses if isinstance(status, Mapping) for peer in peers(status, now)]
+    live = sorted((p for p in found if p.alive(now)), key=lambda p: -p.priority)
+    if live:
+        first, *others = live
+        text = f"operator {first.identity} alive (last seen {_ago((now - first.lastseen).total_seconds())})"
+        return text + (f", {', '.join(p.identity for p in others)} standing by" if others else "")
+    if any(read.body is not None for read in reads):
+        last = max(found, key=lambda p: p.lastseen, default=None)
+        seen = (
+            f"; {last.identity} was last seen {_ago((now - last.lastseen).total_seconds())}" if last else ""
+        )
+        return (
+            f"no operator is running (peering '{PEERING_NAME}' has no live peer{seen}): install the chart or "
+            "run `eagle3 operator`"
+        )
+    why = "; ".join(f"{r.where}: {r.error}" if r.error else f"no {r.where}" for r in reads)
+    return f"whether an operator is running is unknown ({why})"

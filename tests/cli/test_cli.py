@@ -7,10 +7,12 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -173,15 +175,22 @@ def kubeconfig(path: Path, server: str, current: bool = True) -> Path:
     return path
 
 
+Answer = tuple[int, dict[str, object] | None]
+
+
 @contextlib.contextmanager
-def fake_api_server(answer: int, document: dict[str, object] | None = None) -> Iterator[str]:
-    """An API server that answers every GET with HTTP `answer` and `document` (default: a Status)."""
+def fake_api_server(
+    answer: int, document: dict[str, object] | None = None, routes: dict[str, Answer] | None = None
+) -> Iterator[str]:
+    """An API server that answers a GET of a path in `routes` as it says, and every other GET with HTTP
+    `answer` and `document` (default: a Status)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": answer}
-            body = json.dumps(document or status).encode()
-            self.send_response(answer)
+            code, found = (routes or {}).get(self.path.split("?")[0], (answer, document))
+            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code}
+            body = json.dumps(status if found is None else found).encode()
+            self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -300,6 +309,89 @@ def test_eagle3_status_of_a_run_in_the_cluster(tmp_path: Path) -> None:
         proc.stderr
     )
     assert "not found: check the run's name and namespace (-n)" in proc.stderr
+
+
+def test_eagle3_status_without_a_kubeconfig_says_so_in_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config
+
+    def refused(target: str) -> str:
+        argv = [sys.executable, "-m", "eagle3_cli", "status", target]
+        proc = subprocess.run(
+            argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr  # no warnings either
+        return proc.stderr
+
+    assert refused("tiny").startswith(
+        f"error: cannot read Eagle3Run default/tiny: no kubeconfig: {tmp_path}/.kube/config does not exist; "
+        "set KUBECONFIG or pass --kubeconfig, or give a run manifest or artifacts directory for a local run"
+    )
+    runs = f"{tmp_path}/runs"  # a path: a local run, never a run's name
+    assert refused(runs).startswith(f"error: {runs}: no such file or directory; give a run's manifest file")
+
+
+PEERINGS = "/apis/kopf.dev/v1/namespaces/team-a/kopfpeerings/eagle3-operator"
+CLUSTER_PEERING = "/apis/kopf.dev/v1/clusterkopfpeerings/eagle3-operator"
+
+
+def keep_alive(seconds_ago: float) -> dict[str, object]:
+    """A peering object with one operator's keep-alive (as kopf writes it), `seconds_ago` old when the test
+    runs (`{"keepAlive": seconds}` in a route below)."""
+    seen = datetime.now(UTC) - timedelta(seconds=seconds_ago)
+    return {"status": {"pod-x/7": {"priority": 0, "lifetime": 30, "lastseen": seen.isoformat()}}}
+
+
+@pytest.mark.parametrize(
+    ("peerings", "expected"),
+    [
+        ({CLUSTER_PEERING: (200, {"keepAlive": 3})}, r"operator pod-x/7 alive \(last seen \d s ago\)"),
+        (
+            {PEERINGS: (200, {"keepAlive": 300}), CLUSTER_PEERING: (200, {})},
+            re.escape(
+                "no operator is running (peering 'eagle3-operator' has no live peer; pod-x/7 was last seen 5 "
+                "min ago): install the chart or run `eagle3 operator`"
+            ),
+        ),
+        (
+            {PEERINGS: (403, None), CLUSTER_PEERING: (403, None)},
+            re.escape(
+                "whether an operator is running is unknown (KopfPeering team-a/eagle3-operator: HTTP 403; "
+                "ClusterKopfPeering eagle3-operator: HTTP 403)"
+            ),
+        ),
+    ],
+)
+def test_a_run_with_no_stage_observed_says_whether_an_operator_runs(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    peerings: dict[str, Answer],
+    expected: str,
+) -> None:
+    """`expected`: a pattern (the seconds since a keep-alive are the test's own)."""
+    answers = {
+        path: (code, keep_alive(float(str(body["keepAlive"]))) if body and "keepAlive" in body else body)
+        for path, (code, body) in peerings.items()
+    }
+    run: dict[str, object] = {
+        "apiVersion": "eagle3.dev/v1alpha1",
+        "kind": "Eagle3Run",
+        "metadata": {"name": "r"},
+    }
+    routes = {"/apis/eagle3.dev/v1alpha1/namespaces/team-a/eagle3runs/r": (200, run), **answers}
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with fake_api_server(404, routes=routes) as url:
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "k.yaml", url)))
+        assert main(["status", "r", "-n", "team-a"]) == 0
+        headline, said = capsys.readouterr().out.splitlines()  # and no table
+        assert headline == "Eagle3Run team-a/r: Pending, Ready Unknown"
+        assert re.fullmatch(f"no stage observed yet; {expected}", said), said
+        assert main(["status", "r", "-n", "team-a", "-o", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert (document["name"], document["namespace"]) == ("r", "team-a")
+    assert document["status"] == {"phase": "Pending", "conditions": [], "stages": {}}  # the model's defaults
 
 
 @pytest.mark.parametrize(

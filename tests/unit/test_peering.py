@@ -262,3 +262,35 @@ def test_the_rbac_rules_let_the_operator_peer_and_grant_no_lease():
     for plural in ("kopfpeerings", "clusterkopfpeerings"):  # kopf watches and patches, the operator creates
         assert {"get", "list", "watch", "create", "patch"} <= verbs("kopf.dev", plural)
     assert not verbs("coordination.k8s.io", "leases")
+
+
+# What `eagle3 status` says of a run no operator has begun: whether one runs (peering.presence).
+
+NS = f"KopfPeering team-a/{PEERING_NAME}"
+CLUSTER = f"ClusterKopfPeering {PEERING_NAME}"
+
+
+def test_a_live_peer_is_an_operator_alive_the_highest_priority_first():
+    body = {"status": {"pod-a/1": record(5, NOW - timedelta(seconds=12)), "pod-b/1": record(9, NOW)}}
+    text = peering.presence([peering.PeeringRead(NS), peering.PeeringRead(CLUSTER, body)], NOW)
+    assert text == "operator pod-b/1 alive (last seen 0 s ago), pod-a/1 standing by"
+    one = {"status": {"pod-a/1": record(5, NOW - timedelta(seconds=12))}}
+    assert (
+        peering.presence([peering.PeeringRead(NS, one)], NOW) == "operator pod-a/1 alive (last seen 12 s ago)"
+    )
+
+
+def test_a_peering_object_with_no_live_peer_is_no_operator_running():
+    dead = {"status": {"pod-a/1": record(5, NOW - timedelta(minutes=5), lifetime=30)}}
+    text = peering.presence([peering.PeeringRead(NS, dead), peering.PeeringRead(CLUSTER)], NOW)
+    assert text == (
+        f"no operator is running (peering '{PEERING_NAME}' has no live peer; pod-a/1 was last seen 5 min "
+        "ago): install the chart or run `eagle3 operator`"
+    )
+    empty = peering.presence([peering.PeeringRead(NS), peering.PeeringRead(CLUSTER, {})], NOW)
+    assert empty.startswith(f"no operator is running (peering '{PEERING_NAME}' has no live peer): install")
+
+
+def test_no_peering_object_that_could_be_read_is_unknown_not_an_error():
+    text = peering.presence([peering.PeeringRead(NS, error="HTTP 403"), peering.PeeringRead(CLUSTER)], NOW)
+    assert text == f"whether an operator is running is unknown ({NS}: HTTP 403; no {CLUSTER})"
