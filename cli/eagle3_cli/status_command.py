@@ -125,8 +125,8 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="show a run's stages: phase, progress, rate, ETA, attempts, duration and key results",
         description="TARGET, a path: a local run, given by its manifest file (what `eagle3 run FILE` ran), "
         "its artifacts directory (what `eagle3 run` wrote), or a directory holding its manifest. TARGET, a "
-        "name: an Eagle3Run in the cluster (the kubeconfig's context, -n); a run no operator has begun says "
-        "whether one is running.",
+        "name: an Eagle3Run in the cluster (the kubeconfig's context, -n), and so is TARGET with -n or "
+        "--kubeconfig; a run no operator has begun says whether one is running.",
     )
     status.add_argument(
         "target", metavar="TARGET", help="a run's manifest or artifacts directory, or an Eagle3Run's name"
