@@ -81,6 +81,22 @@ def test_why_the_last_run_stopped_is_the_runs_message() -> None:
     assert done["phase"] == "Succeeded" and done["conditions"][0]["status"] == "True"
 
 
+def test_reading_a_run_twice_gives_the_same_status() -> None:
+    """Ready's lastTransitionTime is when a stage last started or finished, not when the status was read:
+    `eagle3 status --watch -o json` prints a document on a change only."""
+    stages = {
+        "train": {
+            "phase": "Succeeded",
+            "startTime": "2026-12-05T10:00:00Z",
+            "completionTime": "2026-12-05T10:09:59Z",
+        },
+        "evaluate": {"phase": "Running", "startTime": "2026-12-05T10:10:00Z"},
+    }
+    first = run_status(stages, running=True)
+    assert first["conditions"][0]["lastTransitionTime"] == "2026-12-05T10:10:00Z"
+    assert run_status(stages, running=True) == first
+
+
 def test_a_failed_stage_reports_its_error_not_the_progress_line_it_ended_with(tmp_path: Path) -> None:
     """Issue 28, item 5: the real prepare program writes its error, then its progress reporter's closing
     line; `eagle3 run` and `eagle3 status` report the error (from the termination message), not that line."""

@@ -229,7 +229,7 @@ def run_status(stages: dict[str, dict[str, Any]], running: bool, error: str | No
             "status": "True" if ready else "False",
             "reason": "Complete" if ready else phase,
             "message": _ready_message(phase, current, error),
-            "lastTransitionTime": _now(),
+            "lastTransitionTime": transition_time(stages),
         }
     ]
     if current is not None:
@@ -240,6 +240,18 @@ def run_status(stages: dict[str, dict[str, Any]], running: bool, error: str | No
         if phase == "Running" and parsed is not None and (eta := eta_text(parsed.eta_seconds)):
             status["eta"] = eta
     return status
+
+
+def transition_time(stages: dict[str, dict[str, Any]]) -> str:
+    """When the run last changed: its latest stage start or completion (RFC 3339, as the stages record
+    them), so that reading the same run twice gives the same status (`eagle3 status --watch -o json` prints a
+    document only on a change); now, for a run no stage of which has started."""
+    stamps = [s[key] for s in stages.values() for key in ("startTime", "completionTime") if s.get(key)]
+    return max(stamps, key=_time) if stamps else _now()
+
+
+def _time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _ready_message(phase: str, current: str | None, error: str | None) -> str:
