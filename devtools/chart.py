@@ -5,9 +5,9 @@ the Grafana dashboard and the Prometheus rules, and `files/rbac-rules.yaml`: `rb
 a Role can grant (namespaced resources) and those only a ClusterRole can (CRDs, namespaces, cluster-wide
 peering). Tests fail when any differs.
 
-The Eagle3Run CRD is a template (templates/crds.yaml reads files/crds/), so that `helm upgrade` upgrades it
-(`crds.install`, kept on uninstall with `crds.keep`); kopf's peering CRDs sit in the chart's crds/, which Helm
-installs on `helm install` (they never change; the operator creates its peering object in them).
+The CRDs, the Eagle3Run CRD and kopf's peering CRDs alike, are templates (templates/crds.yaml renders every
+document of files/crds/), so that `helm upgrade` upgrades them (`crds.install`, kept on uninstall with
+`crds.keep`); the chart has no crds/ directory, which Helm would install once and never upgrade.
 
 python -m devtools.chart            # rewrite the chart's copies
 python -m devtools.chart --check    # exit 1 naming the stale files
@@ -32,7 +32,7 @@ RBAC_PATH = f"{CHART_DIR}/files/rbac-rules.yaml"
 CRD_TEMPLATE_SOURCES = f"{CHART_DIR}/files/crds"  # templates/crds.yaml renders every file in it
 COPIES: dict[str, str] = {
     f"{CRD_TEMPLATE_SOURCES}/eagle3runs.eagle3.dev.yaml": "crds/eagle3runs.eagle3.dev.yaml",
-    f"{CHART_DIR}/crds/kopf-peering.yaml": "crds/kopf-peering.yaml",
+    f"{CRD_TEMPLATE_SOURCES}/kopf-peering.yaml": "crds/kopf-peering.yaml",
     f"{CHART_DIR}/files/eagle3-dashboard.json": "observability/grafana/eagle3-dashboard.json",
     f"{CHART_DIR}/files/eagle3-rules.yaml": "observability/prometheus/eagle3-rules.yaml",
 }

@@ -10,13 +10,20 @@ Each test gets an xdist group, and a group runs on one worker, in order:
 The groups are handed out in the order of `FIRST` (the longest first, so the last group to finish is a short
 one), then in collection order. The order is a schedule only: every test passes in any order and alone.
 Without xdist (a plain `pytest`, `make check`) nothing here changes the run.
+
+The session's real API server (the `server` fixture) is defined here, so that the tiers that need one
+(tests/operator, tests/chart) share it rather than start one each.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.operator.apiserver import ServerAccess
 
 # vLLM CPU runs its model worker in a process of its own (a third, beside the API server and the engine core)
 # unless V1 multiprocessing is off; each process imports torch and vLLM. The suite starts about 20 servers on
@@ -64,3 +71,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         groups[item.nodeid] = xdist_group(item)
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
     items.sort(key=lambda item: schedule_rank(groups[item.nodeid]))  # stable: collection order otherwise
+
+
+@pytest.fixture(scope="session")
+def server() -> ServerAccess:
+    """The session's one real API server (tests/operator, tests/chart): an external cluster if configured
+    (EAGLE3_TEST_KUBECONFIG), else one started here (tests/operator/apiserver.py), on first use."""
+    from tests.operator.apiserver import (
+        external_cluster,
+        start_server,
+    )  # the operator's stack: only when used
+
+    external = external_cluster(os.environ.get("EAGLE3_TEST_KUBECONFIG"))
+    if external is not None:
+        return external
+    return start_server()

@@ -83,6 +83,23 @@ def operator_container(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return dict(pod["containers"][0])
 
 
+AGGREGATE_LABEL = "rbac.authorization.k8s.io/aggregate-to-"  # ...edit, ...view, ...admin
+
+
+def aggregated(role: dict[str, Any]) -> bool:
+    """Whether a ClusterRole is one Kubernetes folds into the built-in admin/edit/view roles."""
+    return any(key.startswith(AGGREGATE_LABEL) for key in role["metadata"].get("labels") or {})
+
+
+def operator_cluster_role(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's own ClusterRole (not the users' aggregated ones, templates/aggregated-roles.yaml)."""
+    found = [d for d in of_kind(docs, "ClusterRole") if not aggregated(d)]
+    assert len(found) == 1, (
+        f"expected one operator ClusterRole, rendered {[d['metadata']['name'] for d in found]}"
+    )
+    return found[0]
+
+
 def only(docs: Sequence[dict[str, Any]], kind: str, namespace: str | None = None) -> dict[str, Any]:
     """The one object of `kind` (in `namespace` if given)."""
     found = of_kind(docs, kind, namespace)

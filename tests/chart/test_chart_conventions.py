@@ -17,10 +17,10 @@ Rendered = dict[str, list[dict[str, Any]]]
 
 
 def test_common_labels_are_on_every_object(rendered: Rendered) -> None:
-    """Every templated object: kopf's peering CRDs come verbatim from the chart's crds/ (Helm renders no
-    template there)."""
-    docs = [d for d in rendered["extras"] if not d["metadata"]["name"].endswith(".kopf.dev")]
+    """Every object, the CRDs included (kopf's peering CRDs too: they are templates)."""
+    docs = rendered["extras"]
     assert len(docs) >= 8
+    assert len(of_kind(docs, "CustomResourceDefinition")) == 3
     for doc in docs:
         labels = doc["metadata"].get("labels") or {}
         assert labels.get("team") == "ml-platform", f"{doc['kind']}/{doc['metadata']['name']}"
@@ -82,7 +82,8 @@ def test_object_names_follow_the_release(helm: Path, release: str, sets: list[st
     docs = template(helm, sets=sets, release=release, include_crds=False)
     assert only(docs, "Deployment")["metadata"]["name"] == name
     assert only(docs, "ServiceAccount")["metadata"]["name"] == name
-    assert only(docs, "ClusterRole")["metadata"]["name"] == name
+    cluster_roles = {d["metadata"]["name"] for d in of_kind(docs, "ClusterRole")}
+    assert cluster_roles == {name, f"{name}-edit", f"{name}-view"}
     assert only(docs, "Service")["metadata"]["name"] == f"{name}-metrics"
 
 

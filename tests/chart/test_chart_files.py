@@ -31,17 +31,17 @@ def test_chart_copies_are_current() -> None:
 
 
 def test_crd_copies_equal_crds() -> None:
-    """The Eagle3Run CRD where templates/crds.yaml reads it; kopf's peering CRDs in the chart's crds/."""
-    copies = {
-        CHART / "files" / "crds" / "eagle3runs.eagle3.dev.yaml": ROOT / "crds" / "eagle3runs.eagle3.dev.yaml",
-        CHART / "crds" / "kopf-peering.yaml": ROOT / "crds" / "kopf-peering.yaml",
-    }
-    for copy, source in copies.items():
+    """Every CRD of crds/ (the Eagle3Run CRD and kopf's peering CRDs) where templates/crds.yaml reads it, and
+    nothing in a crds/ directory of the chart (which Helm would never upgrade)."""
+    sources = sorted((ROOT / "crds").iterdir())
+    assert [p.name for p in sources] == ["eagle3runs.eagle3.dev.yaml", "kopf-peering.yaml"]
+    for source in sources:
+        copy = CHART / "files" / "crds" / source.name
         assert copy.read_bytes() == source.read_bytes(), (
             f"{copy.relative_to(ROOT)} differs from {source.relative_to(ROOT)}: run `{chart.MAKE_TARGET}`"
         )
-    chart_crds = [*(CHART / "files" / "crds").iterdir(), *(CHART / "crds").iterdir()]
-    assert sorted(p.name for p in chart_crds) == sorted(p.name for p in (ROOT / "crds").iterdir())
+    assert sorted(p.name for p in (CHART / "files" / "crds").iterdir()) == [p.name for p in sources]
+    assert not (CHART / "crds").exists(), "the chart's CRDs are templates (templates/crds.yaml)"
 
 
 def test_rbac_file_is_rbac_rules_split_by_scope() -> None:

@@ -11,7 +11,7 @@ import yaml
 
 from eagle3_cli.main import parser as cli_parser
 from eagle3_operator.peering import PEERING_NAME
-from tests.chart.helm import ROOT, of_kind, only, operator_container, template
+from tests.chart.helm import ROOT, of_kind, only, operator_cluster_role, operator_container, template
 
 Rendered = dict[str, list[dict[str, Any]]]
 
@@ -87,19 +87,29 @@ def test_priority_flag_only_when_set(rendered: Rendered) -> None:
 
 
 def test_the_peering_crds_come_with_the_chart(rendered: Rendered) -> None:
-    """kopf's CRDs of crds/kopf-peering.yaml (the operator creates its peering object in them)."""
+    """kopf's CRDs of crds/kopf-peering.yaml (the operator creates its peering object in them), templates like
+    the Eagle3Run CRD: with the release's labels and crds.keep's annotation, and left out with crds.install
+    false (single-replica.yaml)."""
     committed = [d for d in yaml.safe_load_all((ROOT / "crds" / "kopf-peering.yaml").read_text()) if d]
     names = {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
     assert {d["metadata"]["name"] for d in committed} == names
     for name, docs in rendered.items():
         crds = [d for d in of_kind(docs, "CustomResourceDefinition") if d["metadata"]["name"] in names]
-        assert crds == committed, name
+        if name == "single-replica":
+            assert crds == []
+            continue
+        for crd in crds:
+            assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+            keep = crd["metadata"].get("annotations", {}).get("helm.sh/resource-policy")
+            assert keep == (None if name == "extras" else "keep"), name
+        stripped = [d | {"metadata": {"name": d["metadata"]["name"]}} for d in crds]
+        assert stripped == committed, name
     assert PEERING_NAME == "eagle3-operator", "the chart's NOTES and values name the peering object"
 
 
 def test_the_operator_may_use_its_peering_objects(rendered: Rendered) -> None:
     """Cluster-wide: the ClusterRole grants both peering kinds; namespaced: each Role grants kopfpeerings."""
-    rules = only(rendered["default"], "ClusterRole")["rules"]
+    rules = operator_cluster_role(rendered["default"])["rules"]
     granted = {(r["resources"][0], v) for r in rules if r["apiGroups"] == ["kopf.dev"] for v in r["verbs"]}
     for kind in ("clusterkopfpeerings", "kopfpeerings"):
         assert {(kind, "get"), (kind, "watch"), (kind, "patch"), (kind, "create")} <= granted

@@ -22,8 +22,10 @@ from tests.chart.helm import (
     RELEASE,
     ROOT,
     SCENARIOS,
+    aggregated,
     of_kind,
     only,
+    operator_cluster_role,
     operator_container,
     run,
     template,
@@ -110,7 +112,7 @@ def test_the_pod_is_hardened(rendered: Rendered) -> None:
 
 def test_cluster_wide_rbac_is_exactly_rbac_py(rendered: Rendered) -> None:
     docs = rendered["default"]
-    role = only(docs, "ClusterRole")
+    role = operator_cluster_role(docs)
     assert canonical(role["rules"]) == canonical(rbac.RULES)
     assert of_kind(docs, "Role") == [] and of_kind(docs, "RoleBinding") == []
     binding = only(docs, "ClusterRoleBinding")
@@ -126,7 +128,7 @@ def test_cluster_wide_rbac_is_exactly_rbac_py(rendered: Rendered) -> None:
 def test_namespaced_rbac_is_exactly_rbac_py_split_by_scope(rendered: Rendered) -> None:
     """A Role per watched namespace; the cluster-scoped reads in a ClusterRole; together exactly rbac.py."""
     docs = rendered["watch-namespaces"]
-    cluster_rules = only(docs, "ClusterRole")["rules"]
+    cluster_rules = operator_cluster_role(docs)["rules"]
     sa = only(docs, "ServiceAccount")["metadata"]
     for namespace in ("team-a", "team-b"):
         role = only(docs, "Role", namespace)
@@ -140,11 +142,21 @@ def test_namespaced_rbac_is_exactly_rbac_py_split_by_scope(rendered: Rendered) -
 
 
 def test_rbac_and_service_account_can_be_left_out(helm: Path) -> None:
-    docs = template(
-        helm, sets=["rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=ops"]
-    )
-    assert {d["kind"] for d in docs} & {"ClusterRole", "ClusterRoleBinding", "ServiceAccount"} == set()
+    """rbac.create false leaves out the operator's RBAC, not the users' aggregated roles (rbac.aggregatedRoles
+    false does)."""
+    sets = ["rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=ops"]
+    docs = template(helm, sets=sets)
+    assert {d["kind"] for d in docs} & {
+        "Role",
+        "RoleBinding",
+        "ClusterRoleBinding",
+        "ServiceAccount",
+    } == set()
+    assert all(aggregated(role) for role in of_kind(docs, "ClusterRole"))
+    assert len(of_kind(docs, "ClusterRole")) == 2
     assert only(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+    docs = template(helm, sets=[*sets, "rbac.aggregatedRoles=false"])
+    assert {d["kind"] for d in docs} & {"ClusterRole", "ClusterRoleBinding", "ServiceAccount"} == set()
 
 
 def test_metrics_service_and_service_monitor(rendered: Rendered) -> None:
@@ -199,34 +211,43 @@ def eagle3_crd(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return crd
 
 
-def test_the_crd_is_the_committed_one(rendered: Rendered) -> None:
-    """A template (so `helm upgrade` upgrades it) holding exactly crds/, plus the release's labels and, with
-    crds.keep (the default), the annotation that keeps it (and every run) through `helm uninstall`."""
-    committed = yaml.safe_load((ROOT / "crds" / "eagle3runs.eagle3.dev.yaml").read_text())
+def committed_crds() -> dict[str, dict[str, Any]]:
+    """Every CRD of the repository's crds/ (the Eagle3Run CRD, kopf's two peering CRDs): name -> CRD."""
+    documents = [d for f in sorted((ROOT / "crds").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
+    return {d["metadata"]["name"]: d for d in documents if d}
+
+
+def test_the_crds_are_the_committed_ones(rendered: Rendered) -> None:
+    """Templates (so `helm upgrade` upgrades them) holding exactly crds/, each with the release's labels and,
+    with crds.keep (the default), the annotation that keeps it (and every run) through `helm uninstall`."""
+    committed = committed_crds()
+    assert set(committed) == {CRD_NAME, "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
     for name, docs in rendered.items():
-        if name == "single-replica":  # crds.install false: test_the_crd_is_a_template_not_in_crds
+        if name == "single-replica":  # crds.install false: test_the_crds_are_templates_not_in_crds
             continue
-        crd = copy.deepcopy(eagle3_crd(docs))
-        labels = crd["metadata"].pop("labels")
-        assert labels["app.kubernetes.io/managed-by"] == "Helm", name
-        annotations = crd["metadata"].pop("annotations", {})
-        keep = name != "extras"  # extras.yaml sets crds.keep false
-        assert annotations == ({"helm.sh/resource-policy": "keep"} if keep else {}), name
-        assert crd == committed, name
+        crds = {d["metadata"]["name"]: copy.deepcopy(d) for d in of_kind(docs, "CustomResourceDefinition")}
+        assert set(crds) == set(committed), name
+        for crd in crds.values():
+            labels = crd["metadata"].pop("labels")
+            assert labels["app.kubernetes.io/managed-by"] == "Helm", name
+            assert labels["app.kubernetes.io/instance"] == RELEASE, name
+            annotations = crd["metadata"].pop("annotations", {})
+            keep = name != "extras"  # extras.yaml sets crds.keep false
+            assert annotations == ({"helm.sh/resource-policy": "keep"} if keep else {}), name
+            assert crd == committed[crd["metadata"]["name"]], name
 
 
-def test_the_crd_is_a_template_not_in_crds(helm: Path, rendered: Rendered) -> None:
-    """Helm never upgrades crds/: the Eagle3Run CRD renders without --include-crds, and crds.install=false
-    leaves it out (for a CRD managed elsewhere)."""
+def test_the_crds_are_templates_not_in_crds(helm: Path, rendered: Rendered) -> None:
+    """Helm never upgrades a chart's crds/: every CRD renders without --include-crds, and crds.install=false
+    leaves them all out (for CRDs managed elsewhere: GitOps, or another release of the chart)."""
+    names = {
+        d["metadata"]["name"] for d in of_kind(template(helm, include_crds=False), "CustomResourceDefinition")
+    }
+    assert names == set(committed_crds())
     assert eagle3_crd(template(helm, include_crds=False))["spec"]["group"] == "eagle3.dev"
-    assert [p.name for p in (CHART / "crds").iterdir()] == ["kopf-peering.yaml"]
+    assert not (CHART / "crds").exists()
     for docs in (rendered["single-replica"], template(helm, sets=["crds.install=false"])):
-        names = {d["metadata"]["name"] for d in of_kind(docs, "CustomResourceDefinition")}
-        assert names == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
-    assert (
-        of_kind(template(helm, include_crds=False, sets=["crds.install=false"]), "CustomResourceDefinition")
-        == []
-    )
+        assert of_kind(docs, "CustomResourceDefinition") == []
 
 
 def test_kubernetes_older_than_1_29_is_refused(helm: Path) -> None:

@@ -1,13 +1,16 @@
-"""The CRD upgrade path, with the real Helm binary on a real API server: `helm install` creates the Eagle3Run
-CRD from the chart's template, `helm upgrade` with a chart whose CRD changed changes it on the server (Helm
-never upgrades crds/), `helm uninstall` leaves it and the runs with crds.keep (a reinstall adopts it), and
-deletes it without.
+"""The CRD upgrade path, with the real Helm binary on a real API server: `helm install` creates the
+Eagle3Run CRD and kopf's peering CRDs from the chart's templates, `helm upgrade` with a chart whose CRD
+changed changes it on the server (Helm never upgrades a chart's crds/), `helm uninstall` leaves them and the
+runs with crds.keep (a reinstall adopts them), and deletes them without. A release of the earlier chart, whose
+peering CRDs came from its crds/, upgrades with --take-ownership; a second release in the cluster installs
+with crds.install=false.
 
 One API server for this module (tests/operator/apiserver.py), started here rather than shared with
-tests/operator: the chart owns the cluster-wide CRD, so the server's pre-installed one is deleted first. The
-server is Kubernetes 1.20, so the chart under test is a copy with two changes: kubeVersion admits 1.20, and
-the CRD is the one without CEL rules (1.20 rejects x-kubernetes-validations, as tests/operator installs it);
-podDisruptionBudget is off (1.20 serves no policy/v1). No pod runs: the test server has no kubelet.
+tests/operator: the chart owns the cluster-wide CRDs, so the server's pre-installed ones are deleted before
+each test. The server is Kubernetes 1.20, so the chart under test is a copy with two changes: kubeVersion
+admits 1.20, and the CRD is the one without CEL rules (1.20 rejects x-kubernetes-validations, as
+tests/operator installs it); podDisruptionBudget is off (1.20 serves no policy/v1). No pod runs: the test
+server has no kubelet.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ RELEASE = "e3-upgrade"  # not the test server's own eagle3-operator ClusterRole
 NAMESPACE = "eagle3-system"
 RUNS_NAMESPACE = "team-a"
 CRD_NAME = f"{PLURAL}.eagle3.dev"
+PEERING_CRDS = ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
+ALL_CRDS = (CRD_NAME, *PEERING_CRDS)
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MARKER = "upgradeMarker"  # the property the upgraded chart's CRD adds to spec
 
@@ -47,11 +52,21 @@ def server() -> Iterator[ServerAccess]:
         pytest.skip("installs and deletes the cluster-wide Eagle3Run CRD: only on a server started here")
     access = start_server()
     assert access.control is not None and access.token is not None
-    request(f"{access.url}{CRDS}/{CRD_NAME}", access.token, "DELETE")
-    wait_for(lambda: crd(access) is None, "the server's pre-installed CRD to go")
     request(f"{access.url}/api/v1/namespaces", access.token, "POST", namespace(RUNS_NAMESPACE))
     yield access
     access.control.stop_all()
+
+
+@pytest.fixture
+def no_crds(server: ServerAccess) -> ServerAccess:
+    """The server without the three CRDs the chart templates (the server's pre-installed ones, or those an
+    earlier test's release kept)."""
+    assert server.token is not None
+    for name in ALL_CRDS:
+        if crd(server, name) is not None:
+            request(f"{server.url}{CRDS}/{name}", server.token, "DELETE")
+    wait_for(lambda: all(crd(server, name) is None for name in ALL_CRDS), "the CRDs to go")
+    return server
 
 
 def namespace(name: str) -> dict[str, Any]:
@@ -81,10 +96,15 @@ def established(access: ServerAccess) -> bool:
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
-def chart_copy(where: Path, version: str, marker: bool) -> Path:
-    """The chart for a 1.20 server; `marker`: its CRD has an extra spec property (a changed CRD)."""
+def chart_copy(where: Path, version: str, marker: bool, earlier: bool = False) -> Path:
+    """The chart for a 1.20 server; `marker`: its CRD has an extra spec property (a changed CRD);
+    `earlier`: the layout of the chart before the peering CRDs were templates (in its crds/, which Helm
+    installs once)."""
     chart = where / f"eagle3-operator-{version}"
     shutil.copytree(CHART, chart)
+    if earlier:
+        (chart / "crds").mkdir()
+        (chart / "files" / "crds" / "kopf-peering.yaml").rename(chart / "crds" / "kopf-peering.yaml")
     meta = yaml.safe_load((chart / "Chart.yaml").read_text())
     meta |= {"version": version, "kubeVersion": ">=1.20.0-0"}
     (chart / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
@@ -111,17 +131,29 @@ class Helm:
         }
 
     def __call__(self, *args: str) -> str:
-        result = subprocess.run(
-            [str(self.helm), *args], capture_output=True, text=True, timeout=120, env=self.env
-        )
+        result = self.attempt(*args)
         assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
         return result.stdout
 
-    def release(self, verb: str, chart: Path, *sets: str) -> str:
-        """`helm install|upgrade` of the release with `sets` (the namespace is created on install)."""
+    def attempt(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.helm), *args], capture_output=True, text=True, timeout=120, env=self.env
+        )
+
+    def release(
+        self, verb: str, chart: Path, *sets: str, release: str = RELEASE, namespace: str = NAMESPACE
+    ) -> list[str]:
+        """The arguments of `helm install|upgrade` of `release` with `sets` (its namespace created on
+        install)."""
         sets = ("podDisruptionBudget.enabled=false", *sets)
-        args = [verb, RELEASE, str(chart), "--namespace", NAMESPACE, *(a for s in sets for a in ("--set", s))]
-        return self(*args, *(["--create-namespace"] if verb == "install" else []))
+        args = [verb, release, str(chart), "--namespace", namespace, *(a for s in sets for a in ("--set", s))]
+        return [*args, *(["--create-namespace"] if verb == "install" else [])]
+
+    def install(self, chart: Path, *sets: str, **where: str) -> str:
+        return self(*self.release("install", chart, *sets, **where))
+
+    def upgrade(self, chart: Path, *sets: str, **where: str) -> str:
+        return self(*self.release("upgrade", chart, *sets, **where))
 
 
 def spec_properties(access: ServerAccess) -> dict[str, Any]:
@@ -150,33 +182,105 @@ def run_exists(access: ServerAccess, name: str) -> bool:
     return True
 
 
+def crd_annotations(access: ServerAccess, name: str) -> dict[str, str]:
+    found = crd(access, name)
+    assert found is not None, f"no CRD {name} on the server"
+    return dict(found["metadata"].get("annotations") or {})
+
+
+def owner(access: ServerAccess, name: str) -> tuple[str | None, str | None]:
+    """The release (name, namespace) Helm's annotations on CRD `name` say owns it."""
+    found = crd_annotations(access, name)
+    return found.get("meta.helm.sh/release-name"), found.get("meta.helm.sh/release-namespace")
+
+
 def test_helm_upgrade_upgrades_the_crd_and_uninstall_keeps_it(
-    helm: Path, server: ServerAccess, tmp_path: Path
+    helm: Path, no_crds: ServerAccess, tmp_path: Path
 ) -> None:
-    run = Helm(helm, server, tmp_path)
+    server, run = no_crds, Helm(helm, no_crds, tmp_path)
     first, second = chart_copy(tmp_path, "0.1.0", marker=False), chart_copy(tmp_path, "0.1.1", marker=True)
 
-    run.release("install", first)
-    installed = crd(server)
-    assert installed is not None and MARKER not in spec_properties(server)
-    assert installed["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert installed["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
-    assert crd(server, "clusterkopfpeerings.kopf.dev") is not None, "the chart's crds/: kopf's peering CRDs"
+    run.install(first)
+    assert MARKER not in spec_properties(server)
+    for name in ALL_CRDS:  # kopf's peering CRDs are templates too: owned by the release, kept
+        assert crd_annotations(server, name)["helm.sh/resource-policy"] == "keep", name
+        assert owner(server, name) == (RELEASE, NAMESPACE), name
     wait_for(lambda: established(server), "the CRD to be established")
     create_run(server, "kept")
 
-    run.release("upgrade", second)
+    run.upgrade(second)
     assert spec_properties(server)[MARKER]["description"] == "added by the chart upgrade test"
     assert run_exists(server, "kept")
 
     run("uninstall", RELEASE, "--namespace", NAMESPACE)
     assert RELEASE not in run("list", "--namespace", NAMESPACE)
     assert MARKER in spec_properties(server), "crds.keep: helm uninstall leaves the CRD"
+    assert all(crd(server, name) is not None for name in PEERING_CRDS), "... and the peering CRDs"
     assert run_exists(server, "kept"), "... and every run"
 
-    run.release("install", second)  # the kept CRD carries this release's ownership: a reinstall adopts it
-    run.release("upgrade", first, "crds.keep=false")
+    run.install(second)  # the kept CRDs carry this release's ownership: a reinstall adopts them
+    run.upgrade(first, "crds.keep=false")
     assert MARKER not in spec_properties(server), "a downgrade applies the older CRD as well"
-    assert "helm.sh/resource-policy" not in (crd(server) or {})["metadata"].get("annotations", {})
+    for name in ALL_CRDS:
+        assert "helm.sh/resource-policy" not in crd_annotations(server, name), name
     run("uninstall", RELEASE, "--namespace", NAMESPACE)
-    wait_for(lambda: crd(server) is None, "crds.keep false: helm uninstall deletes the CRD")
+    wait_for(
+        lambda: all(crd(server, name) is None for name in ALL_CRDS),
+        "crds.keep false: helm uninstall deletes the CRDs, kopf's peering CRDs included",
+    )
+
+
+def test_a_release_of_the_earlier_chart_takes_over_its_peering_crds(
+    helm: Path, no_crds: ServerAccess, tmp_path: Path
+) -> None:
+    """The earlier chart installed kopf's peering CRDs from its crds/, without Helm's ownership: upgrading
+    to this chart (where they are templates) is refused, naming them, until --take-ownership
+    (docs/install.md)."""
+    server, run = no_crds, Helm(helm, no_crds, tmp_path)
+    earlier, current = (
+        chart_copy(tmp_path, "0.1.0", False, earlier=True),
+        chart_copy(tmp_path, "0.1.1", False),
+    )
+    run.install(earlier)
+    assert owner(server, "clusterkopfpeerings.kopf.dev") == (None, None), "crds/: installed, never owned"
+
+    refused = run.attempt(*run.release("upgrade", current))
+    assert refused.returncode != 0, "an upgrade adopted CRDs no release owned"
+    assert "kopf.dev" in refused.stderr and "invalid ownership metadata" in refused.stderr, refused.stderr
+    run(*run.release("upgrade", current), "--take-ownership")
+    for name in PEERING_CRDS:
+        assert owner(server, name) == (RELEASE, NAMESPACE), name
+        assert crd_annotations(server, name)["helm.sh/resource-policy"] == "keep", name
+    run("uninstall", RELEASE, "--namespace", NAMESPACE)
+
+
+def test_a_second_release_leaves_the_crds_to_the_first(
+    helm: Path, no_crds: ServerAccess, tmp_path: Path
+) -> None:
+    """CRDs are cluster-wide and the first release owns them: a second release with the defaults is refused
+    before it creates anything, and installs with crds.install=false (the chart README, docs/install.md)."""
+    server, run = no_crds, Helm(helm, no_crds, tmp_path)
+    chart = chart_copy(tmp_path, "0.1.0", marker=False)
+    run.install(chart)
+    second = {"release": "e3-second", "namespace": "eagle3-second"}
+
+    refused = run.attempt(*run.release("install", chart, **second))
+    assert refused.returncode != 0, "a second release took over the first one's CRDs"
+    assert CRD_NAME in refused.stderr and "invalid ownership metadata" in refused.stderr, refused.stderr
+    listed = run("list", "--namespace", "eagle3-second")  # releases of every status, failed ones included
+    assert "e3-second" not in listed, "the refused install left a release behind"
+
+    run.install(chart, "crds.install=false", f"watchNamespaces={{{RUNS_NAMESPACE}}}", **second)
+    for name in ALL_CRDS:
+        assert owner(server, name) == (RELEASE, NAMESPACE), name
+    assert token_request(
+        server, "/apis/rbac.authorization.k8s.io/v1/clusterroles/e3-second-eagle3-operator-edit"
+    )
+    run("uninstall", "e3-second", "--namespace", "eagle3-second")
+    assert all(crd(server, name) is not None for name in ALL_CRDS), "the first release's CRDs stay"
+    run("uninstall", RELEASE, "--namespace", NAMESPACE)
+
+
+def token_request(access: ServerAccess, path: str) -> Any:
+    assert access.token is not None
+    return request(f"{access.url}{path}", access.token)

@@ -9,7 +9,9 @@ A started server comes with a `ServerControl`: fault tests stop, restart or free
 The controller manager runs the controllers the tests rely on, pvc-protection among them: without it the
 runs' PVCs keep their `kubernetes.io/pvc-protection` finalizer, every deleted test namespace stays
 Terminating, and the namespace controller re-scans them several times a second for the rest of the session
-(about 70% of a core taken from the pipeline tiers that follow).
+(about 70% of a core taken from the pipeline tiers that follow). clusterrole-aggregation folds ClusterRoles
+labelled aggregate-to-edit/view into the built-in edit and view roles (which the API server creates, with
+RBAC on): the chart's user roles are tested through them (tests/chart/test_chart_user_roles.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,8 +92,14 @@ REQUEST_BOUND_S = 60.0
 
 
 def _request(
-    url: str, token: str, method: str = "GET", body: Any = None, timeout: float = REQUEST_BOUND_S
+    url: str,
+    token: str,
+    method: str = "GET",
+    body: Any = None,
+    timeout: float = REQUEST_BOUND_S,
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
+    """One API call as the token's user; `headers` added (e.g. Impersonate-User: the call as another user)."""
     import ssl
 
     ctx = ssl.create_default_context()
@@ -99,6 +108,8 @@ def _request(
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Authorization", f"Bearer {token}")
     req.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        req.add_header(name, value)
     with urllib.request.urlopen(req, context=ctx, timeout=timeout) as resp:
         raw = resp.read()
     return json.loads(raw) if raw.startswith(b"{") else raw.decode()
@@ -274,7 +285,8 @@ def _start(bins: dict[str, str], work: Path) -> ServerControl:
     kubeconfig = write_kubeconfig(work / "kubeconfig", url, ADMIN_TOKEN)
     control.spawn("kube-controller-manager", [
         bins["kube-controller-manager"], f"--kubeconfig={kubeconfig}", "--leader-elect=false",
-        "--controllers=job,deployment,replicaset,garbagecollector,namespace,pvc-protection", "--port=0",
+        "--controllers=job,deployment,replicaset,garbagecollector,namespace,pvc-protection,"
+        "clusterrole-aggregation", "--port=0",
         "--secure-port=0",
         "--use-service-account-credentials=false",
     ])  # fmt: skip

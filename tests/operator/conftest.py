@@ -6,6 +6,7 @@ Every lifecycle test takes `backend` and runs once per backend with the same tes
   `tests/operator/apiserver.py`); the real Job, Deployment and garbage-collection controllers run, and a test
   kubelet (`Kubelet`) moves the pods;
 - with `EAGLE3_TEST_KUBECONFIG` set, that cluster (kind, k3d, a real one) replaces `apiserver`.
+The real server is the session's `server` fixture (tests/conftest.py), shared with tests/chart.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tests.harness.cluster import (
 )
 from tests.harness.kubelet import Kubelet
 from tests.harness.scenario import assert_content_types
-from tests.operator.apiserver import ServerAccess, external_cluster, start_server
+from tests.operator.apiserver import ServerAccess
 
 _namespaces = itertools.count(1)
 
@@ -76,15 +77,6 @@ class Backend:
         """On the mock, check what a real server enforces by itself (and rejects when wrong)."""
         if self.mock is not None:
             assert_content_types(self.mock)
-
-
-@pytest.fixture(scope="session")
-def server() -> ServerAccess:
-    """A real API server for the session: an external cluster if configured, else one started here."""
-    external = external_cluster(os.environ.get("EAGLE3_TEST_KUBECONFIG"))
-    if external is not None:
-        return external
-    return start_server()
 
 
 @pytest_asyncio.fixture(params=["mock", pytest.param("apiserver", marks=pytest.mark.apiserver)])
