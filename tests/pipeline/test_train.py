@@ -355,8 +355,11 @@ def test_torchrun_runs_the_worker_once_per_gpu_from_run_yaml(tmp_path: Path) -> 
     assert "--config" in help_text and "--metrics" in help_text
 
 
-def test_threads_grow_with_the_drafts_hidden_size() -> None:
-    assert [cpu_threads(h, 16) for h in (32, 128, 1024, 4096, 16384)] == [1, 1, 2, 8, 16]
+def test_a_draft_past_the_tiny_one_trains_on_every_cpu_it_is_given() -> None:
+    """Issue 30: a hidden-576 draft (a 100M-class verifier's) got one thread of the machine's, by a rule
+    measured on the hidden-128 tiny draft only."""
+    assert [cpu_threads(h, 16) for h in (32, 128, 511, 512, 576, 4096)] == [1, 1, 1, 16, 16, 16]
+    assert cpu_threads(576, 2) == 2 and cpu_threads(576, 0) == 1
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from eagle3_pipeline.serving.vllm_server import (
     ENV_VLLM,
     VllmServer,
     build_serve_argv,
+    cpu_dtype_options,
     find_vllm,
     group_members,
     looks_out_of_memory,
@@ -211,6 +212,24 @@ def test_argv_order_spec_args_then_extra_args() -> None:
     for absent in ("--revision", "--trust-remote-code", "--max-model-len", "--max-num-batched-tokens"):
         assert absent not in argv
     assert "--enforce-eager" not in argv
+
+
+def test_a_cpu_without_native_bfloat16_serves_in_float32_unless_the_spec_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 30: a bfloat16 checkpoint served at about 15 output tokens/s on such a CPU; float32 is fast."""
+    monkeypatch.setattr("eagle3_pipeline.serving.vllm_server.accelerator_present", lambda: False)
+    plain = VllmEngine.of(Verifier(model="m"), model="/m")
+    monkeypatch.setenv("EAGLE3_CPU_BF16", "0")
+    assert cpu_dtype_options(plain, []) == ["--dtype", "float32"]
+    given = VllmEngine.of(Verifier(model="m", vllm_args=["--dtype=bfloat16"]), model="/m")
+    assert cpu_dtype_options(given, []) == []  # verifier.vllmArgs decides
+    assert cpu_dtype_options(plain, ["--dtype", "half"]) == []
+    monkeypatch.setenv("EAGLE3_CPU_BF16", "1")
+    assert cpu_dtype_options(plain, []) == []  # native bfloat16: vLLM's own choice
+    monkeypatch.setenv("EAGLE3_CPU_BF16", "0")
+    monkeypatch.setattr("eagle3_pipeline.serving.vllm_server.accelerator_present", lambda: True)
+    assert cpu_dtype_options(plain, []) == []  # a GPU is not asked about
 
 
 def test_find_vllm_says_how_to_get_one(tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ stays off), which gloo and CPU tensors support, and its rank-0-only saves, barri
 are plain collectives. Two settings that
 also differ on CPU are chosen by the caller, not patched: SDPA attention (flex attention has no CPU backward)
 and the eager loss (the fused one needs Triton). Autocast stays as speculators sets it ("cuda", which torch
-disables on a CPU-only machine): the CPU computes in float32.
+disables on a CPU-only machine): the CPU computes in float32. One more on a CPU without native bfloat16
+(eagle3_pipeline.runtime.host_cpu): Muon's Newton-Schulz iterations, which torch computes in bfloat16, run in
+float32 (eagle3_pipeline.adapters.muon_float32).
 
 The adaptation is written against speculators==0.9.0 and checks, before patching, that the version and the
 patched lines are what it expects (`verify_library`), so an upgrade fails loudly here instead of training on
@@ -37,6 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from eagle3_pipeline.adapters import muon_float32
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +135,13 @@ PATCHES: tuple[tuple[str, str, Callable[..., Any]], ...] = (
 )
 
 
+def patches(native_bfloat16: bool) -> tuple[tuple[str, str, Callable[..., Any]], ...]:
+    """PATCHES, and Muon's Newton-Schulz iterations in float32 on a CPU without native bfloat16."""
+    if native_bfloat16:
+        return PATCHES
+    return (*PATCHES, (muon_float32.MODULE, muon_float32.FUNCTION, muon_float32.newton_schulz_float32))
+
+
 def has_accelerator() -> bool:
     return bool(torch.accelerator.is_available())
 
@@ -168,6 +179,7 @@ def verify_library() -> None:
     for module, attribute, _ in PATCHES:
         if not hasattr(importlib.import_module(module), attribute):
             problems.append(f"{module}.{attribute} no longer exists")
+    problems += muon_float32.verify_torch()
     if problems:
         raise UnsupportedSpeculators(
             f"speculators {version} differs from what eagle3_pipeline.adapters.speculators_cpu patches: "
@@ -176,8 +188,9 @@ def verify_library() -> None:
 
 
 @contextlib.contextmanager
-def cpu_adapted() -> Iterator[bool]:
-    """Within the block, speculators' trainer runs on the CPU when there is no accelerator.
+def cpu_adapted(native_bfloat16: bool = True) -> Iterator[bool]:
+    """Within the block, speculators' trainer runs on the CPU when there is no accelerator (`native_bfloat16`:
+    whether the CPU computes bfloat16 natively; eagle3_pipeline.runtime.host_cpu tells).
 
     Yields whether it does; on a machine with an accelerator nothing is patched.
     """
@@ -187,7 +200,8 @@ def cpu_adapted() -> Iterator[bool]:
     verify_library()
     saved = []
     try:
-        for module_name, attribute, value in PATCHES:
+        chosen = patches(native_bfloat16)
+        for module_name, attribute, value in chosen:
             module = importlib.import_module(module_name)
             saved.append((module, attribute, getattr(module, attribute)))
             setattr(module, attribute, value)
@@ -195,7 +209,13 @@ def cpu_adapted() -> Iterator[bool]:
             # speculators autocasts to "cuda", which torch disables (with this warning) on a CPU-only machine
             warnings.filterwarnings("ignore", message=".*CUDA is not available.*Disabling")
             warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator is found")
-            logger.info("no accelerator: training on the CPU (speculators %s, adapted)", SUPPORTED_VERSION)
+            logger.info(
+                "no accelerator: training on the CPU (speculators %s, adapted; %s)",
+                SUPPORTED_VERSION,
+                "native bfloat16"
+                if chosen is PATCHES
+                else "no native bfloat16: Muon's iterations in float32",
+            )
             yield True
     finally:
         for module, attribute, original in reversed(saved):

@@ -9,7 +9,9 @@ The executable is $EAGLE3_VLLM (what `eagle3 run --vllm` passes), else `vllm` on
 `<work>/vllm.log`. It dies with the stage: its own process group is terminated on exit (SIGTERM, then SIGKILL
 after a grace period), and PR_SET_PDEATHSIG sends it SIGTERM if the stage process is killed outright.
 An out-of-memory at start (or later, see `check`) raises OutOfMemory, so the stage exits with the OOM code and
-is retried at half the token budget.
+is retried at half the token budget. On a CPU without native bfloat16 (eagle3_pipeline.runtime.host_cpu) the
+server computes in float32 (`--dtype float32`, `cpu_dtype_options`) unless verifier.vllmArgs sets --dtype:
+vLLM would serve a bfloat16 checkpoint in bfloat16, about 15 output tokens/s there (issue 30).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import httpx
 from eagle3_contract.vllm_command import Endpoint, VllmEngine, vllm_serve_args
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import OutOfMemory, StageError
+from eagle3_pipeline.runtime.host_cpu import native_bfloat16
 from eagle3_pipeline.runtime.process_group import group_members as group_members  # re-exported: tests use it
 from eagle3_pipeline.runtime.process_group import signal_group as _signal_group
 
@@ -123,6 +126,26 @@ def find_vllm(env: dict[str, str] | None = None) -> str:
 def accelerator_present() -> bool:
     """A GPU device node is visible: CUDA graphs and torch.compile pay off; without one, run eagerly."""
     return any(os.path.exists(device) for device in ACCELERATOR_DEVICES)
+
+
+def cpu_dtype_options(engine: VllmEngine, options: Sequence[str]) -> list[str]:
+    """`--dtype float32` on a machine without an accelerator whose CPU has no native bfloat16, unless the
+    stage's options or verifier.vllmArgs set --dtype; nothing otherwise."""
+    if accelerator_present() or native_bfloat16():
+        return []
+    given = [*options, *engine.vllm_args]
+    if any(arg == "--dtype" or arg.startswith("--dtype=") for arg in given):
+        return []
+    if not _DTYPE_LOGGED:
+        _DTYPE_LOGGED.append(True)
+        logger.info(
+            "vLLM computes in float32 here: this CPU has no native bfloat16 (flags avx512_bf16, amx_bf16); "
+            "verifier.vllmArgs --dtype overrides"
+        )
+    return ["--dtype", "float32"]
+
+
+_DTYPE_LOGGED: list[bool] = []  # the choice is logged once per process
 
 
 def free_port(host: str = HOST) -> int:
@@ -246,7 +269,7 @@ class VllmServer:
             enforce_eager=not accelerator_present(),
             speculative_config=self.speculative_config,
             kv_transfer_config=self.kv_transfer_config,
-            options=self.options,
+            options=[*cpu_dtype_options(self.engine, self.options), *self.options],
             extra_args=self.extra_args,
         )
 

@@ -36,6 +36,7 @@ from eagle3_contract.params import TrainParams
 from eagle3_pipeline.adapters.fused_loss_kernels import separate_autotune_configs
 from eagle3_pipeline.adapters.speculators_cpu import cpu_adapted, fork_loader_workers, setup_distributed
 from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.runtime.host_cpu import available_cpus, native_bfloat16
 from eagle3_pipeline.serving.kv_transfer import CPU_MOONCAKE_BUFFER_GIB, CPU_MOONCAKE_SEGMENT_GIB
 from eagle3_pipeline.stages.train.events import EventsWriter, TrainSink
 from eagle3_pipeline.stages.train.metrics import recording
@@ -169,18 +170,21 @@ def load_config(path: Path) -> Any:
 
 
 def cpu_threads(hidden_size: int, cpus: int) -> int:
-    """Intra-op threads for training a draft of `hidden_size` on `cpus` CPUs: one per HIDDEN_PER_THREAD units.
+    """Intra-op threads for training a draft of `hidden_size` on `cpus` CPUs: every one of them, but a single
+    thread for a draft narrower than HIDDEN_PER_THREAD.
 
     A small draft's matmuls are too small to split: a hidden-128 draft ran 4x faster on one thread than on
-    two (0.28 against 1.11 s per step on a busy 2-core machine).
+    two (0.28 against 1.11 s per step on a busy 2-core machine). A 100M-class verifier's draft (hidden 576)
+    is not: docs/benchmarks.md has both measured.
     """
-    return max(1, min(cpus, hidden_size // HIDDEN_PER_THREAD))
+    return 1 if hidden_size < HIDDEN_PER_THREAD else max(1, cpus)
 
 
 def pin_threads(hidden_size: int) -> int:
-    """Set torch's intra-op threads for CPU training ($OMP_NUM_THREADS wins when set); returns the count."""
+    """Set torch's intra-op threads for CPU training ($OMP_NUM_THREADS wins when set) from the CPUs this
+    process may use (its affinity and its cgroup's quota: a pod's CPU limit); returns the count."""
     if not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(cpu_threads(hidden_size, len(os.sched_getaffinity(0))))
+        torch.set_num_threads(cpu_threads(hidden_size, available_cpus()))
     return int(torch.get_num_threads())
 
 
@@ -275,7 +279,8 @@ def train(cfg: Any, metrics: Path, info: Path, progress: TrainSink | None = None
     try:
         if is_distributed():
             dist.barrier()
-        with cpu_adapted() as on_cpu, recording(metrics, is_writer, progress, get_world_size()):
+        recorded = recording(metrics, is_writer, progress, get_world_size())
+        with cpu_adapted(native_bfloat16()) as on_cpu, recorded:
             trainer = build_trainer(args)
             if on_cpu:  # a torchrun worker's threads as the stage sets them for training in-process
                 model = getattr(trainer.model, "module", trainer.model)  # inside DDP when distributed
