@@ -413,9 +413,13 @@ def test_the_gate_is_the_current_specs(
 
 PROMPTS = 16
 MAX_TOKENS = 64
-# Held-out conversations the tiny verifier answers with a repetition loop (" lemon lemon ..." up to
-# MAX_TOKENS: spam-like text, as raw completion prompts are) and two it cannot be asked (no user turn to
-# answer): they come first in the validation split, so the first PROMPTS prompts hold LOOPS of them.
+# Held-out conversations of spam-like text (as raw completion prompts are), which a tiny verifier built on
+# one machine answered with a repetition loop (" lemon lemon ..." up to MAX_TOKENS), and two it cannot be
+# asked (no user turn to answer): they come first in the validation split. Whether the verifier loops on
+# them depends on the machine its pretraining ran on (its float32 kernels: one built on an AVX512-BF16 CPU
+# answers "b o x"), so the tests below hold for whichever prompts the screening flagged, and check what it
+# flagged against the result (the rules themselves: tests/pipeline/test_degenerate.py, on loops that must be
+# flagged on every machine).
 LOOPS = {"spam-0": " 47mo lemon" * 12, "spam-1": " lemon" * 20}
 UNANSWERABLE: list[list[dict[str, str]]] = [
     [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Hi there."}],
@@ -491,7 +495,7 @@ def test_acceptance_follows_from_vllms_raw_counters(good_run: Run) -> None:
     assert r["acceptanceByPosition"][0] > 0.4
     assert r["outputTokens"] == r["baselineOutputTokens"]
     # greedy decoding is lossless up to numerics (on the kept prompts: the loops were left out)
-    assert r["outputsMatchingBaseline"] >= PROMPTS - len(LOOPS) - 1
+    assert r["outputsMatchingBaseline"] >= PROMPTS - len(flagged(good_run)) - 1
     assert r["outputTokensPerSecond"] > 0 and r["speedup"] > 0
 
 
@@ -500,7 +504,7 @@ def test_acceptance_follows_from_vllms_raw_counters(good_run: Run) -> None:
 def test_sampled_acceptance_is_measured_on_the_same_draft_server(good_run: Run) -> None:
     r, s = good_run.result, good_run.result["sampled"]
     assert s["temperature"] == 1.0 and s["topP"] == 0.9 and s["topK"] == -1 and s["seed"] == 3
-    assert s["prompts"] == PROMPTS - len(LOOPS) and r["failedPrompts"] == 0
+    assert s["prompts"] == PROMPTS - len(flagged(good_run)) and r["failedPrompts"] == 0
     assert s["drafts"] > 0 and s["draftTokens"] <= s["drafts"] * r["numSpeculativeTokens"]
     assert s["acceptanceLength"] == pytest.approx(1 + s["acceptedTokens"] / s["drafts"], abs=1e-6)
     assert s["acceptanceRate"] == pytest.approx(s["acceptedTokens"] / s["draftTokens"], abs=1e-6)
@@ -525,17 +529,24 @@ def answers(run: Run) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run.output / "answers.jsonl").read_text().splitlines()]
 
 
+def flagged(run: Run) -> list[str]:
+    """The ids of the prompts the screening found degenerate in this run, in the held-out order."""
+    return [row["id"] for row in answers(run) if row["degenerate"]]
+
+
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
 def test_looping_answers_are_left_out_of_the_acceptance(good_run: Run) -> None:
-    r = good_run.result
-    assert r["degeneratePrompts"] == len(LOOPS) and r["degenerate"] == {"empty": 0, "repetition": len(LOOPS)}
-    assert r["degenerateExamples"] == list(LOOPS)
-    assert f"{len(LOOPS)} of {PROMPTS} held-out prompts got a degenerate answer" in r["message"]
+    r, rows, loops = good_run.result, answers(good_run), flagged(good_run)
+    assert r["degeneratePrompts"] == len(loops) == sum(r["degenerate"].values())
+    assert (
+        r["degenerateExamples"] == loops[: len(r["degenerateExamples"])] and len(r["degenerateExamples"]) <= 3
+    )
+    if loops:
+        assert f"{len(loops)} of {PROMPTS} held-out prompts got a degenerate answer" in r["message"]
     assert f"{len(UNANSWERABLE)} validation conversations were skipped" in r["message"]
-    rows = answers(good_run)
-    assert [row["id"] for row in rows if row["degenerate"]] == list(LOOPS)
-    assert all(row["answerTokens"] == MAX_TOKENS for row in rows if row["degenerate"])  # loops to the limit
+    reasons = [row["degenerate"] for row in rows if row["degenerate"]]
+    assert {reason: reasons.count(reason) for reason in ("empty", "repetition")} == r["degenerate"]
     kept = [row for row in rows if not row["degenerate"]]
     # both servers measured the kept prompts only: their tokens are the kept answers', the loops' are not
     assert r["outputTokens"] == r["baselineOutputTokens"] == sum(row["answerTokens"] for row in kept)
@@ -563,7 +574,7 @@ def test_prompts_are_chats_rendered_with_the_verifiers_template(good_run: Run, v
         assert row["promptTokenIds"] == rendered["input_ids"], row["id"]
     for server in ("draft", "baseline"):
         log = (good_run.output / f"vllm-{server}.log").read_text()
-        assert log.count('"POST /v1/chat/completions HTTP/1.1" 200') >= PROMPTS - len(LOOPS)
+        assert log.count('"POST /v1/chat/completions HTTP/1.1" 200') >= PROMPTS - len(flagged(good_run))
         assert '"POST /v1/completions' not in log  # never raw completions (the route list names it)
 
 
@@ -578,7 +589,7 @@ def test_a_shuffled_mapping_fails_the_gate_with_a_clear_message(
     r = run.result
     assert run.code == 0  # the stage measured the draft; the gate is the operator's decision
     assert r["mappingConsistent"] is False and judged(r, 1.3).reason == "MappingInconsistent"
-    assert r["degeneratePrompts"] == len(LOOPS)  # screened on the draft server's greedy answers
+    assert r["degeneratePrompts"] == len(flagged(run))  # screened on the draft server's greedy answers
     assert (
         "the draft's d2t and t2d disagree" in r["message"] and "re-run stages vocab and train" in r["message"]
     )

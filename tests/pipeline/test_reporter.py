@@ -390,7 +390,10 @@ def test_a_running_train_stage_serves_its_steps_and_epochs(
     assert epochs == sorted(epochs) and len(set(epochs)) >= 2, epochs
     last = seen[-1]
     assert last.total and last.total % EPOCHS == 0 and last.done > 0  # epochs of packed batches may vary
-    assert last.tokens and last.train_loss and last.tokens_per_second
+    assert last.tokens and last.train_loss
+    # tokens/s covers the reporter's recent window: while steps run (the last scrape may fall in a validation
+    # pass or after the last step, which a fast machine reaches within a scrape)
+    assert any(p.tokens_per_second for p in seen), seen
     with_val = [p for p in seen if p.epochs_done]
     assert with_val and all(p.val_loss and p.val_accuracy_by_position for p in with_val)
     assert "steps (100%), " in log.read_text() and f"; epoch {EPOCHS}/{EPOCHS}, " in log.read_text()
