@@ -71,8 +71,9 @@ def make_tokenizer(template: str) -> Any:
     return fast
 
 
-def save_verifier(path: Path, template: str = LLAMA3, layers: int = 2) -> Path:
-    """A tokenizer plus a small random Llama verifier (seeded): enough for prepare, extract and vocab."""
+def save_verifier(path: Path, template: str = LLAMA3, layers: int = 2, dtype: str = "float32") -> Path:
+    """A tokenizer plus a small random Llama verifier (seeded, its weights in `dtype`, as real checkpoints
+    ship bfloat16): enough for prepare, extract, vocab and train."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -86,5 +87,5 @@ def save_verifier(path: Path, template: str = LLAMA3, layers: int = 2) -> Path:
         intermediate_size=64,
     )
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
+    LlamaForCausalLM(config).to(getattr(torch, dtype)).save_pretrained(path)
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -32,6 +33,7 @@ from eagle3_pipeline.stages.train.draft import (
 )
 from eagle3_pipeline.stages.train.metrics import acceptance_length, read_epochs, summarize, write_epochs
 from tests.pipeline.chat_templates import save_verifier
+from tests.pipeline.checkpoints import weight_dtypes
 from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.usefixtures("one_torch_thread")]
@@ -78,6 +80,30 @@ def trained(upstream: Path) -> dict[str, Any]:
     assert code == 0
     result: dict[str, Any] = json.loads((upstream / "art" / "train" / "t" / "result.json").read_text())
     return result
+
+
+@pytest.mark.timeout(600)
+def test_a_bfloat16_verifier_trains_on_the_cpu_with_muons_iterations_in_float32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: real checkpoints ship bfloat16, and the CPU path had only met float32 verifiers. A bfloat16
+    verifier goes through prepare, extract, vocab and a training epoch, on the path of a CPU without native
+    bfloat16 (Muon's Newton-Schulz iterations in float32), whatever this machine's CPU is."""
+    save_verifier(tmp_path / "verifier", layers=4, dtype="bfloat16")
+    assert weight_dtypes(tmp_path / "verifier") == {torch.bfloat16}
+    write_jsonl(tmp_path / "data.jsonl", [chat(i, turns=2) for i in range(24)])
+    spec_path, art = manifest(tmp_path, "run", epochs=1), str(tmp_path / "art")
+    monkeypatch.setenv("EAGLE3_CPU_BF16", "0")
+    for stage, output, inputs in (
+        ("prepare", "prepare/p", []),
+        ("extract", "extract/x", ["prepare=prepare/p"]),
+        ("vocab", "vocab/v", ["prepare=prepare/p"]),
+    ):
+        assert run_stage(stage, spec_path, art, output, inputs) == 0, stage
+    assert run_stage("train", spec_path, art, "train/t", UPSTREAM) == 0
+    result = json.loads((tmp_path / "art" / "train" / "t" / "result.json").read_text())
+    [epoch] = result["epochs"]
+    assert epoch["trainLoss"] > 0 and math.isfinite(epoch["valLoss"]) and result["device"] == "cpu"
 
 
 @pytest.mark.timeout(300)
