@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from eagle3_pipeline.stage_main import run_stage
 from eagle3_pipeline.stages.train import program as train_stage
 from eagle3_pipeline.stages.train.draft import (
     DraftSources,
+    cpu_compute,
     cpu_threads,
     load_config,
     torchrun_argv,
@@ -386,6 +388,24 @@ def test_a_draft_past_the_tiny_one_trains_on_every_cpu_it_is_given() -> None:
     measured on the hidden-128 tiny draft only."""
     assert [cpu_threads(h, 16) for h in (32, 128, 511, 512, 576, 4096)] == [1, 1, 1, 16, 16, 16]
     assert cpu_threads(576, 2) == 2 and cpu_threads(576, 0) == 1
+
+
+def test_a_draft_past_the_tiny_one_computes_in_bfloat16_on_a_cpu_that_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 30: speculators autocasts to "cuda" without an accelerator, which torch disables; on a CPU with
+    native bfloat16 a 100M-class draft's products run in bfloat16 as on a GPU. The tiny draft (and every draft
+    on a CPU without it) stays in float32."""
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))  # pin_threads leaves them as they are
+
+    def device_after(hidden: int, native: bool) -> str:
+        trainer = SimpleNamespace(device_type="cuda")  # what speculators sets without an accelerator
+        cpu_compute(trainer, hidden, native)
+        return trainer.device_type
+
+    assert device_after(576, native=True) == "cpu"
+    assert device_after(128, native=True) == "cuda"  # the demo's draft: its figures stay
+    assert device_after(576, native=False) == "cuda"
 
 
 @pytest.mark.parametrize(

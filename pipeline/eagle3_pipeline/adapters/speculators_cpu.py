@@ -72,6 +72,18 @@ EXPECTED: tuple[Expectation, ...] = (
     ),
     Expectation(
         "speculators.train.trainer",
+        "Trainer.__init__",
+        ('self.device_type = acc.type if acc is not None else "cuda"',),
+        "the trainer autocasts to self.device_type ('cuda' without an accelerator: cpu_autocast sets 'cpu')",
+    ),
+    Expectation(
+        "speculators.train.trainer",
+        "Trainer.train_epoch",
+        ("self.device_type, dtype=self.config.hidden_states_dtype",),
+        "training autocasts to self.device_type in hidden_states_dtype",
+    ),
+    Expectation(
+        "speculators.train.trainer",
         "Trainer.setup_model",
         ("self.model.to(self.local_rank)",),
         "the model is moved to self.local_rank",
@@ -220,6 +232,14 @@ def cpu_adapted(native_bfloat16: bool = True) -> Iterator[bool]:
     finally:
         for module, attribute, original in reversed(saved):
             setattr(module, attribute, original)
+
+
+def cpu_autocast(trainer: Any) -> None:
+    """Autocast the trainer's forward passes on the CPU, in its hidden_states_dtype (bfloat16), as it does on
+    a GPU: master weights stay float32, the matrix products run in bfloat16. speculators names the device
+    "cuda" when there is no accelerator, which torch disables (float32 throughout). For a CPU with native
+    bfloat16 only: one without it runs bfloat16 products about 100x slower than float32 ones."""
+    trainer.device_type = CPU
 
 
 def fork_loader_workers(loaders: tuple[Any, ...]) -> None:
