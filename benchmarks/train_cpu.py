@@ -1,7 +1,17 @@
 """Draft training on CPU: `eagle3 stage train` against stock `speculators train` on the same run.yaml.
 
-    .venv/bin/python benchmarks/train_cpu.py [--repeat 3] [--epochs 6] [--threads 1] [--work DIR]
-        [--json out.json]
+    .venv/bin/python benchmarks/train_cpu.py [--shape tiny|100m] [--repeat 3] [--epochs 6] [--threads 1]
+        [--work DIR] [--json out.json]
+
+`--shape 100m` (issue 30) trains at a 100M-class verifier's shape instead of the tiny one's: a Llama verifier
+of hidden size 576, 9 heads of which 3 key-value, MLP 1536, a vocabulary of 49,152 (SmolLM2-135M's), in
+bfloat16 as real checkpoints ship, with a draft vocabulary of 8,192 and sequences of 512. Its weights are
+random (seeded) and it has 4 layers instead of 30: training reads the verifier's hidden size, vocabulary,
+embeddings and LM head and extract's stored layers, never its depth, so the draft's work per token is the
+real shape's while extract stays short. It uses the tiny tokenizer (1,024 tokens; the ids above it are never
+seen, as in any real dataset most of a 49,152-token vocabulary is rare), and the tiny example's data.
+`$EAGLE3_CPU_BF16=0` makes ours take the path of a CPU without native bfloat16 on one that has it
+(eagle3_pipeline.runtime.host_cpu); stock always runs as speculators does.
 
 The tiny example (`examples/tiny/eagle3run.yaml`, the tiny verifier of `eagle3 tiny`) with regeneration off,
 so no vLLM is needed: its prepare, extract and vocab outputs are made once by the local runner and cached in
@@ -126,14 +136,57 @@ class Run:
         return self.tokens / self.loop_cpu_s
 
 
-def bench_manifest(work: Path, epochs: int | None) -> Path:
-    """The tiny example with regeneration off (its dataset has answers), optionally other epochs."""
+SHAPE_100M = {  # SmolLM2-135M's width, heads and vocabulary (its config.json), 4 layers instead of 30
+    "vocab_size": 49_152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+}
+VERIFIER_100M = "bench-100m-llama"
+
+
+def verifier_100m(root: Path) -> str:
+    """The 100M-class shape's verifier under the models root (built once: random weights, bfloat16, the
+    tiny verifier's tokenizer and chat template); returns its /models path."""
+    target = root / VERIFIER_100M
+    if not (target / "config.json").is_file():
+        import torch
+        from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        tiny = root / "tiny-llama"
+        base = AutoConfig.from_pretrained(tiny)
+        config = LlamaConfig(
+            **SHAPE_100M, max_position_embeddings=2048, tie_word_embeddings=False, rms_norm_eps=1e-5,
+            bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id, pad_token_id=base.pad_token_id,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        partial = root / f".{VERIFIER_100M}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(partial)
+        AutoTokenizer.from_pretrained(tiny).save_pretrained(partial)
+        shutil.copyfile(tiny / "generation_config.json", partial / "generation_config.json")
+        partial.rename(target)
+    return f"/models/{VERIFIER_100M}"
+
+
+def bench_manifest(work: Path, epochs: int | None, shape: str = "tiny") -> Path:
+    """The tiny example with regeneration off (its dataset has answers), optionally other epochs; at the
+    100M-class shape, with its verifier, a draft vocabulary of 8,192 and sequences of 512."""
     doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["metadata"]["name"] = "bench-train"
+    doc["metadata"]["name"] = "bench-train" if shape == "tiny" else f"bench-train-{shape}"
     doc["spec"]["regeneration"]["enabled"] = False
+    if shape == "100m":
+        from eagle3_pipeline.runtime.context import models_root
+
+        doc["spec"]["verifier"]["model"] = verifier_100m(models_root())
+        doc["spec"]["draft"]["vocabSize"] = 8192
+        doc["spec"]["dataset"]["maxSequenceLength"] = 512
+        doc["spec"]["training"]["sequenceLength"] = 512
     if epochs is not None:
         doc["spec"]["training"]["epochs"] = epochs
-    path = work / "bench-train.yaml"
+    path = work / f"{doc['metadata']['name']}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -143,10 +196,7 @@ def upstream(manifest: Path, art: Path) -> Any:
     from eagle3_contract.api.manifest import load_manifest
     from eagle3_contract.stages import Stage, plan_stages
     from eagle3_pipeline.local.run import LocalOptions, run_local
-    from eagle3_pipeline.runtime.context import models_root
-    from eagle3_pipeline.tiny.build import build
 
-    build(models_root())
     run = load_manifest(manifest)
     for outcome in run_local(run, LocalOptions(artifacts=art, until="vocab")):
         print(f"upstream: {outcome.stage} {outcome.status} ({outcome.seconds:.1f} s)", file=sys.stderr)
@@ -329,6 +379,9 @@ def alternate(repeat: int, threads: int, plan: Any, spec: Path, work: Path) -> t
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--shape", choices=("tiny", "100m"), default="tiny", help="the verifier's shape (see above)"
+    )
     p.add_argument("--repeat", type=int, default=3, help="runs of each tool (alternating); medians reported")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the example's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of both (OMP_NUM_THREADS)")
@@ -340,11 +393,17 @@ def main() -> int:
         p.error("--repeat must be at least 1")
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    spec, art = bench_manifest(work, args.epochs), work / "art"
+    from eagle3_pipeline.runtime.context import models_root
+    from eagle3_pipeline.tiny.build import build
+
+    build(models_root())  # the tiny verifier: the tiny shape's, and the 100M shape's tokenizer
+    spec, art = bench_manifest(work, args.epochs, args.shape), work / "art"
     plan = upstream(spec, art)
     runs, loads = alternate(args.repeat, args.threads, plan, spec, work)
     lines, s = equivalence(runs), summary(runs)
-    print(f"\nCPU: {os.cpu_count()} cores, {args.threads} torch thread(s); {', '.join(loads)}\n")
+    bf16 = os.environ.get("EAGLE3_CPU_BF16", "the CPU's flags")
+    where = f"shape {args.shape}; CPU: {os.cpu_count()} cores, {args.threads} torch thread(s)"
+    print(f"\n{where}; native bfloat16: {bf16}; {', '.join(loads)}\n")
     print(table(runs, s, WALL_HEAD, WALL) + "\n\n" + table(runs, s, CPU_HEAD, CPU))
     print("\n" + "\n".join(lines))
     print("\n```\n" + shlex.join([".venv/bin/python", "benchmarks/train_cpu.py", *sys.argv[1:]]) + "\n```")

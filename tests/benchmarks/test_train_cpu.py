@@ -25,6 +25,21 @@ def test_the_benchmark_spec_is_the_tiny_example_without_regeneration(tmp_path: P
     assert plans[Stage.TRAIN].inputs["prepare"] == plans[Stage.PREPARE].output_dir
 
 
+def test_the_100m_shape_trains_a_real_checkpoints_draft_on_the_same_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: hidden 576, vocabulary 49,152 (the verifier's), draft vocabulary 8,192, sequences of 512."""
+    from eagle3_contract.api.manifest import load_manifest
+
+    assert train_cpu.SHAPE_100M["hidden_size"] == 576 and train_cpu.SHAPE_100M["vocab_size"] == 49_152
+    monkeypatch.setattr(train_cpu, "verifier_100m", lambda root: "/models/bench-100m-llama")
+    run = load_manifest(train_cpu.bench_manifest(tmp_path, epochs=1, shape="100m"))
+    tiny = load_manifest(train_cpu.bench_manifest(tmp_path, epochs=1))
+    assert run.spec.verifier.model == "/models/bench-100m-llama" and run.spec.draft.vocab_size == 8192
+    assert run.spec.training.sequence_length == 512 and run.spec.dataset.max_sequence_length == 512
+    assert run.spec.dataset.source == tiny.spec.dataset.source and run.name != tiny.name
+
+
 def emit_training(epochs: int, steps: int) -> None:
     """The records speculators' Trainer logs, in its order, on its loggers."""
     text, metrics = logging.getLogger("speculators"), logging.getLogger("speculators.metrics")
