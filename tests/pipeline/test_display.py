@@ -20,6 +20,7 @@ import pytest
 
 from eagle3_contract.api.manifest import load_manifest
 from eagle3_contract.api.status import StageProgress
+from eagle3_contract.results import TrainEpoch, TrainResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.local.display import (
     MetricsPoller,
@@ -202,6 +203,14 @@ def test_the_line_shows_trains_epochs_and_loss() -> None:
     assert final_line(done) == "train     done in 137.2s  120/400 steps  epoch 2/6 loss 0.8861"
     done.progress = completed(progress)  # the last poll may be before the end: a stage that succeeded did all
     assert final_line(done) == "train     done in 137.2s  400/400 steps  epoch 6/6 loss 0.8861"
+    # the last poll came before the last validation: the line shows the result's last epoch, as metrics.jsonl
+    stale = progress.model_copy(update={"val_loss": 1.949, "done": 398, "total": 398})
+    epochs = [
+        TrainEpoch(epoch=i, train_loss=0.5 - i / 100, val_loss=2.0 - i / 10, train_steps=66) for i in range(6)
+    ]
+    result = TrainResult(epochs=[*epochs[:5], epochs[5].model_copy(update={"train_steps": 70})])
+    done.progress = completed(stale, result)
+    assert final_line(done) == "train     done in 137.2s  400/400 steps  epoch 6/6 loss 0.45 val loss 1.5"
     oom = StageOutcome("extract", "failed", seconds=3, attempts=2, note="OutOfMemory")
     assert final_line(oom) == "extract   failed after 3.0s (2 attempts): OutOfMemory"
     assert progress_fields(None) == {"count": "", "rate": "", "eta": "", "extra": ""}

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from eagle3_contract.api.status import StageProgress
 from eagle3_contract.log_format import ENV_LOG_FORMAT
-from eagle3_contract.results import StageResult
+from eagle3_contract.results import StageResult, TrainResult
 from eagle3_contract.stage_metrics import METRICS_PATH, eta_text, parse_progress
 
 logger = logging.getLogger(__name__)
@@ -90,9 +90,11 @@ class MetricsPoller:
                 logger.debug("showing the progress of %s failed", self.url, exc_info=True)
 
 
-def completed(progress: StageProgress | None) -> StageProgress | None:
+def completed(progress: StageProgress | None, result: StageResult | None = None) -> StageProgress | None:
     """The figures of a stage that succeeded: every unit and epoch done. The last poll may be up to half a
-    second old when the program ends (its metrics end with it)."""
+    second old when the program ends (its metrics end with it), before train's last validation: its losses,
+    estimated acceptance and steps are then the result's last epoch's (metrics.jsonl's), not the poll's (the
+    demo's line once said `val loss 1.949`, the epoch before the last, while the stage logged 1.728)."""
     if progress is None:
         return None
     update: dict[str, Any] = {"eta_seconds": None}
@@ -100,6 +102,14 @@ def completed(progress: StageProgress | None) -> StageProgress | None:
         update["done"] = progress.total
     if progress.epochs:
         update["epochs_done"] = progress.epochs
+    epochs = result.epochs if isinstance(result, TrainResult) else None
+    if epochs:
+        last = epochs[-1]
+        update |= {"train_loss": last.train_loss, "val_loss": last.val_loss}
+        update["estimated_acceptance_length"] = last.estimated_acceptance_length
+        steps = [e.train_steps for e in epochs]
+        if progress.unit == "steps" and all(s is not None for s in steps):
+            update["done"] = update["total"] = sum(s for s in steps if s is not None)
     return progress.model_copy(update=update)
 
 

@@ -255,7 +255,7 @@ def _finished(plan: StagePlan, options: LocalOptions, outcome: StageOutcome) -> 
         return outcome
     outcome.status = "done"
     outcome.result = parse_result(plan.stage, read_result(output))
-    outcome.progress = completed(outcome.progress)
+    outcome.progress = completed(outcome.progress, outcome.result)
     return outcome
 
 
