@@ -4,6 +4,7 @@ good run."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -143,20 +144,13 @@ def test_the_headline_speedup_is_the_sweeps_cell_at_evaluates_k_nearest_its_conc
     assert EvaluateResult.model_validate(result).summary() == {"speedup": 1.07, "speedupConcurrency": 4}
     nearer_one = with_sweep(main | {"speedupConcurrency": 2}, sweep)  # 2 is 1 from 1 and 2 from 4
     assert (nearer_one["speedup"], nearer_one["speedupConcurrency"]) == (1.02, 1)
+    cells = [
+        SweepCell(num_speculative_tokens=3, concurrency=c, output_tokens_per_second=t)
+        for c, t in ((1, 25.5), (3, 64.2))
+    ]
+    bases = [BaselineCell(concurrency=c, output_tokens_per_second=t) for c, t in ((1, 25.0), (3, 60.0))]
     tie = with_sweep(
-        main | {"speedupConcurrency": 2},
-        sweep.__class__(
-            **{
-                **vars(sweep),
-                "cells": [
-                    SweepCell(num_speculative_tokens=3, concurrency=c, output_tokens_per_second=t)
-                    for c, t in ((1, 25.5), (3, 64.2))
-                ],
-                "baselines": [
-                    BaselineCell(concurrency=c, output_tokens_per_second=t) for c, t in ((1, 25.0), (3, 60.0))
-                ],
-            }
-        ),
+        main | {"speedupConcurrency": 2}, dataclasses.replace(sweep, cells=cells, baselines=bases)
     )
     assert tie["speedupConcurrency"] == 3  # equally near 1 and 3: the larger
     other_k = with_sweep(main | {"numSpeculativeTokens": 2}, sweep)  # the sweep never measured k 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import shutil
@@ -136,16 +137,17 @@ def cpu_dtype_options(engine: VllmEngine, options: Sequence[str]) -> list[str]:
     given = [*options, *engine.vllm_args]
     if any(arg == "--dtype" or arg.startswith("--dtype=") for arg in given):
         return []
-    if not _DTYPE_LOGGED:
-        _DTYPE_LOGGED.append(True)
-        logger.info(
-            "vLLM computes in float32 here: this CPU has no native bfloat16 (flags avx512_bf16, amx_bf16); "
-            "verifier.vllmArgs --dtype overrides"
-        )
+    _log_float32()
     return ["--dtype", "float32"]
 
 
-_DTYPE_LOGGED: list[bool] = []  # the choice is logged once per process
+@functools.cache
+def _log_float32() -> None:
+    """The choice, logged once per process."""
+    logger.info(
+        "vLLM computes in float32 here: this CPU has no native bfloat16 (flags avx512_bf16, amx_bf16); "
+        "verifier.vllmArgs --dtype overrides"
+    )
 
 
 def free_port(host: str = HOST) -> int:

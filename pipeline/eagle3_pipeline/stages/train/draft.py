@@ -195,9 +195,9 @@ def pin_threads(hidden_size: int) -> int:
 
 def cpu_compute(trainer: Any, hidden_size: int, native_bf16: bool) -> None:
     """How a draft of `hidden_size` trains on this CPU: its threads (pin_threads), and for a draft past the
-    tiny one on a CPU with native bfloat16, bfloat16 products under autocast as on a GPU (1.33x faster at a
-    100M-class verifier's shape: docs/benchmarks.md). The tiny draft stays in float32: its products are too
-    small to gain, and the demo's figures stay as they were."""
+    tiny one on a CPU with native bfloat16, bfloat16 products under autocast as on a GPU (1.30x stock's
+    float32 products at a 100M-class verifier's shape: docs/benchmarks.md). The tiny draft stays in
+    float32: its products are too small to gain, and the demo's figures stay as they were."""
     threads = pin_threads(hidden_size)
     autocast = native_bf16 and hidden_size >= HIDDEN_PER_THREAD
     if autocast:
