@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -113,6 +114,25 @@ def test_the_rate_is_recent_and_a_stall_drops_it_to_zero_without_an_eta() -> Non
     clock.now += 1
     done = scrape(r)
     assert done is not None and done.done == done.total and done.eta_seconds == 0.0
+
+
+def test_the_end_line_says_how_fast_the_whole_stage_went_however_short(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    r = reporter("train", clock)
+    caplog.set_level(logging.INFO, logger="eagle3_pipeline.runtime.reporter")
+    r.train_plan(epochs=1, steps_per_epoch=30)
+    clock.now += 120  # building the trainer: not part of the rate
+    for step in range(1, 31):  # 30 steps in 0.6 s: too short for a live rate, not for the end line's
+        clock.now += 0.02
+        r.train_steps(step, loss=1.0, tokens=100)
+    assert scrape(r).rate is None  # type: ignore[union-attr]
+    clock.now += 300  # saving the checkpoint: a pause after the last step, not a stall
+    r.close()
+    end = [rec.getMessage() for rec in caplog.records][-1]
+    assert end.startswith("stage train: 30/30 steps (100%), 50.0 steps/s; epoch 0/1, loss 1.000"), end
+    assert end.endswith("3000 tokens, 5000 tokens/s"), end
 
 
 def test_many_updates_make_few_log_lines(caplog: pytest.LogCaptureFixture) -> None:
@@ -345,7 +365,8 @@ def test_the_data_stages_log_where_they_start_and_end(upstream: tuple[Path, list
     assert extract[0] == "stage extract: 0/24 samples (0%); token budget 512"
     assert extract[-1].startswith("stage extract: 24/24 samples (100%)") and "token budget 512" in extract[-1]
     vocab = [line for line in lines if line.startswith("stage vocab:")]
-    assert vocab == ["stage vocab: 0/2 steps (0%)", "stage vocab: 2/2 steps (100%)"]
+    assert vocab[0] == "stage vocab: 0/2 steps (0%)" and len(vocab) == 2
+    assert re.fullmatch(r"stage vocab: 2/2 steps \(100%\)(, [0-9.]+k? steps/s)?", vocab[1]), vocab
 
 
 def scrape_while_running(proc: subprocess.Popen[bytes], port: int, log: Path) -> list[StageProgress]:

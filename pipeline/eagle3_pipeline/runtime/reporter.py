@@ -79,6 +79,7 @@ class StageReporter:
         self._train = _TrainFigures()
         self._moving = False  # a unit was done since begin() (the rate's window starts there)
         self._last_move = 0.0  # when the last unit was done
+        self._first_move: tuple[float, int, int] | None = None  # (time, done, tokens) at the first unit
         self._server: Any = None
         self.registry.register(self)
 
@@ -198,12 +199,12 @@ class StageReporter:
         )
 
     def finish(self) -> None:
-        """Log the end line (once; only for a stage that started counting)."""
+        """Log the end line (once; only for a stage that started counting), with the stage's mean rate."""
         with self._lock:
             if self._finished or self._logged_at is None:
                 return
             self._finished = True
-        self._log(self._clock())
+        self._log(self._clock(), final=True)
 
     def close(self) -> None:
         """The end line, and the metrics server stopped (its port is free again)."""
@@ -225,6 +226,7 @@ class StageReporter:
         self._points.clear()
         self._points.append((self._clock(), self._done, self._tokens or 0))
         self._moving = False
+        self._first_move = None
 
     def _moved(self) -> float:  # lock held: one rate point a second at most
         now = self._clock()
@@ -233,6 +235,7 @@ class StageReporter:
             # loading for minutes) that would make the first ETA hours long, or count as a stall
             self._moving = True
             self._points.clear()
+            self._first_move = (now, self._done, self._tokens or 0)
         self._last_move = now
         if not self._points or now - self._points[-1][0] >= SAMPLE_SECONDS:
             self._points.append((now, self._done, self._tokens or 0))
@@ -255,8 +258,20 @@ class StageReporter:
             return None, None
         return (self._done - done0) / elapsed, ((self._tokens or 0) - tokens0) / elapsed
 
-    def _figures(self, now: float) -> Figures:  # lock held
-        rate, token_rate = self._rates(now) if self._unit is not None else (None, None)
+    def _mean_rates(self) -> tuple[float | None, float | None]:  # lock held: over the whole stage
+        # the end line's figure: from the first unit to the last, however short (a fast stage that ends
+        # within the window's first second still says how fast it went; a stall before the end is no 0)
+        if self._first_move is None or self._last_move <= self._first_move[0]:
+            return None, None
+        t0, done0, tokens0 = self._first_move
+        elapsed = self._last_move - t0
+        return (self._done - done0) / elapsed, ((self._tokens or 0) - tokens0) / elapsed
+
+    def _figures(self, now: float, final: bool = False) -> Figures:  # lock held
+        if self._unit is None:
+            rate, token_rate = None, None
+        else:
+            rate, token_rate = self._mean_rates() if final else self._rates(now)
         t = self._train
         return Figures(
             stage=self.stage,
@@ -290,10 +305,10 @@ class StageReporter:
             text = progress_line(self._figures(now))
         logger.info("%s", text)
 
-    def _log(self, now: float) -> None:
+    def _log(self, now: float, final: bool = False) -> None:
         with self._lock:
             self._logged_at = now
-            text = progress_line(self._figures(now))
+            text = progress_line(self._figures(now, final))
         logger.info("%s", text)
 
 
