@@ -68,6 +68,7 @@ async def test_online_run_starts_producers_before_training_and_deletes_them_afte
         await cluster.apply_run("tiny", tiny(extraction=ONLINE))
         await complete(cluster, player, "tiny", ("prepare", "vocab"))
         producers = await wait_deployment(cluster, "tiny", "producers")
+        # the Service is created before its Deployment, in the same reconcile
         assert await cluster.get("v1", "services", "tiny-producers")
         pending = await producers_status(cluster, "tiny", "Pending")
         assert pending["endpoint"] == f"http://tiny-producers.{cluster.ns}.svc:8000/v1"

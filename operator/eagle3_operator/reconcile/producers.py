@@ -93,9 +93,12 @@ def _trains_now(progress: Progress, observed: Observed, train: StagePlan) -> boo
 
 
 def _converge(ref: RunRef, part: Component, observed: Observed, train_hash: str) -> list[Action]:
-    """Create a missing Deployment and Service; delete one of another train hash (created anew once gone);
-    scale one whose replicas differ."""
+    """Create a missing Service and Deployment (the Service first, as the rendezvous Service before its
+    Job: the endpoint resolves from the pods' start); delete a Deployment of another train hash (created
+    anew once gone); scale one whose replicas differ."""
     actions: list[Action] = []
+    if ("Service", part.name) not in observed.objects:
+        actions.append(Action("create", part.service))
     view = part.observed
     if view is None:
         actions.append(Action("create", part.desired))
@@ -104,8 +107,6 @@ def _converge(ref: RunRef, part: Component, observed: Observed, train_hash: str)
     elif view.replicas != part.desired["spec"]["replicas"]:
         scale = object_ref("apps/v1", "Deployment", part.name, ref)
         actions.append(Action("patch", scale | {"spec": {"replicas": part.desired["spec"]["replicas"]}}))
-    if ("Service", part.name) not in observed.objects:
-        actions.append(Action("create", part.service))
     return actions
 
 

@@ -39,11 +39,11 @@ def producer_pod(world: World, state: dict[str, Any], phase: str = "Pending", n:
 def test_producers_and_the_master_come_first_and_the_train_job_waits_for_them() -> None:
     world = online()
     plan = world.run_to("train")
-    assert keys(plan) == [
-        ("create", "Deployment", MASTER),
+    assert keys(plan) == [  # each Service before its Deployment: its name resolves from the pods' start
         ("create", "Service", MASTER),
-        ("create", "Deployment", PRODUCERS),
+        ("create", "Deployment", MASTER),
         ("create", "Service", PRODUCERS),
+        ("create", "Deployment", PRODUCERS),
     ]
     train = plan.status.document()["stages"]["train"]
     assert train["phase"] == "Pending" and "jobName" not in train and train["attempts"] == 0
