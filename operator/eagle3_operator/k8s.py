@@ -51,6 +51,30 @@ class ApiError(Exception):
     def transient(self) -> bool:
         return self.status in (408, 409, 429) or self.status >= 500
 
+    @property
+    def not_found(self) -> bool:
+        """The object is not there (HTTP 404), as against its kind not being served for now (NotServed)."""
+        return self.status == 404 and not self.transient
+
+
+class NotServed(ApiError):
+    """HTTP 404 from a path whose kind the API server does not serve at the moment: an API server that has
+    just started answers 404 for custom resources until it has loaded their CRDs, and so does one whose CRD
+    was never installed. Transient (retried): it says nothing about whether the object is there."""
+
+    def __init__(self, verb: str, what: str) -> None:
+        super().__init__(
+            404,
+            verb,
+            what,
+            f"the API server does not serve {PLURAL}.{GROUP}/{VERSION} now (it has just started and is "
+            f"loading its CRDs, or the CRD is not installed: `kubectl get crd {PLURAL}.{GROUP}`); retried",
+        )
+
+    @property
+    def transient(self) -> bool:
+        return True
+
 
 class ApiUnreachable(ApiError):
     """An API call that got no answer: it timed out or the connection failed. Always transient (retried);
@@ -229,12 +253,20 @@ class Kube:
         await self._write("patch status of", f"Eagle3Run {namespace}/{name}", call)
 
     async def get_run(self, namespace: str, name: str) -> dict[str, Any]:
-        """An Eagle3Run as `kubectl get e3r NAME -o json` prints it (spec, status and metadata)."""
-        call = self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, _preload_content=False, _request_timeout=self.timeout
-        )
+        """An Eagle3Run as `kubectl get e3r NAME -o json` prints it (spec, status and metadata). A 404 is
+        the run's absence only where the kind is served (NotServed otherwise): a restarted API server
+        answers 404 for every run until it has loaded the CRD, and a run taken for deleted is forgotten."""
         what = f"Eagle3Run {namespace}/{name}"
-        status, text = await self._send("get", what, call)
+        for attempt in range(2):
+            call = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False, _request_timeout=self.timeout
+            )
+            status, text = await self._send("get", what, call)
+            if status != 404 or attempt:
+                break
+            if not await self.serves(GROUP, VERSION, PLURAL):
+                raise NotServed("get", what)
+            # served now: read once more, since the 404 may have come before the CRD was loaded
         if status == 404:
             raise ApiError(404, "get", what, "not found: check the run's name and namespace (-n)")
         if status >= 300:

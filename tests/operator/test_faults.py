@@ -171,9 +171,12 @@ async def test_the_resync_outlives_an_api_server_outage_and_repairs_what_was_del
         after = len(op.log())  # between the two, the restarted server's authorizer was not ready yet
         [service] = await cluster.list_objects("v1", "services", **{"eagle3.dev/run": "outage"})
         await cluster.delete("v1", "services", service["metadata"]["name"])
-        restored = await eventually(
-            lambda: _fresh(cluster, "services", "outage", service["metadata"]["uid"]), 30, "restored"
-        )
+        try:
+            restored = await eventually(
+                lambda: _fresh(cluster, "services", "outage", service["metadata"]["uid"]), 30, "restored"
+            )
+        except AssertionError as err:  # say why: the operator's own account
+            raise AssertionError(f"{err}\nthe operator's log, its end:\n{op.log()[-6000:]}") from None
         assert restored["metadata"]["name"] == service["metadata"]["name"]
         assert await op.health() == 200, "the liveness probe (the resync's included) passes"
         log = op.log()

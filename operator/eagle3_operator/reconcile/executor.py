@@ -179,7 +179,7 @@ async def _run_exists(state: ReconcileState, ref: RunRef) -> bool:
     try:
         current = await state.kube.get_run(ref.namespace, ref.name)
     except ApiError as err:
-        if err.status == 404:
+        if err.not_found:
             return False
         raise
     return bool(current["metadata"].get("uid") == ref.uid)
@@ -189,7 +189,8 @@ async def carry_out(
     state: ReconcileState, ref: RunRef, key: Key, known: dict[str, Any], plan: Plan, logger: Any
 ) -> None:
     """Apply the plan's writes in order, then patch status with what changed since the last write. A create
-    or the status patch answered 404 means the run (or its namespace) is gone: `RunGone`."""
+    or the status patch answered 404 means the run (or its namespace) is gone, `RunGone`, once a read of the
+    run confirms it."""
     try:
         for action in plan.actions:
             try:
@@ -215,9 +216,12 @@ async def carry_out(
                 state.unsure.add(key)
                 raise
             except ApiError as err:
-                if err.status == 404:
+                if err.status != 404:
+                    raise
+                if not await _run_exists(state, ref):
                     raise RunGone(str(err)) from err
-                raise
+                # the run is there: a restarted API server answered before it had loaded the CRD
+                raise kopf.TemporaryError(f"{err}; the run is there: retried", delay=5) from err
     except ApiError as err:
         raise kopf_error(state, err) from err
 
@@ -239,7 +243,7 @@ async def _known_status(
         try:
             body = await state.kube.get_run(ref.namespace, ref.name)
         except ApiError as err:
-            if err.status == 404:
+            if err.not_found:
                 raise RunGone(str(err)) from err
             raise kopf_error(state, err) from err
         if body["metadata"].get("uid") != ref.uid:
@@ -338,7 +342,7 @@ async def reconcile_current(
     try:
         current = await state.kube.get_run(namespace, name)
     except ApiError as err:
-        if err.status != 404:
+        if not err.not_found:  # NotServed too: a restarted API server's 404 before it loaded the CRD
             raise kopf_error(state, err) from err
         logger.info(
             "run %s/%s is gone (HTTP 404); forgetting it and creating nothing for it", namespace, name
@@ -379,6 +383,12 @@ async def sweep_ghosts(
             "%d objects were deleted while a watch was away (kopf's indexes still held them); ignoring them",
             len(new),
         )
+    back = gone & relisted.listed  # taken for deleted (a 404 of a run's own call), yet listed: it is there
+    if back:
+        logger.warning(
+            "%d objects taken for deleted are listed by the API server; reconciling them again", len(back)
+        )
     gone.intersection_update(held)  # uids no index holds any more need no remembering
+    gone.difference_update(back)
     gone.update(ghosts)
     return relisted.unseen_runs

@@ -66,11 +66,13 @@ def collection_paths(index: str, namespaces: Iterable[str]) -> list[str]:
 class Relisted:
     """What a re-list found: `ghosts`, the uids the indexes held before listing that no list returned;
     `held`, all they held; `unseen_runs`, the runs listed that the indexes never held (a watch that went
-    silent missed them), as slim bodies (metadata only) for the resync to reconcile."""
+    silent missed them), as slim bodies (metadata only) for the resync to reconcile; `listed`, every uid the
+    lists returned (each of them is there)."""
 
     ghosts: set[str]
     held: set[str]
     unseen_runs: list[dict[str, Any]] = field(default_factory=list)
+    listed: set[str] = field(default_factory=set)
 
 
 async def list_ghosts(
@@ -88,7 +90,7 @@ async def list_ghosts(
             listed |= {meta["uid"] for meta in found}
             if index == RUNS_INDEX:
                 unseen += [_slim(meta) for meta in found if meta["uid"] not in held]
-    return Relisted(held - listed, held, unseen)
+    return Relisted(held - listed, held, unseen, listed)
 
 
 def _slim(meta: Mapping[str, Any]) -> dict[str, Any]:
