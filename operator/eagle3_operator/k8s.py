@@ -67,8 +67,8 @@ class NotServed(ApiError):
             404,
             verb,
             what,
-            f"the API server does not serve {PLURAL}.{GROUP}/{VERSION} now (it has just started and is "
-            f"loading its CRDs, or the CRD is not installed: `kubectl get crd {PLURAL}.{GROUP}`); retried",
+            f"the API server does not serve {PLURAL}.{GROUP}/{VERSION}: is the CRD installed (`kubectl get "
+            f"crd {PLURAL}.{GROUP}`)? An API server that has just started serves it once it has loaded it",
         )
 
     @property

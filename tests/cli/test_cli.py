@@ -301,14 +301,18 @@ def test_eagle3_status_of_a_run_in_the_cluster(tmp_path: Path) -> None:
         proc.stdout
     )
     assert any("train" in line and "Running" in line and "5/9 steps" in line for line in lines), proc.stdout
-    with fake_api_server(404) as url:
-        env["KUBECONFIG"] = str(kubeconfig(tmp_path / "k.yaml", url))
-        argv = [sys.executable, "-m", "eagle3_cli", "status", "gone", "-n", "team-a"]
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 1 and proc.stderr.startswith("error: cannot read Eagle3Run team-a/gone: "), (
-        proc.stderr
-    )
-    assert "not found: check the run's name and namespace (-n)" in proc.stderr
+    served = {"kind": "APIResourceList", "resources": [{"name": "eagle3runs", "kind": "Eagle3Run"}]}
+    for discovery, expected in (
+        ((200, served), "not found: check the run's name and namespace (-n)"),
+        ((404, None), "does not serve eagle3runs.eagle3.dev/v1alpha1: is the CRD installed"),
+    ):
+        with fake_api_server(404, routes={"/apis/eagle3.dev/v1alpha1": discovery}) as url:
+            env["KUBECONFIG"] = str(kubeconfig(tmp_path / "k.yaml", url))
+            argv = [sys.executable, "-m", "eagle3_cli", "status", "gone", "-n", "team-a"]
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.startswith("error: cannot read Eagle3Run team-a/gone: "), proc.stderr
+        assert expected in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_eagle3_status_without_a_kubeconfig_says_so_in_one_line(tmp_path: Path) -> None:

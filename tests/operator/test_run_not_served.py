@@ -87,7 +87,7 @@ async def test_a_404_while_runs_are_not_served_is_transient_not_the_runs_absence
         with pytest.raises(NotServed) as caught:
             await kube.get_run("n", "r")
     assert caught.value.transient and not caught.value.not_found
-    assert "does not serve eagle3runs.eagle3.dev/v1alpha1" in str(caught.value)
+    assert "does not serve eagle3runs.eagle3.dev/v1alpha1: is the CRD installed" in str(caught.value)
 
 
 async def test_a_404_just_before_the_crd_loaded_is_read_again():
