@@ -165,3 +165,28 @@ async def test_a_run_taken_for_deleted_that_the_re_list_returns_is_reconciled_ag
     assert "1 objects taken for deleted are listed by the API server" in caplog.text
     await reconcile_current(kube.body, state, logger, _indices(kube.body))
     assert "create Job" in kube.writes, json.dumps(kube.writes)
+
+
+class _PatchRaces(_LoadingKube):
+    """Runs are served, but the first status patch met the restarted API server before its CRD loaded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.served, self.patch_404s = True, 1
+
+    async def patch_run_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        if self.patch_404s:
+            self.patch_404s -= 1
+            raise ApiError(404, "patch status of", f"Eagle3Run {namespace}/{name}", "not found")
+        await super().patch_run_status(namespace, name, patch)
+
+
+async def test_a_status_patchs_404_is_the_runs_deletion_only_once_a_read_confirms_it():
+    kube = _PatchRaces()
+    state = ReconcileState(kube=kube, metrics=OperatorMetrics())
+    logger = logging.getLogger(__name__)
+    with pytest.raises(kopf.TemporaryError, match="the run is there: retried"):
+        await reconcile_current(kube.body, state, logger, _indices(kube.body))
+    assert "u-r" not in state.gone, "the run reads fine: not forgotten"
+    await reconcile_current(kube.body, state, logger, _indices(kube.body))
+    assert kube.writes[-1] == "patch status"

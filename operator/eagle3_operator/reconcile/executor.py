@@ -221,6 +221,7 @@ async def carry_out(
                 if not await _run_exists(state, ref):
                     raise RunGone(str(err)) from err
                 # the run is there: a restarted API server answered before it had loaded the CRD
+                state.metrics.reconciles.labels("error").inc()
                 raise kopf.TemporaryError(f"{err}; the run is there: retried", delay=5) from err
     except ApiError as err:
         raise kopf_error(state, err) from err
