@@ -140,30 +140,36 @@ def _indices(run: dict[str, Any]) -> dict[str, Any]:
     return indices | {"eagle3_runs": {("n", "r"): [run]}}
 
 
+LOGGER = logging.getLogger(__name__)
+
+
+async def _resync(kube: _LoadingKube, state: ReconcileState) -> None:
+    """One resync of the run, as the operator's loop does it."""
+    await reconcile_current(kube.body, state, LOGGER, _indices(kube.body))
+
+
 async def test_a_resync_during_the_crd_load_retries_the_run_and_then_reconciles_it():
     kube = _LoadingKube()
     state = ReconcileState(kube=kube, metrics=OperatorMetrics())
-    logger = logging.getLogger(__name__)
     with pytest.raises(kopf.TemporaryError, match="does not serve"):
-        await reconcile_current(kube.body, state, logger, _indices(kube.body))
+        await _resync(kube, state)
     assert "u-r" not in state.gone and not kube.writes, "neither forgotten nor acted on"
     kube.served = True
-    await reconcile_current(kube.body, state, logger, _indices(kube.body))
+    await _resync(kube, state)
     assert "create Job" in kube.writes and "patch status" in kube.writes
 
 
 async def test_a_run_taken_for_deleted_that_the_re_list_returns_is_reconciled_again(caplog):
     kube = _LoadingKube()
     state = ReconcileState(kube=kube, metrics=OperatorMetrics())
-    logger = logging.getLogger(__name__)
     forget_run(state, "n", "r", "u-r")  # as an operator before this fix did on the 404
     kube.served, kube.listed = True, [{"namespace": "n", "name": "r", "uid": "u-r"}]
-    await reconcile_current(kube.body, state, logger, _indices(kube.body))
+    await _resync(kube, state)
     assert not kube.writes, "a run known gone is not acted on"
-    assert await sweep_ghosts(state, _indices(kube.body), logger) == []
+    assert await sweep_ghosts(state, _indices(kube.body), LOGGER) == []
     assert "u-r" not in state.gone
     assert "1 objects taken for deleted are listed by the API server" in caplog.text
-    await reconcile_current(kube.body, state, logger, _indices(kube.body))
+    await _resync(kube, state)
     assert "create Job" in kube.writes, json.dumps(kube.writes)
 
 
@@ -184,9 +190,8 @@ class _PatchRaces(_LoadingKube):
 async def test_a_status_patchs_404_is_the_runs_deletion_only_once_a_read_confirms_it():
     kube = _PatchRaces()
     state = ReconcileState(kube=kube, metrics=OperatorMetrics())
-    logger = logging.getLogger(__name__)
     with pytest.raises(kopf.TemporaryError, match="the run is there: retried"):
-        await reconcile_current(kube.body, state, logger, _indices(kube.body))
+        await _resync(kube, state)
     assert "u-r" not in state.gone, "the run reads fine: not forgotten"
-    await reconcile_current(kube.body, state, logger, _indices(kube.body))
+    await _resync(kube, state)
     assert kube.writes[-1] == "patch status"

@@ -77,9 +77,9 @@ class StageReporter:
         self._logged_at: float | None = None
         self._finished = False
         self._train = _TrainFigures()
-        self._moving = False  # a unit was done since begin() (the rate's window starts there)
         self._last_move = 0.0  # when the last unit was done
-        self._first_move: tuple[float, int, int] | None = None  # (time, done, tokens) at the first unit
+        # (time, done, tokens) at the first unit done since begin(): the rate's window starts there
+        self._first_move: tuple[float, int, int] | None = None
         self._server: Any = None
         self.registry.register(self)
 
@@ -225,15 +225,13 @@ class StageReporter:
     def _restart_rate(self) -> None:  # lock held
         self._points.clear()
         self._points.append((self._clock(), self._done, self._tokens or 0))
-        self._moving = False
         self._first_move = None
 
     def _moved(self) -> float:  # lock held: one rate point a second at most
         now = self._clock()
-        if not self._moving:
+        if self._first_move is None:
             # the first unit since begin(): the rate counts from here, not from a start-up (a vLLM server
             # loading for minutes) that would make the first ETA hours long, or count as a stall
-            self._moving = True
             self._points.clear()
             self._first_move = (now, self._done, self._tokens or 0)
         self._last_move = now
@@ -248,7 +246,7 @@ class StageReporter:
 
     def _rates(self, now: float) -> tuple[float | None, float | None]:  # lock held: (units/s, tokens/s)
         self._prune(now)
-        if not self._points or not self._moving:
+        if not self._points or self._first_move is None:
             return None, None  # nothing done yet: a start-up, not a stall
         if now - self._last_move >= self._window:
             return 0.0, 0.0  # stalled: exactly 0 (units within one sample second would leave a trickle)
