@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
 import kopf
 
 import eagle3_operator.handlers  # noqa: F401  (registers the handlers)
@@ -23,8 +24,16 @@ from eagle3_operator.peering import (
     identity,
     lifetime_seconds,
 )
+from eagle3_operator.state import state_of
 
 logger = logging.getLogger(__name__)
+# How long the operator waits, once a watch got HTTP 404, for the API server to serve Eagle3Runs again before
+# it exits (a restarted kube-apiserver loads its CRDs within seconds), and its longest pause between checks.
+SERVED_PATIENCE_SECONDS = 300.0
+MAX_SERVED_DELAY_SECONDS = 5.0
+# Restarts of the watches closer together than this back off (a kind that stays unserved), up to the maximum.
+RESTART_RESET_SECONDS = 60.0
+MAX_RESTART_DELAY_SECONDS = 30.0
 
 
 def run_operator(
@@ -88,14 +97,80 @@ async def run_with_peers(options: dict[str, Any], lifetime: int = LIFETIME_SECON
     owned = memo.get("kube") is None
     if owned:  # the handlers' client too; checked before kopf starts, which would retry a dead end forever
         memo.kube = await connect(memo.get("api_timeout_seconds") or TOTAL_SECONDS)
+    namespace = namespaces[0] if namespaces else None
     try:
         if owned:
-            await check_runs_served(memo.kube, namespaces[0] if namespaces else None)
-        peered = await peering_options(memo, namespaces, options.get("settings"), lifetime)
-        await kopf.operator(**(options | peered))
+            await check_runs_served(memo.kube, namespace)
+        await operate(options, namespace, lifetime)
     finally:
         if owned:
             await memo.kube.close()
+
+
+async def operate(options: dict[str, Any], namespace: str | None, lifetime: int) -> None:
+    """kopf.operator until it stops of itself (a signal), started again where a watch got HTTP 404 once the
+    API server serves Eagle3Runs again: a restarted API server must not end the operator. Restarts that follow
+    each other within RESTART_RESET_SECONDS wait longer each time, up to MAX_RESTART_DELAY_SECONDS."""
+    memo = options["memo"]
+    loop, delay = asyncio.get_running_loop(), 0.0
+    while True:
+        peered = await peering_options(
+            memo, list(options.get("namespaces") or []), options.get("settings"), lifetime
+        )
+        started = loop.time()
+        try:
+            return await kopf.operator(**(options | peered))
+        except Exception as err:
+            if not unserved(err):
+                raise
+        state = state_of(memo)
+        if (
+            state is not None
+        ):  # kopf runs no cleanup handler after a watcher's failure: the old tasks end here
+            await state.close()
+        delay = (
+            0.0
+            if loop.time() - started > RESTART_RESET_SECONDS
+            else min(2 * delay or 1.0, MAX_RESTART_DELAY_SECONDS)
+        )
+        logger.warning(
+            "a watch got HTTP 404: the API server stopped serving a watched kind (one that has just "
+            "restarted serves custom resources only once it has loaded their CRDs); the operator's watches "
+            "start again once it serves %s.%s (waiting up to %.0f s)",
+            PLURAL,
+            GROUP,
+            SERVED_PATIENCE_SECONDS,
+        )
+        await asyncio.sleep(delay)
+        await wait_served(memo.kube, namespace, SERVED_PATIENCE_SECONDS)
+
+
+def unserved(err: BaseException) -> bool:
+    """Whether kopf stopped because a watch (or its first list) got HTTP 404. kopf takes a watcher's failure
+    for fatal and leaves a restart to the pod's; kopf's own error wraps aiohttp's, whose status is public."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, aiohttp.ClientResponseError) and cause.status == 404:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+async def wait_served(kube: Kube, namespace: str | None, patience: float) -> None:
+    """Return once the API server lists Eagle3Runs again; a StartupError with the last refusal after
+    `patience` seconds (the pod's restart takes over from there)."""
+    deadline = asyncio.get_running_loop().time() + patience
+    delay = 0.5
+    while True:
+        try:
+            return await check_runs_served(kube, namespace)
+        except StartupError:
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, MAX_SERVED_DELAY_SECONDS)
 
 
 async def peering_options(
