@@ -20,10 +20,12 @@ import torch
 import yaml
 
 from eagle3_contract.params import train_params
-from eagle3_pipeline.adapters import speculators_cpu
+from eagle3_pipeline.adapters import eagle3_loss_cpu, speculators_cpu
+from eagle3_pipeline.adapters.eagle3_loss_cpu import compute_metrics_once
 from eagle3_pipeline.runtime.context import work_dir_of
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.stage_main import run_stage
+from eagle3_pipeline.stages.train import draft
 from eagle3_pipeline.stages.train import program as train_stage
 from eagle3_pipeline.stages.train.draft import (
     DraftSources,
@@ -106,6 +108,37 @@ def test_a_bfloat16_verifier_trains_on_the_cpu_with_muons_iterations_in_float32(
     result = json.loads((tmp_path / "art" / "train" / "t" / "result.json").read_text())
     [epoch] = result["epochs"]
     assert epoch["trainLoss"] > 0 and math.isfinite(epoch["valLoss"]) and result["device"] == "cpu"
+
+
+@pytest.mark.timeout(300)
+def test_the_loss_computed_once_per_forward_trains_the_same_draft(
+    upstream: Path, trained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: the loss a draft past the tiny one takes on the CPU (adapters.eagle3_loss_cpu), through a
+    whole training of the tiny draft: the losses and accuracies of speculators' own loss, epoch by epoch."""
+    original, taken = draft.cpu_compute, []
+
+    def fused_too(trainer: Any, hidden_size: int, native_bf16: bool) -> bool:
+        taken.append(original(trainer, hidden_size, native_bf16))
+        return True
+
+    steps = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        steps.append(args[4])  # the TTT step
+        return compute_metrics_once(*args, **kwargs)
+
+    monkeypatch.setattr(draft, "cpu_compute", fused_too)
+    monkeypatch.setattr(eagle3_loss_cpu, "compute_metrics_once", counted)
+    assert run_stage("train", manifest(upstream, "run"), str(upstream / "art"), "train/fused", UPSTREAM) == 0
+    assert taken == [False], "the tiny draft takes speculators' own loss unless told otherwise"
+    assert steps and set(steps) == set(range(TTT)), "every forward's TTT steps took the replacement"
+    result = json.loads((upstream / "art" / "train" / "fused" / "result.json").read_text())
+    for ours, theirs in zip(result["epochs"], trained["epochs"], strict=True):
+        for key in ("trainLoss", "valLoss"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-3), (key, ours["epoch"])
+        for key in ("trainAccuracyByPosition", "valAccuracyByPosition"):
+            assert ours[key] == pytest.approx(theirs[key], abs=0.01), (key, ours["epoch"])
 
 
 @pytest.mark.timeout(300)
@@ -398,14 +431,14 @@ def test_a_draft_past_the_tiny_one_computes_in_bfloat16_on_a_cpu_that_has_it(
     on a CPU without it) stays in float32."""
     monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))  # pin_threads leaves them as they are
 
-    def device_after(hidden: int, native: bool) -> str:
+    def device_after(hidden: int, native: bool) -> tuple[str, bool]:
         trainer = SimpleNamespace(device_type="cuda")  # what speculators sets without an accelerator
-        cpu_compute(trainer, hidden, native)
-        return trainer.device_type
+        fused = cpu_compute(trainer, hidden, native)
+        return trainer.device_type, fused
 
-    assert device_after(576, native=True) == "cpu"
-    assert device_after(128, native=True) == "cuda"  # the demo's draft: its figures stay
-    assert device_after(576, native=False) == "cuda"
+    assert device_after(576, native=True) == ("cpu", True)
+    assert device_after(128, native=True) == ("cuda", False)  # the demo's draft: its figures stay
+    assert device_after(576, native=False) == ("cuda", True)  # the loss computed once is in float32 too
 
 
 @pytest.mark.parametrize(

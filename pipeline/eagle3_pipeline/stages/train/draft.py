@@ -33,6 +33,7 @@ import torch
 from eagle3_contract.api.spec import Scheduler
 from eagle3_contract.log_format import configure_logging
 from eagle3_contract.params import TrainParams
+from eagle3_pipeline.adapters.eagle3_loss_cpu import fused_loss
 from eagle3_pipeline.adapters.fused_loss_kernels import separate_autotune_configs
 from eagle3_pipeline.adapters.speculators_cpu import (
     cpu_adapted,
@@ -193,21 +194,26 @@ def pin_threads(hidden_size: int) -> int:
     return int(torch.get_num_threads())
 
 
-def cpu_compute(trainer: Any, hidden_size: int, native_bf16: bool) -> None:
+def cpu_compute(trainer: Any, hidden_size: int, native_bf16: bool) -> bool:
     """How a draft of `hidden_size` trains on this CPU: its threads (pin_threads), and for a draft past the
     tiny one on a CPU with native bfloat16, bfloat16 products under autocast as on a GPU (1.30x stock's
-    float32 products at a 100M-class verifier's shape: docs/benchmarks.md). The tiny draft stays in
-    float32: its products are too small to gain, and the demo's figures stay as they were."""
+    float32 products at a 100M-class verifier's shape: docs/benchmarks.md). Returns whether the draft is
+    past the tiny one, which also takes the loss computed once per forward (adapters.eagle3_loss_cpu). The
+    tiny draft stays as speculators trains it, in float32: its products are too small to gain, and the
+    demo's figures stay as they were."""
     threads = pin_threads(hidden_size)
-    autocast = native_bf16 and hidden_size >= HIDDEN_PER_THREAD
+    large = hidden_size >= HIDDEN_PER_THREAD
+    autocast = native_bf16 and large
     if autocast:
         cpu_autocast(trainer)
     logger.info(
-        "draft (hidden %d) on %d CPU thread(s), %s",
+        "draft (hidden %d) on %d CPU thread(s), %s%s",
         hidden_size,
         threads,
         "bfloat16 products under autocast" if autocast else "float32 products",
+        ", the loss's target statistics once per forward" if large else "",
     )
+    return large
 
 
 def trainer_config(args: argparse.Namespace, train_kwargs: dict[str, Any], val_kwargs: dict[str, Any]) -> Any:
@@ -303,10 +309,10 @@ def train(cfg: Any, metrics: Path, info: Path, progress: TrainSink | None = None
             dist.barrier()
         recorded, native = recording(metrics, is_writer, progress, get_world_size()), native_bfloat16()
         with cpu_adapted(native) as on_cpu, recorded:
-            trainer = build_trainer(args)
+            trainer, fused = build_trainer(args), False
             if on_cpu:  # a torchrun worker's threads as the stage sets them for training in-process
                 model = getattr(trainer.model, "module", trainer.model)  # inside DDP when distributed
-                cpu_compute(trainer, model.config.transformer_layer_config.hidden_size, native)
+                fused = cpu_compute(trainer, model.config.transformer_layer_config.hidden_size, native)
             if is_writer():
                 write_info(info, trainer, on_cpu)
                 if progress is not None:
@@ -314,7 +320,8 @@ def train(cfg: Any, metrics: Path, info: Path, progress: TrainSink | None = None
                         trainer.config.num_epochs, steps_per_epoch(trainer), trainer.global_step,
                         trainer.current_epoch,
                     )  # fmt: skip
-            trainer.run_training()
+            with fused_loss(fused):
+                trainer.run_training()
     finally:
         maybe_destroy_distributed()
         for name, value in saved_env.items():
