@@ -26,6 +26,7 @@ from eagle3_contract.api.spec import (
     DatasetRows,
     Device,
     Draft,
+    DraftMethod,
     Eagle3RunSpec,
     ExtractionBackend,
     ExtractionMode,
@@ -289,11 +290,13 @@ class TrainParams(StageParams):
 
     @model_serializer(mode="wrap")
     def _defaults_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """`training.nodes` 1 and an offline run leave their fields out of the hash payload: the hashes of
-        specs written before they existed stay the same."""
+        """`training.nodes` 1, an offline run and draft.method eagle3 leave their fields out of the hash
+        payload: the hashes of specs written before they existed stay the same."""
         data: dict[str, Any] = handler(self)
         if self.training.nodes == 1:
             data["training"].pop("nodes", None)
+        if self.draft.method == DraftMethod.EAGLE3:
+            data["draft"].pop("method", None)
         if self.online is None:
             data.pop("online", None)
         return data

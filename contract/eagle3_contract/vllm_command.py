@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_contract.api.spec import Verifier
+from eagle3_contract.api.spec import DraftMethod, Verifier
+from eagle3_contract.draft_methods import method_row
 
-EAGLE3 = "eagle3"
 EXTRACT_HIDDEN_STATES = "extract_hidden_states"
 
 
@@ -55,9 +55,12 @@ class Endpoint:
     served_model_name: str | None = None
 
 
-def eagle3_speculative_config(draft: str, num_speculative_tokens: int) -> dict[str, Any]:
-    """Serve with an EAGLE-3 draft (a directory vLLM reads; its config names the aux layers)."""
-    return {"method": EAGLE3, "model": draft, "num_speculative_tokens": num_speculative_tokens}
+def draft_speculative_config(
+    draft: str, num_speculative_tokens: int, method: DraftMethod | str = DraftMethod.EAGLE3
+) -> dict[str, Any]:
+    """Serve with a trained draft of `method` (a directory vLLM reads; its config names the aux layers):
+    eagle3_contract.draft_methods's row for it."""
+    return method_row(method).speculative_config(draft, num_speculative_tokens)
 
 
 def hidden_states_speculative_config(layer_ids: Sequence[int]) -> dict[str, Any]:

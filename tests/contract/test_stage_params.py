@@ -93,6 +93,7 @@ ENUMS = {
     "device": ["gpu", "cpu"],
     "promotion": ["automatic", "reviewed"],
     "speculationLength": ["fixed", "tuned"],
+    "method": ["eagle3", "peagle"],
 }
 # What an unset (None) field is set to; a section that is unset gets a small valid one.
 UNSET = {
@@ -276,7 +277,11 @@ TUNING_ONLY = {
 
 # Leaves a cross-field rule fixes in a variant (a pinned draft needs serving.enabled; speculationLength tuned
 # needs evaluation.sweep or a pin).
-FIXED = {("pinned", "serving.enabled"), ("no-sweep", "serving.speculationLength")} | {
+FIXED = {
+    ("pinned", "serving.enabled"),
+    ("no-sweep", "serving.speculationLength"),
+    ("predict", "draft.method"),  # a prediction is of EAGLE-3 drafts
+} | {
     (variant, f"extraction.{field}")  # online-only fields keep their defaults offline
     for variant in ("example", "no-regeneration", "pinned", "no-sweep", "predict")
     for field in ("transfer", "servers", "keep")
@@ -425,3 +430,18 @@ def test_each_program_is_typed_with_its_stages_params_and_tuning(stage: Stage) -
     spec = load_manifest(EXAMPLE).spec
     d = DEFINITIONS[stage]
     assert run_annotation(stage) == (type(d.params(spec)).__name__, type(d.tuning(spec)).__name__)
+
+
+def test_draft_method_eagle3_keeps_every_hash_and_peagle_changes_train_onward() -> None:
+    """Issue 31: manifests written before draft.method (eagle3, its default) keep their stage hashes; P-EAGLE
+    trains another draft from the same prepared data, hidden states and vocabulary."""
+    base = example()
+    explicit = put(base, ("draft", "method"), "eagle3")
+    peagle = put(base, ("draft", "method"), "peagle")
+    before = plans(Eagle3RunSpec.model_validate(base))
+    assert {s: p.hash for s, p in plans(Eagle3RunSpec.model_validate(explicit)).items()} == {
+        s: p.hash for s, p in before.items()
+    }
+    after = plans(Eagle3RunSpec.model_validate(peagle))
+    changed = {s.value for s in before if before[s].hash != after[s].hash}
+    assert changed == {"train", "evaluate", "export"}, changed

@@ -10,10 +10,11 @@ import yaml
 
 from eagle3_contract.api.spec import Eagle3RunSpec, Verifier
 from eagle3_contract.api.validation import parse_spec
+from eagle3_contract.draft_methods import method_of_checkpoint
 from eagle3_contract.vllm_command import (
     Endpoint,
     VllmEngine,
-    eagle3_speculative_config,
+    draft_speculative_config,
     hidden_states_speculative_config,
     served_engine,
     vllm_serve_args,
@@ -63,7 +64,7 @@ def test_the_specs_arguments_come_after_ours_and_extra_args_last() -> None:
     args = vllm_serve_args(
         VllmEngine.of(VERIFIER),
         Endpoint("h", 1),
-        speculative_config=eagle3_speculative_config("/d", 3),
+        speculative_config=draft_speculative_config("/d", 3),
         options=["--max-num-seqs", "4"],
         extra_args=["--max-num-seqs", "32"],
     )
@@ -73,10 +74,17 @@ def test_the_specs_arguments_come_after_ours_and_extra_args_last() -> None:
 
 
 def test_speculative_configs() -> None:
-    assert eagle3_speculative_config("/artifacts/export/h", 5) == {
+    assert draft_speculative_config("/artifacts/export/h", 5) == {
         "method": "eagle3",
         "model": "/artifacts/export/h",
         "num_speculative_tokens": 5,
+    }
+    # P-EAGLE: vLLM 0.32 serves it as eagle3 with parallel drafting (its loader reads the checkpoint's type)
+    assert draft_speculative_config("/d", 4, "peagle") == {
+        "method": "eagle3",
+        "model": "/d",
+        "num_speculative_tokens": 4,
+        "parallel_drafting": True,
     }
     layers = hidden_states_speculative_config((1, 2, 4))
     assert layers["method"] == "extract_hidden_states" and layers["num_speculative_tokens"] == 1
@@ -96,10 +104,21 @@ def test_the_deployment_serves_the_engine_that_evaluate_measures() -> None:
     evaluate = vllm_serve_args(
         VllmEngine.of(spec.verifier, model="/models/org/m"),
         Endpoint("127.0.0.1", 40123, served_model_name="verifier"),
-        speculative_config=eagle3_speculative_config(draft, spec.evaluation.num_speculative_tokens),
+        speculative_config=draft_speculative_config(draft, spec.evaluation.num_speculative_tokens),
         seed=spec.dataset.seed,
         enforce_eager=True,
     )
     assert served_engine(deployment) == served_engine(evaluate)
     assert json.loads(options(deployment)["--speculative-config"])["model"] == draft
     assert options(deployment)["--port"] == str(PORT)
+
+
+def test_a_peagle_deployment_serves_what_evaluate_measures_of_a_peagle_checkpoint() -> None:
+    """The Deployment takes the method from the spec, evaluate from the trained checkpoint's config: for a
+    P-EAGLE run both are parallel drafting."""
+    spec = tiny_spec(draft={"method": "peagle"}, serving={"numSpeculativeTokens": 4})
+    config = json.loads(options(vllm_args(spec, "export/abc"))["--speculative-config"])
+    checkpoint = {"speculators_model_type": "peagle"}
+    assert config == draft_speculative_config("/artifacts/export/abc", 4, method_of_checkpoint(checkpoint))
+    assert config["parallel_drafting"] is True
+    assert method_of_checkpoint({"speculators_model_type": "dflash"}) is None

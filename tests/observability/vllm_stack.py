@@ -27,7 +27,7 @@ import torch
 
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.stages import Stage
-from eagle3_contract.vllm_command import VllmEngine, eagle3_speculative_config
+from eagle3_contract.vllm_command import VllmEngine, draft_speculative_config
 from eagle3_pipeline.data.draft_checkpoint import write_serving_checkpoint
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.serving.spec_metrics import SpecDecodeCounters, parse_counters
@@ -108,7 +108,7 @@ def server_for(run: str, draft: Path, work: Path) -> VllmServer:
         ctx,
         VllmEngine.of(served.verifier),
         seed=served.dataset.seed,
-        speculative_config=eagle3_speculative_config(str(draft), NUM_SPECULATIVE_TOKENS),
+        speculative_config=draft_speculative_config(str(draft), NUM_SPECULATIVE_TOKENS),
         extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)],
         served_model_name=MODEL,
         startup_timeout_s=600.0,

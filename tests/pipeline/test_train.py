@@ -19,9 +19,12 @@ import pytest
 import torch
 import yaml
 
+from eagle3_contract.api.spec import DraftMethod
+from eagle3_contract.draft_methods import PARALLEL_DEPTHS
 from eagle3_contract.params import train_params
 from eagle3_pipeline.adapters import eagle3_loss_cpu, speculators_cpu
 from eagle3_pipeline.adapters.eagle3_loss_cpu import compute_metrics_once
+from eagle3_pipeline.data.draft_checkpoint import best_checkpoint, checkpoint_method, write_serving_checkpoint
 from eagle3_pipeline.runtime.context import work_dir_of
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.stage_main import run_stage
@@ -108,6 +111,35 @@ def test_a_bfloat16_verifier_trains_on_the_cpu_with_muons_iterations_in_float32(
     result = json.loads((tmp_path / "art" / "train" / "t" / "result.json").read_text())
     [epoch] = result["epochs"]
     assert epoch["trainLoss"] > 0 and math.isfinite(epoch["valLoss"]) and result["device"] == "cpu"
+
+
+@pytest.mark.timeout(300)
+def test_a_peagle_draft_trains_on_the_cpu_and_exports_a_parallel_drafting_checkpoint(
+    upstream: Path, tmp_path: Path
+) -> None:
+    """Issue 31: draft.method peagle trains speculators' P-EAGLE draft from the same prepared data, hidden
+    states and vocabulary (bfloat16 files read in float32 on the CPU), with accuracy by depth, and its slim
+    serving checkpoint keeps what vLLM's P-EAGLE loader needs (the trained embeddings, mask_hidden)."""
+    doc = spec(upstream, epochs=2)
+    doc["draft"] = {**doc.get("draft", {}), "method": "peagle"}
+    path = str(write_manifest(upstream / "peagle.yaml", doc))
+    assert run_stage("train", path, str(upstream / "art"), "train/peagle", UPSTREAM) == 0
+    output = upstream / "art" / "train" / "peagle"
+    result = json.loads((output / "result.json").read_text())
+    assert [e["epoch"] for e in result["epochs"]] == [0, 1]
+    for epoch in result["epochs"]:
+        assert math.isfinite(epoch["valLoss"]) and epoch["trainLoss"] > 0
+        assert len(epoch["valAccuracyByPosition"]) == PARALLEL_DEPTHS  # one per depth
+        assert all(0.0 <= a <= 1.0 for a in epoch["valAccuracyByPosition"])
+    checkpoint = best_checkpoint(output)
+    assert checkpoint_method(checkpoint) == DraftMethod.PEAGLE
+    write_serving_checkpoint(checkpoint, tmp_path / "slim", "org/verifier")
+    assert checkpoint_method(tmp_path / "slim") == DraftMethod.PEAGLE
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "slim" / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+    assert "mask_hidden" in names and any("embed_tokens" in n for n in names), sorted(names)
 
 
 @pytest.mark.timeout(300)

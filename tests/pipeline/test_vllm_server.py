@@ -20,7 +20,7 @@ from eagle3_contract.api.speculation import (
     tuned_speculative_config,
 )
 from eagle3_contract.stages import Stage
-from eagle3_contract.vllm_command import VllmEngine, eagle3_speculative_config
+from eagle3_contract.vllm_command import VllmEngine, draft_speculative_config
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import OutOfMemory, StageError
 from eagle3_pipeline.serving.vllm_server import (
@@ -135,7 +135,7 @@ SPEEDUPS = {1: (1.4, 1.9, 1.7), 8: (1.3, 1.2, 1.1), 32: (0.9, 0.8, 0.7)}  # k = 
 TUNED_CELLS = [sweep_cell(k, c, s) for c, row in SPEEDUPS.items() for k, s in enumerate(row, start=1)]
 TUNED_TABLE = SpeculationTable(cells=TUNED_CELLS, schedule=plan_schedule(TUNED_CELLS))
 TUNED_CONFIG = tuned_speculative_config(
-    eagle3_speculative_config("/artifacts/export/abc", 3), TUNED_TABLE.schedule
+    draft_speculative_config("/artifacts/export/abc", 3), TUNED_TABLE.schedule
 )
 
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3_contract.api.fields import QUALIFIED_NAME, QUALIFIED_NAME_MAX, duration_seconds
 
+PARALLEL_DEPTHS = 8  # speculators 0.9's `num_depths` default: the positions a P-EAGLE draft is trained for
+
 if TYPE_CHECKING:
     from eagle3_contract.api.spec import Eagle3RunSpec
 
@@ -38,6 +40,13 @@ class CrossFieldRule:
 
 def _qualified(key: str) -> bool:
     return len(key) <= QUALIFIED_NAME_MAX and re.fullmatch(QUALIFIED_NAME, key) is not None
+
+
+def _within_depths(s: Eagle3RunSpec) -> bool:
+    sweep = s.evaluation.sweep
+    ks = [s.evaluation.num_speculative_tokens, s.serving.num_speculative_tokens]
+    ks += sweep.num_speculative_tokens if sweep is not None else []
+    return max(ks) <= PARALLEL_DEPTHS
 
 
 def _unique(values: list[int] | None) -> bool:
@@ -69,6 +78,23 @@ RULES: tuple[CrossFieldRule, ...] = (
         "self.nodePool.device == 'cpu' || self.verifier.tensorParallelSize <= self.nodePool.gpusPerNode",
         "verifier.tensorParallelSize must be at most nodePool.gpusPerNode: the verifier runs on one node",
         lambda s: s.node_pool.device == "cpu" or s.verifier.tensor_parallel_size <= s.node_pool.gpus_per_node,
+    ),
+    CrossFieldRule(
+        ".evaluation.numSpeculativeTokens",
+        f"self.draft.method != 'peagle' || (self.evaluation.numSpeculativeTokens <= {PARALLEL_DEPTHS}"
+        f" && self.serving.numSpeculativeTokens <= {PARALLEL_DEPTHS} && (!has(self.evaluation.sweep)"
+        f" || self.evaluation.sweep.numSpeculativeTokens.all(k, k <= {PARALLEL_DEPTHS})))",
+        f"draft.method peagle proposes at most {PARALLEL_DEPTHS} tokens a step (the depths it is trained "
+        f"for): set evaluation.numSpeculativeTokens, serving.numSpeculativeTokens and the sweep's values to "
+        f"at most {PARALLEL_DEPTHS}",
+        lambda s: s.draft.method != "peagle" or _within_depths(s),
+    ),
+    CrossFieldRule(
+        ".evaluation.predict",
+        "self.draft.method == 'eagle3' || !self.evaluation.predict",
+        "evaluation.predict predicts from EAGLE-3's published acceptance and step costs: set it false for "
+        "draft.method peagle (evaluate measures the trained draft)",
+        lambda s: s.draft.method == "eagle3" or not s.evaluation.predict,
     ),
     CrossFieldRule(
         ".extraction.layers",

@@ -237,9 +237,24 @@ class Extraction(ApiModel):
     )
 
 
-class Draft(ApiModel):
-    """The EAGLE-3 draft model's shape."""
+class DraftMethod(StrEnum):
+    """How the draft proposes its tokens (eagle3_contract.draft_methods has what each one needs)."""
 
+    EAGLE3 = "eagle3"
+    PEAGLE = "peagle"
+
+
+class Draft(ApiModel):
+    """The draft model: its method and its shape."""
+
+    method: DraftMethod = Field(
+        DraftMethod.EAGLE3,
+        description=(
+            "eagle3: an EAGLE-3 draft, one draft forward per proposed token. peagle: P-EAGLE, an EAGLE-3 "
+            "draft trained to propose all its tokens in one forward (vLLM's eagle3 with parallel drafting; "
+            "at most 8 tokens a step). Both read the same verifier layers."
+        ),
+    )
     vocab_size: int = Field(32000, ge=16, description="Draft vocabulary size (most frequent target tokens).")
     layers: int = Field(1, ge=1, le=8, description="Decoder layers in the draft.")
 

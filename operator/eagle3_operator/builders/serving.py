@@ -10,7 +10,7 @@ from eagle3_contract.api.speculation import SpeculationRange, tuned_speculative_
 from eagle3_contract.estimates import vllm_pod_gpus
 from eagle3_contract.mounts import DRAFT_WEIGHTS, draft_path
 from eagle3_contract.stages import on_cpu
-from eagle3_contract.vllm_command import Endpoint, VllmEngine, eagle3_speculative_config, vllm_serve_args
+from eagle3_contract.vllm_command import Endpoint, VllmEngine, draft_speculative_config, vllm_serve_args
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import (
@@ -71,10 +71,12 @@ def vllm_image(spec: Eagle3RunSpec) -> str:
 def speculative_config(
     spec: Eagle3RunSpec, draft_dir: str, schedule: Sequence[SpeculationRange] = ()
 ) -> dict[str, Any]:
-    """The EAGLE-3 speculative config at serving.numSpeculativeTokens; with serving.speculationLength tuned
-    and a measured `schedule` (the draft's sweep), k per batch-size range as vLLM's
-    num_speculative_tokens_per_batch_size (eagle3_contract.api.speculation)."""
-    base = eagle3_speculative_config(draft_path(draft_dir), spec.serving.num_speculative_tokens)
+    """The speculative config of the spec's draft.method at serving.numSpeculativeTokens; with
+    serving.speculationLength tuned and a measured `schedule` (the draft's sweep), k per batch-size range as
+    vLLM's num_speculative_tokens_per_batch_size (eagle3_contract.api.speculation)."""
+    base = draft_speculative_config(
+        draft_path(draft_dir), spec.serving.num_speculative_tokens, spec.draft.method
+    )
     if spec.serving.speculation_length == "tuned" and schedule:
         return tuned_speculative_config(base, schedule)
     return base

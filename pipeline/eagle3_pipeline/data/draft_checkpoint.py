@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle3_contract.api.spec import DraftMethod
+from eagle3_contract.draft_methods import METHODS, method_of_checkpoint
 from eagle3_pipeline.runtime.context import read_result
 from eagle3_pipeline.runtime.errors import StageError
 
@@ -70,12 +72,21 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise StageError(f"{path}: cannot read the draft's config ({exc}); re-run stage train") from None
     verifier = config.get("speculators_config", {}).get("verifier")
-    if config.get("speculators_model_type") != "eagle3" or not isinstance(verifier, dict):
+    if method_of_checkpoint(config) is None or not isinstance(verifier, dict):
+        known = ", ".join(row.speculators_type for row in METHODS.values())
         raise StageError(
-            f"{path} is not a speculators Eagle-3 config (speculators_model_type "
-            f"{config.get('speculators_model_type')!r}, verifier {verifier!r}); re-run stage train"
+            f"{path} is not the config of a speculators draft this version serves (speculators_model_type "
+            f"{config.get('speculators_model_type')!r}: one of {known}; verifier {verifier!r}); re-run "
+            "stage train"
         )
     return config
+
+
+def checkpoint_method(checkpoint: Path) -> DraftMethod:
+    """The draft method of a checkpoint directory, from its config (speculators_model_type)."""
+    method = method_of_checkpoint(read_config(checkpoint))
+    assert method is not None  # read_config refuses the others
+    return method
 
 
 def mapping_problem(d2t: torch.Tensor | None, t2d: torch.Tensor | None, target_vocab: int) -> str | None:

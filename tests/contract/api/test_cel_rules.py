@@ -50,6 +50,37 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
         {"verifier.tensorParallelSize": 4, "nodePool.gpusPerNode": 2, "nodePool.device": "cpu"},
         True,
     ),
+    # draft.method peagle: at most PARALLEL_DEPTHS (8) tokens a step wherever a k is set; no prediction
+    (".evaluation.numSpeculativeTokens", {}, True),
+    (".evaluation.numSpeculativeTokens", {"evaluation.numSpeculativeTokens": 12}, True),
+    (
+        ".evaluation.numSpeculativeTokens",
+        {"draft.method": "peagle", "evaluation.numSpeculativeTokens": 8},
+        True,
+    ),
+    (
+        ".evaluation.numSpeculativeTokens",
+        {"draft.method": "peagle", "evaluation.numSpeculativeTokens": 9},
+        False,
+    ),
+    (
+        ".evaluation.numSpeculativeTokens",
+        {"draft.method": "peagle", "serving.numSpeculativeTokens": 9},
+        False,
+    ),
+    (
+        ".evaluation.numSpeculativeTokens",
+        {"draft.method": "peagle", "evaluation.sweep": {"numSpeculativeTokens": [2, 8]}},
+        True,
+    ),
+    (
+        ".evaluation.numSpeculativeTokens",
+        {"draft.method": "peagle", "evaluation.sweep": {"numSpeculativeTokens": [2, 9]}},
+        False,
+    ),
+    (".evaluation.predict", {"evaluation.predict": True}, True),
+    (".evaluation.predict", {"draft.method": "peagle"}, True),
+    (".evaluation.predict", {"draft.method": "peagle", "evaluation.predict": True}, False),
     (".extraction.layers", {}, True),
     (".extraction.layers", {"extraction.layers": [0]}, True),
     (".extraction.layers", {"extraction.layers": [2, 16, 29, 32]}, True),

@@ -172,6 +172,21 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
         field = rule.field_path.split(".")[2]
         doc.setdefault("pod", {})[field] = {draw(st.sampled_from(["a=b", "-x", "x" * 64, "A.b/c"])): "v"}
         return
+    elif rule.field_path in (".evaluation.numSpeculativeTokens", ".evaluation.predict"):
+        # P-EAGLE: more than its 8 depths a step, or a prediction (EAGLE-3's references); the other kept
+        doc.setdefault("draft", {})["method"] = "peagle"
+        evaluation, serving = doc.setdefault("evaluation", {}), doc.setdefault("serving", {})
+        serving["numSpeculativeTokens"] = min(eff["serving"]["numSpeculativeTokens"], 8)
+        if evaluation.get("sweep"):
+            evaluation["sweep"]["numSpeculativeTokens"] = sorted(
+                {min(k, 8) for k in evaluation["sweep"]["numSpeculativeTokens"]}
+            )
+        if rule.field_path == ".evaluation.predict":
+            evaluation["numSpeculativeTokens"] = min(eff["evaluation"]["numSpeculativeTokens"], 8)
+            value = True
+        else:
+            evaluation["predict"] = False
+            value = draw(st.integers(9, 16))
     elif rule.field_path == ".pod.env":
         kept = doc.get("pod", {}).get("env", [])[:3]
         value = [

@@ -53,9 +53,10 @@ from typing import Any
 from eagle3_contract.api.spec import Sampling
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
 from eagle3_contract.stages import Stage
-from eagle3_contract.vllm_command import eagle3_speculative_config
+from eagle3_contract.vllm_command import draft_speculative_config
 from eagle3_pipeline.data.draft_checkpoint import (
     best_checkpoint,
+    checkpoint_method,
     foreign_embeddings,
     mapping_problem,
     read_config,
@@ -157,7 +158,7 @@ def measure(
     label = "draft" if draft is not None else "baseline"
     # the serving Deployment's speculative config (eagle3_contract.vllm_command), with the slim draft
     k = ctx.params.num_speculative_tokens
-    config = None if draft is None else eagle3_speculative_config(str(draft), k)
+    config = None if draft is None else draft_speculative_config(str(draft), k, checkpoint_method(draft))
     engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
     log = ctx.work / f"vllm-{label}.log"
     sampling = ctx.params.sampling if draft is not None else None

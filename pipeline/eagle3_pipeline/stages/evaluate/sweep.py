@@ -32,7 +32,8 @@ from pathlib import Path
 
 from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
-from eagle3_contract.vllm_command import eagle3_speculative_config
+from eagle3_contract.vllm_command import draft_speculative_config
+from eagle3_pipeline.data.draft_checkpoint import checkpoint_method
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.requests import (
@@ -171,7 +172,7 @@ class SpeculationSweep:
         for k in self.ks:
             if k == served:
                 continue
-            config = eagle3_speculative_config(str(draft), k)
+            config = draft_speculative_config(str(draft), k, checkpoint_method(draft))
             log = self.ctx.work / f"vllm-draft-k{k}.log"
             with VllmServer(
                 self.ctx, engine, seed=tuning.seed, speculative_config=config, log_path=log,

@@ -21,7 +21,7 @@ from typing import Any
 
 from eagle3_contract.acceptance_references import PredictedLength, acceptance_lengths_for
 from eagle3_contract.params import PredictParams, PredictSettings, PredictTuning
-from eagle3_contract.vllm_command import eagle3_speculative_config
+from eagle3_contract.vllm_command import draft_speculative_config
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.requests import Message, answer_all, read_counters, settled_counters
@@ -78,7 +78,7 @@ def run(ctx: Context) -> dict[str, Any]:
         settings.draft_layers, settings.draft_vocab_size, settings.verifier.trust_remote_code,
     )  # fmt: skip
     if method == STEP_COST:
-        measured = serve(ctx, settings, prompts, eagle3_speculative_config(str(draft), k), "draft")
+        measured = serve(ctx, settings, prompts, draft_speculative_config(str(draft), k), "draft")
         starts["draft"] = round(measured.start_seconds, 1)
         table = step_cost_table(measured, values)
         failures = baseline.failures + measured.failures
@@ -108,7 +108,7 @@ def choose_method() -> str:
 
 def synthetic_config(draft: str, k: int, length: float) -> dict[str, Any]:
     """The draft's speculative config with vLLM's synthetic rejection sampling at acceptance `length`."""
-    return eagle3_speculative_config(draft, k) | {
+    return draft_speculative_config(draft, k) | {
         "rejection_sample_method": "synthetic",
         "synthetic_acceptance_length": length,
     }

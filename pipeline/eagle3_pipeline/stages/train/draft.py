@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from eagle3_contract.api.spec import Scheduler
+from eagle3_contract.api.spec import DraftMethod, Scheduler
+from eagle3_contract.draft_methods import METHODS, PARALLEL_DEPTHS, MethodRow, method_row
 from eagle3_contract.log_format import configure_logging
 from eagle3_contract.params import TrainParams
 from eagle3_pipeline.adapters.eagle3_loss_cpu import fused_loss
@@ -54,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 RUN_CONFIG_FILE = "run.yaml"
 HIDDEN_PER_THREAD = 512
+TRAINED_TYPES = tuple(row.speculators_type for row in METHODS.values())  # speculators' draft types
 # speculators' data loaders set these (for their spawned workers) in the training process's environment.
 _LOADER_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # On the CPU: flex attention has no CPU backward, the fused loss needs Triton, and spawned loader workers each
@@ -99,9 +101,9 @@ def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu
     from pydantic import ValidationError
     from speculators.train.config import TrainConfig
 
-    t = params.training
+    t, row = params.training, method_row(params.draft.method)
     cli: dict[str, Any] = {
-        "speculator_type": "eagle3",
+        "speculator_type": row.speculators_type,
         "seed": params.seed,
         "verifier_name_or_path": src.verifier,
         "trust_remote_code": src.trust_remote_code,
@@ -116,7 +118,7 @@ def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu
         "train_data_ratio": src.train_ratio,
         # offline: never speculators' default "generate", which would ask a vLLM at localhost:8000
         **online_settings(src),
-        "ttt_steps": t.ttt_steps,
+        **method_settings(row, t.ttt_steps, cpu=cpu),
         "lr": t.learning_rate,
         "scheduler_warmup_ratio": t.warmup_ratio,
         "epochs": t.epochs,
@@ -134,6 +136,15 @@ def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu
         )
     except (ValidationError, ValueError) as exc:
         raise StageError(f"speculators refused the training settings: {exc}") from None
+
+
+def method_settings(row: MethodRow, ttt_steps: int, *, cpu: bool) -> dict[str, Any]:
+    """speculators' options of the draft method: EAGLE-3's training-time-test steps; P-EAGLE's depths
+    (speculators' default, PARALLEL_DEPTHS) and, on the CPU, its hidden states read in float32: its `fc`
+    takes them without a norm, so without a GPU's autocast the bfloat16 files would meet float32 weights."""
+    if row.method == DraftMethod.EAGLE3:
+        return {"ttt_steps": ttt_steps}
+    return {"num_depths": PARALLEL_DEPTHS, **({"hidden_states_dtype": "float32"} if cpu else {})}
 
 
 def online_settings(src: DraftSources) -> dict[str, Any]:
@@ -291,8 +302,9 @@ def train(cfg: Any, metrics: Path, info: Path, progress: TrainSink | None = None
         maybe_destroy_distributed,
     )
 
-    if cfg.speculator_type != "eagle3":
-        raise StageError(f"speculator_type {cfg.speculator_type}: this stage trains eagle3 drafts only")
+    if cfg.speculator_type not in TRAINED_TYPES:
+        known = ", ".join(TRAINED_TYPES)
+        raise StageError(f"speculator_type {cfg.speculator_type}: this stage trains {known} drafts only")
     args = argparse.Namespace(**cfg.flatten())
     cli.set_seed(args.seed, args.deterministic_cuda)
     saved_env = {name: os.environ.get(name) for name in _LOADER_ENV}

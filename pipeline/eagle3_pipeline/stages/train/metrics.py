@@ -18,7 +18,10 @@ appends one line to `metrics.jsonl`:
 `*AccuracyByPosition` is the conditional accuracy (`cond_acc_k`: position k right, given positions < k were
 right), the per-position acceptance rate of greedy verification; `valFullAccuracyByPosition` is `full_acc_k`.
 `estimatedAcceptanceLength` = 1 + a0 + a0*a1 + ... with a_k = valAccuracyByPosition[k]: a proxy of vLLM's
-mean acceptance length at temperature 0 with as many speculative tokens as TTT steps.
+mean acceptance length at temperature 0 with as many speculative tokens as TTT steps. A P-EAGLE draft logs
+`position_<d>_acc` instead (depth d's proposal right, whatever the depths before it; no per-position loss):
+its `*AccuracyByPosition` are those, so the same product treats the depths as independent, a rough proxy
+that evaluate's measurement in vLLM replaces.
 
 Given a `progress` sink (eagle3_pipeline.stages.train.events.TrainSink: the stage's reporter, or the events
 file of a torchrun worker), rank 0 also tells it every step (global step, loss, tokens: rank 0's times the
@@ -93,15 +96,21 @@ def acceptance_length(conditional: list[float]) -> float:
     return _round(total)
 
 
+def accuracy_by_position(values: Mapping[str, Any], suffix: str = "") -> list[float]:
+    """EAGLE-3's conditional accuracy by position (`cond_acc_<k>`), else P-EAGLE's accuracy by depth
+    (`position_<d>_acc`: each depth's proposal against the verifier's token there, from the real context)."""
+    return by_position(values, "cond_acc_{}" + suffix) or by_position(values, "position_{}_acc" + suffix)
+
+
 def epoch_line(epoch: int, acc: _Accumulator, val: Mapping[str, Any]) -> Epoch:
     train_means = {k: acc.sums[k] / acc.steps for k in acc.sums} if acc.steps else {}
-    val_acc = by_position(val, "cond_acc_{}_epoch")
+    val_acc = accuracy_by_position(val, "_epoch")
     train_loss = acc.mean("loss")
     return {
         "epoch": epoch,
         "trainLoss": _round(train_loss) if train_loss is not None else None,
         "valLoss": _round(float(val["loss_epoch"])),
-        "trainAccuracyByPosition": by_position(train_means, "cond_acc_{}"),
+        "trainAccuracyByPosition": accuracy_by_position(train_means),
         "valAccuracyByPosition": val_acc,
         "valFullAccuracyByPosition": by_position(val, "full_acc_{}_epoch"),
         "valLossByPosition": by_position(val, "loss_{}_epoch"),
