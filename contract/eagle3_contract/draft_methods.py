@@ -1,5 +1,5 @@
-"""What each draft method (`spec.draft.method`) needs, in one row: what speculators trains, how vLLM serves
-it, how far it can speculate. The train stage and the vLLM command of every stage and of the serving
+"""What each draft method (`spec.draft.method`) needs, in one row: what speculators trains and how vLLM
+serves it. The train stage and the vLLM command of every stage and of the serving
 Deployment read it here; the spec's rules bound P-EAGLE's tokens a step by PARALLEL_DEPTHS.
 
 - eagle3: speculators' `eagle3` draft; vLLM's `eagle3` method, one draft forward per proposed token.
@@ -20,13 +20,12 @@ from eagle3_contract.api.spec import DraftMethod
 
 @dataclass(frozen=True)
 class MethodRow:
-    """One method: speculators' draft type, vLLM's speculative method and options, the most tokens a step."""
+    """One method: speculators' draft type, vLLM's speculative method and its options."""
 
     method: DraftMethod
     speculators_type: str
     vllm_method: str
     vllm_options: dict[str, Any] = field(default_factory=dict)
-    max_speculative_tokens: int | None = None  # None: the spec's own bounds
 
     def speculative_config(self, draft: str, num_speculative_tokens: int) -> dict[str, Any]:
         """vLLM's `--speculative-config` for a trained draft in directory `draft`."""
@@ -40,13 +39,7 @@ class MethodRow:
 
 METHODS: dict[DraftMethod, MethodRow] = {
     DraftMethod.EAGLE3: MethodRow(DraftMethod.EAGLE3, "eagle3", "eagle3"),
-    DraftMethod.PEAGLE: MethodRow(
-        DraftMethod.PEAGLE,
-        "peagle",
-        "eagle3",
-        {"parallel_drafting": True},
-        max_speculative_tokens=PARALLEL_DEPTHS,
-    ),
+    DraftMethod.PEAGLE: MethodRow(DraftMethod.PEAGLE, "peagle", "eagle3", {"parallel_drafting": True}),
 }
 
 

@@ -97,36 +97,31 @@ async def run_with_peers(options: dict[str, Any], lifetime: int = LIFETIME_SECON
     owned = memo.get("kube") is None
     if owned:  # the handlers' client too; checked before kopf starts, which would retry a dead end forever
         memo.kube = await connect(memo.get("api_timeout_seconds") or TOTAL_SECONDS)
-    namespace = namespaces[0] if namespaces else None
     try:
         if owned:
-            await check_runs_served(memo.kube, namespace)
-        await operate(options, namespace, lifetime)
+            await check_runs_served(memo.kube, namespaces[0] if namespaces else None)
+        await operate(options, namespaces, lifetime)
     finally:
         if owned:
             await memo.kube.close()
 
 
-async def operate(options: dict[str, Any], namespace: str | None, lifetime: int) -> None:
+async def operate(options: dict[str, Any], namespaces: list[str], lifetime: int) -> None:
     """kopf.operator until it stops of itself (a signal), started again where a watch got HTTP 404 once the
     API server serves Eagle3Runs again: a restarted API server must not end the operator. Restarts that follow
     each other within RESTART_RESET_SECONDS wait longer each time, up to MAX_RESTART_DELAY_SECONDS."""
-    memo = options["memo"]
+    memo, namespace = options["memo"], namespaces[0] if namespaces else None
     loop, delay = asyncio.get_running_loop(), 0.0
     while True:
-        peered = await peering_options(
-            memo, list(options.get("namespaces") or []), options.get("settings"), lifetime
-        )
+        peered = await peering_options(memo, namespaces, options.get("settings"), lifetime)
         started = loop.time()
         try:
             return await kopf.operator(**(options | peered))
         except Exception as err:
             if not unserved(err):
                 raise
-        state = state_of(memo)
-        if (
-            state is not None
-        ):  # kopf runs no cleanup handler after a watcher's failure: the old tasks end here
+        # kopf runs no cleanup handler after a watcher's failure: the old state's tasks end here
+        if (state := state_of(memo)) is not None:
             await state.close()
         delay = (
             0.0

@@ -8,7 +8,7 @@ and per position:
   - computes the KL divergence elementwise with `kl_div` (an `xlogy` over the whole draft vocabulary for the
     targets' own entropy, a constant) and backpropagates through `kl_div` and `log_softmax` apart;
   - takes the argmax of bfloat16 logits, which torch 2.13 computes at half the speed of `max(dim).indices`.
-At a 100M-class verifier's shape (a draft vocabulary of 8,192, sequences of 512) those are about 15 % of a
+At a 100M-class verifier's shape (a draft vocabulary of 8,192, sequences of 512) those are about 12 % of a
 CPU training step (docs/benchmarks.md). `fused_loss()` replaces compute_metrics, while training, by
 `compute_metrics_once`: the targets' probabilities, entropy and argmax once per forward (for the first step,
 sliced for the others), the KL divergence as one autograd function whose backward is `softmax(logits) - p`,
