@@ -145,7 +145,8 @@ def _at(result: EvaluateResult) -> str:
 
 def result_text(stage: str, result: StageResult | None, progress: StageProgress | None) -> str:
     """The key figures: train's epochs, validation loss and estimated acceptance, evaluate's acceptance
-    length; the other stages' summary fields (eagle3_contract.results)."""
+    length (and, when it chose the epoch, each measured epoch's beside its validation loss); the other
+    stages' summary fields (eagle3_contract.results)."""
     if stage == Stage.TRAIN and (result is not None or progress is not None):
         return _train_text(result if isinstance(result, TrainResult) else None, progress)
     if result is None:
@@ -154,6 +155,8 @@ def result_text(stage: str, result: StageResult | None, progress: StageProgress 
         words = [f"acceptance length {result.acceptance_length:.3g}"]
         if result.speedup is not None:
             words.append(f"speedup {result.speedup:.3g}x{_at(result)}")
+        if result.checkpoint_selection is not None:  # training.checkpointSelection acceptance
+            words.append(result.checkpoint_selection.line())
         return ", ".join(words)
     figures = list(result.summary().items())[:SUMMARY_FIGURES]
     return ", ".join(f"{k}={_figure(v)}" for k, v in figures)

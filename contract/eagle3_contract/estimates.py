@@ -28,6 +28,7 @@ from eagle3_contract.api.status import (
     StageEstimate,
     StageStatus,
 )
+from eagle3_contract.params import checkpoints_to_evaluate
 from eagle3_contract.results import ExtractResult, GenerateResult, PrepareResult
 from eagle3_contract.stages import Stage, StagePlan, on_cpu, plan_stages
 
@@ -164,8 +165,14 @@ def _stage_tokens(spec: Eagle3RunSpec, plan: StagePlan, tokens: int | None) -> t
         return tokens * epochs, f"the dataset's tokens x {epochs} training.epochs"
     if stage is Stage.EVALUATE:
         ev = spec.evaluation
-        return 2 * ev.prompts * ev.max_tokens, (
-            "upper bound: evaluation.prompts x maxTokens, generated with and without the draft"
+        chosen = checkpoints_to_evaluate(spec)
+        if chosen is None:
+            return 2 * ev.prompts * ev.max_tokens, (
+                "upper bound: evaluation.prompts x maxTokens, generated with and without the draft"
+            )
+        return (2 + chosen) * ev.prompts * ev.max_tokens, (
+            "upper bound: evaluation.prompts x maxTokens, generated without the draft, with it, and with "
+            f"each of the last {chosen} epochs' drafts (training.checkpointSelection acceptance)"
         )
     return None, None
 

@@ -23,6 +23,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from eagle3_contract.api.base import ApiModel
 from eagle3_contract.api.spec import (
+    CheckpointSelection,
     DatasetRows,
     Device,
     Draft,
@@ -291,12 +292,19 @@ class TrainParams(StageParams):
     @model_serializer(mode="wrap")
     def _defaults_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """`training.nodes` 1, an offline run and draft.method eagle3 leave their fields out of the hash
-        payload: the hashes of specs written before they existed stay the same."""
+        payload: the hashes of specs written before they existed stay the same. training.checkpointSelection
+        and checkpointsToEvaluate are never in it: they choose among the epochs trained (evaluate's)."""
         data: dict[str, Any] = handler(self)
         if self.training.nodes == 1:
             data["training"].pop("nodes", None)
         if self.draft.method == DraftMethod.EAGLE3:
             data["draft"].pop("method", None)
+        if self.draft.block_size is None:
+            data["draft"].pop("block_size", None)
+            data["draft"].pop("blockSize", None)
+        for key in ("checkpoint_selection", "checkpointSelection", "checkpoints_to_evaluate"):
+            data["training"].pop(key, None)  # train_params sets their defaults: evaluate's, not train's
+        data["training"].pop("checkpointsToEvaluate", None)
         if self.online is None:
             data.pop("online", None)
         return data
@@ -323,7 +331,13 @@ def train_params(spec: Eagle3RunSpec) -> TrainParams:
     return TrainParams(
         verifier=verifier_ref(spec),
         draft=spec.draft,
-        training=spec.training,
+        # which epoch ships is evaluate's choice among the epochs trained (evaluate_params), not train's
+        training=spec.training.model_copy(
+            update={
+                "checkpoint_selection": Training.model_fields["checkpoint_selection"].default,
+                "checkpoints_to_evaluate": Training.model_fields["checkpoints_to_evaluate"].default,
+            }
+        ),
         seed=spec.dataset.seed,
         online=online,
     )
@@ -352,16 +366,19 @@ class EvaluateParams(StageParams):
     sampling: Sampling | None = None
     sweep: Sweep | None = None
     concurrencies: tuple[int, ...] | None = None
+    checkpoints_to_evaluate: int | None = None
 
     @model_serializer(mode="wrap")
     def _unset_fields_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """An unset evaluation.sampling or sweep is left out of the hash payload: the hashes of specs
-        written before they existed stay the same."""
+        """An unset evaluation.sampling or sweep, and checkpoint selection by validation loss, are left out
+        of the hash payload: the hashes of specs written before they existed stay the same."""
         data: dict[str, Any] = handler(self)
         for key, value in (
             ("sampling", self.sampling),
             ("sweep", self.sweep),
             ("concurrencies", self.concurrencies),
+            ("checkpoints_to_evaluate", self.checkpoints_to_evaluate),
+            ("checkpointsToEvaluate", self.checkpoints_to_evaluate),
         ):
             if value is None:
                 data.pop(key, None)
@@ -388,7 +405,17 @@ def evaluate_params(spec: Eagle3RunSpec) -> EvaluateParams:
         sampling=e.sampling,
         sweep=e.sweep,
         concurrencies=tuple(e.concurrencies) if e.sweep is not None else None,
+        checkpoints_to_evaluate=checkpoints_to_evaluate(spec),
     )
+
+
+def checkpoints_to_evaluate(spec: Eagle3RunSpec) -> int | None:
+    """With training.checkpointSelection acceptance, how many of the last epochs evaluate measures (at most
+    the epochs trained); None with selection by validation loss (train's checkpoint_best is measured)."""
+    t = spec.training
+    if t.checkpoint_selection is not CheckpointSelection.ACCEPTANCE:
+        return None
+    return min(t.checkpoints_to_evaluate, t.epochs)
 
 
 def evaluate_tuning(spec: Eagle3RunSpec) -> EvaluateTuning:

@@ -6,6 +6,8 @@ from __future__ import annotations
 CHECKSUM_MISMATCH = "ChecksumMismatch"
 # verify: the pinned draft's directory or weights are missing.
 CHECKPOINT_MISSING = "CheckpointMissing"
+# verify: the pinned draft's config.json leaves out a field vLLM reads (it would load vLLM's default instead).
+DRAFT_FIELDS_MISSING = "DraftFieldsMissing"
 # serving.promotion reviewed: a draft passed the gate and waits in status.candidate, and nothing serves yet.
 AWAITING_PROMOTION = "AwaitingPromotion"
 # Why a stage's attempt failed (the executors and the metrics classify every failure as one of these).

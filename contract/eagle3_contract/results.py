@@ -292,6 +292,45 @@ class SampledAcceptance(ResultModel):
     acceptance_by_position: list[float] | None = None
 
 
+class CheckpointFigures(ResultModel):
+    """One epoch's draft as evaluate measured it for training.checkpointSelection acceptance: greedy, on the
+    kept held-out prompts, at evaluation.numSpeculativeTokens (one vLLM server each)."""
+
+    epoch: int
+    checkpoint: str  # relative to train's output
+    val_loss: float | None = None
+    acceptance_length: float | None = None
+    acceptance_rate: float | None = None
+    output_tokens_per_second: float | None = None
+
+
+class CheckpointChoice(ResultModel):
+    """Which epoch's draft evaluate measured in full and export ships, and why (`by`: acceptance; the most
+    accepted, ties to the lower validation loss, then the later epoch)."""
+
+    by: str
+    epoch: int
+    checkpoint: str  # relative to train's output
+    val_loss_epoch: int | None = None  # the epoch validation loss would have chosen (checkpoint_best)
+    checkpoints: list[CheckpointFigures] = []
+
+    def line(self) -> str:
+        """One line for a person (evaluate's log, the run's Event, `eagle3 status`): each epoch's acceptance
+        next to its validation loss, and the choice."""
+        cells = ", ".join(
+            f"epoch {c.epoch}: {_shown(c.acceptance_length)} (val loss {_shown(c.val_loss)})"
+            for c in self.checkpoints
+        )
+        lowest = f"; the lowest validation loss was epoch {self.val_loss_epoch}'s"
+        return f"acceptance length by epoch: {cells}; epoch {self.epoch} ships" + (
+            lowest if self.val_loss_epoch not in (None, self.epoch) else ""
+        )
+
+
+def _shown(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "n/a"
+
+
 class EvaluateResult(StageResult):
     """evaluate: the gate's input (eagle3_contract.gate); the verdict is not part of it.
 
@@ -337,6 +376,8 @@ class EvaluateResult(StageResult):
     degenerate_prompts: int | None = None
     degenerate: dict[str, int] | None = None  # by reason: repetition, empty
     degenerate_examples: list[str] | None = None  # a few of those prompts' ids
+    # training.checkpointSelection acceptance: every measured epoch's figures and the one chosen
+    checkpoint_selection: CheckpointChoice | None = None
 
     @property
     def tokens_processed(self) -> int | None:

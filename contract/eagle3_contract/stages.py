@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from eagle3_contract.api.spec import Device, Eagle3RunSpec, Promotion
+from eagle3_contract.api.spec import CheckpointSelection, Device, Eagle3RunSpec, Promotion
 from eagle3_contract.params import (
     ExportTuning,
     StageParams,
@@ -106,9 +106,11 @@ def _predicts(spec: Eagle3RunSpec) -> str | None:
 
 
 def _export_upstream(spec: Eagle3RunSpec) -> tuple[Stage, ...]:
-    # evaluate too with evaluation.sweep: its speculation-length table goes into the checkpoint's manifest
-    sweep = (Stage.EVALUATE,) if spec.evaluation.sweep is not None else ()
-    return (Stage.TRAIN, Stage.VOCAB, *sweep)
+    # evaluate too with evaluation.sweep (its speculation-length table goes into the checkpoint's manifest)
+    # or training.checkpointSelection acceptance (it chose the epoch export ships)
+    chooses = spec.training.checkpoint_selection is CheckpointSelection.ACCEPTANCE
+    evaluate = (Stage.EVALUATE,) if spec.evaluation.sweep is not None or chooses else ()
+    return (Stage.TRAIN, Stage.VOCAB, *evaluate)
 
 
 def _verifies(spec: Eagle3RunSpec) -> str | None:

@@ -68,14 +68,17 @@ def program(stage: str) -> StageProgram:
 def termination_text(payload: dict[str, Any]) -> str:
     """The result as the termination message, parseable within the 4096 bytes Kubernetes keeps: whole if it
     fits; else its scalars with the speculation table's schedule and baselines (what serving and the
-    dashboard need; the cells stay in result.json and the checkpoint's manifest); else its scalars."""
+    dashboard need; the cells stay in result.json and the checkpoint's manifest) and evaluate's checkpoint
+    choice (the run's Event names it); else its scalars and the table's schedule; else its scalars."""
     scalars = {k: v for k, v in payload.items() if not isinstance(v, dict | list)}
-    table = payload.get("speculation")
-    compact = (
-        [scalars | {"speculation": {k: table[k] for k in ("schedule", "baselines") if k in table}}]
+    table, choice = payload.get("speculation"), payload.get("checkpointSelection")
+    trimmed = (
+        {"speculation": {k: table[k] for k in ("schedule", "baselines") if k in table}}
         if isinstance(table, dict)
-        else []
+        else {}
     )
+    chosen = {"checkpointSelection": choice} if isinstance(choice, dict) else {}
+    compact = [scalars | trimmed | chosen, scalars | trimmed] if trimmed or chosen else []
     for candidate in (payload, *compact, scalars):
         text = json.dumps(candidate, sort_keys=True, separators=(",", ":"))
         if len(text.encode()) <= TERMINATION_LIMIT:

@@ -68,7 +68,17 @@ def variants() -> dict[str, Doc]:
     # concurrencies and targetAcceptanceLength (off, it hashes none of them)
     predict = copy.deepcopy(base)
     predict["evaluation"]["predict"] = True
+    # training.checkpointSelection acceptance: evaluate hashes checkpointsToEvaluate (by validation loss it
+    # hashes neither), export takes evaluate's choice
+    acceptance = copy.deepcopy(base)
+    acceptance["training"]["checkpointSelection"] = "acceptance"
+    # draft.method dflash: train hashes its block size (eagle3 and peagle have none: a rule refuses one)
+    dflash = copy.deepcopy(base)
+    dflash["draft"]["method"] = "dflash"
+    dflash["evaluation"]["predict"] = False
     return {
+        "acceptance": acceptance,
+        "dflash": dflash,
         "example": base,
         "no-regeneration": off,
         "pinned": pinned,
@@ -93,13 +103,15 @@ ENUMS = {
     "device": ["gpu", "cpu"],
     "promotion": ["automatic", "reviewed"],
     "speculationLength": ["fixed", "tuned"],
-    "method": ["eagle3", "peagle"],
+    "method": ["eagle3", "peagle", "dflash"],
+    "checkpointSelection": ["valLoss", "acceptance"],
 }
 # What an unset (None) field is set to; a section that is unset gets a small valid one.
 UNSET = {
     "revision": "abc123",
     "maxModelLen": 2048,
     "maxSamples": 50,
+    "blockSize": 4,
     "layers": [1, 2],
     "minAcceptanceLength": 2.0,
     "image": "vllm/vllm-openai:nightly",
@@ -277,22 +289,37 @@ TUNING_ONLY = {
 
 # Leaves a cross-field rule fixes in a variant (a pinned draft needs serving.enabled; speculationLength tuned
 # needs evaluation.sweep or a pin).
-FIXED = {
-    ("pinned", "serving.enabled"),
-    ("no-sweep", "serving.speculationLength"),
-    ("predict", "draft.method"),  # a prediction is of EAGLE-3 drafts
-} | {
-    (variant, f"extraction.{field}")  # online-only fields keep their defaults offline
-    for variant in ("example", "no-regeneration", "pinned", "no-sweep", "predict")
-    for field in ("transfer", "servers", "keep")
-}
+FIXED = (
+    {
+        ("pinned", "serving.enabled"),
+        ("no-sweep", "serving.speculationLength"),
+        ("predict", "draft.method"),  # a prediction is of EAGLE-3 drafts
+        ("dflash", "evaluation.predict"),  # likewise
+    }
+    | {
+        (variant, "draft.blockSize")  # DFlash's only
+        for variant in ("example", "no-regeneration", "pinned", "online", "no-sweep", "predict", "acceptance")
+    }
+    | {
+        (variant, f"extraction.{field}")  # online-only fields keep their defaults offline
+        for variant in ("example", "no-regeneration", "pinned", "no-sweep", "predict", "acceptance", "dflash")
+        for field in ("transfer", "servers", "keep")
+    }
+)
 
 
 # Leaves no stage reads in a variant only: evaluation.concurrencies without a sweep.
-UNREAD_IN = {("no-sweep", "evaluation.concurrencies")} | {
-    (variant, "evaluation.targetAcceptanceLength")  # only the predict stage reads it, when predict is on
-    for variant in ("example", "no-regeneration", "pinned", "online", "no-sweep")
-}
+UNREAD_IN = (
+    {("no-sweep", "evaluation.concurrencies")}
+    | {
+        (variant, "evaluation.targetAcceptanceLength")  # only the predict stage reads it, when predict is on
+        for variant in ("example", "no-regeneration", "pinned", "online", "no-sweep", "acceptance", "dflash")
+    }
+    | {
+        (variant, "training.checkpointsToEvaluate")  # read with checkpointSelection acceptance only
+        for variant in ("example", "no-regeneration", "pinned", "online", "no-sweep", "predict", "dflash")
+    }
+)
 
 
 def reads_nothing(path: Path_) -> bool:

@@ -121,4 +121,12 @@ def test_a_peagle_deployment_serves_what_evaluate_measures_of_a_peagle_checkpoin
     checkpoint = {"speculators_model_type": "peagle"}
     assert config == draft_speculative_config("/artifacts/export/abc", 4, method_of_checkpoint(checkpoint))
     assert config["parallel_drafting"] is True
-    assert method_of_checkpoint({"speculators_model_type": "dflash"}) is None
+    assert method_of_checkpoint({"speculators_model_type": "mtp"}) is None  # not a method of this version
+
+
+def test_a_dflash_deployment_serves_vllms_dflash_method_at_the_specs_k() -> None:
+    spec = tiny_spec(draft={"method": "dflash", "blockSize": 4}, serving={"numSpeculativeTokens": 3})
+    config = json.loads(options(vllm_args(spec, "export/abc"))["--speculative-config"])
+    checkpoint = {"speculators_model_type": "dflash"}
+    assert config == draft_speculative_config("/artifacts/export/abc", 3, method_of_checkpoint(checkpoint))
+    assert config == {"method": "dflash", "model": "/artifacts/export/abc", "num_speculative_tokens": 3}

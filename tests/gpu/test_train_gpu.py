@@ -56,3 +56,33 @@ def test_the_draft_learns_on_the_gpu(trained: tuple[Path, dict[str, Any]]) -> No
     assert epochs[-1]["trainLoss"] < epochs[0]["trainLoss"], "the training loss decreases"
     assert epochs[-1]["valLoss"] < epochs[0]["valLoss"], "the validation loss decreases"
     assert result["trainTokensPerSecond"] > 0
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("method", "extra"), [("peagle", {}), ("dflash", {"blockSize": 4})], ids=["peagle", "dflash"]
+)
+def test_another_draft_method_trains_and_exports_on_the_gpu(
+    method: str, extra: dict[str, Any], trained: tuple[Path, dict[str, Any]]
+) -> None:
+    """Issue 31: P-EAGLE and DFlash train an epoch on the GPU with speculators' stock settings from the
+    module's prepared data, hidden states and vocabulary, and export ships a slim checkpoint of that method
+    (vLLM serving them is the CPU tier's, tests/pipeline/test_main_job.py)."""
+    import yaml
+
+    from eagle3_contract.api.spec import DraftMethod
+    from eagle3_pipeline.data.draft_checkpoint import checkpoint_method
+
+    art = trained[0]
+    doc = yaml.safe_load((art.parent / "run.yaml").read_text())
+    doc["spec"]["draft"] |= {"method": method, **extra}
+    doc["spec"]["training"]["epochs"] = 1
+    spec = art.parent / f"{method}.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    with uncompiled():
+        assert run_stage("train", str(spec), str(art), f"train/{method}", UPSTREAM) == 0
+    result = json.loads((art / "train" / method / "result.json").read_text())
+    assert result["device"] == "cuda" and result["epochs"][0]["trainSteps"] > 0
+    inputs = [f"train=train/{method}", "vocab=vocab/v"]
+    assert run_stage("export", str(spec), str(art), f"export/{method}", inputs) == 0
+    assert checkpoint_method(art / "export" / method) == DraftMethod(method)

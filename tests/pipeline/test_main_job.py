@@ -92,13 +92,25 @@ def test_the_tiny_example_trains_a_draft_vllm_accepts(demo: tuple[Path, str], ti
 # --- another draft method ---------------------------------------------------------------------------------
 
 
+# Issue 31: each method vLLM CPU serves, trained from the demo's data with the example's epochs and learning
+# rate (tuned for EAGLE-3): what vLLM resolves it to, and the least acceptance length it reaches here
+# (measured: P-EAGLE 2.79, DFlash 1.66 with one layer, against EAGLE-3's 3.10).
+METHODS = {
+    "peagle": ({"method": "peagle"}, "PeagleQwen3ForCausalLM", MIN_ACCEPTANCE_LENGTH),
+    "dflash": ({"method": "dflash", "blockSize": 4}, "DFlashDraftModel", 1.3),
+}
+
+
 @pytest.mark.timeout(3600)
-def test_a_peagle_draft_of_the_same_data_is_served_with_parallel_drafting(
-    demo: tuple[Path, str], tiny_models: Path, tmp_path: Path
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_another_draft_method_of_the_same_data_is_served_losslessly(
+    method: str, demo: tuple[Path, str], tiny_models: Path, tmp_path: Path
 ) -> None:
-    """Issue 31: draft.method peagle trains P-EAGLE from the demo's prepared data, hidden states and
-    vocabulary (reused: their hashes are the same), and vLLM CPU serves it with parallel drafting
-    (`PeagleQwen3ForCausalLM`), losslessly. Measured here: acceptance length 2.79 against EAGLE-3's 3.10."""
+    """draft.method peagle or dflash trains from the demo's prepared data, hidden states and vocabulary
+    (reused: their hashes are the same), and vLLM CPU serves the draft with its own method (P-EAGLE as
+    eagle3 with parallel drafting, DFlash as dflash: non-causal within its block on the CPU's attention),
+    its outputs the verifier's own."""
+    draft, architecture, least = METHODS[method]
     demo_art, vllm = demo
     art = (
         tmp_path / "art"
@@ -106,23 +118,23 @@ def test_a_peagle_draft_of_the_same_data_is_served_with_parallel_drafting(
     for stage in ("prepare", "generate", "extract", "vocab"):
         shutil.copytree(demo_art / stage, art / stage)
     doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["draft"]["method"] = "peagle"
+    doc["spec"]["draft"].update(draft)
     doc["spec"]["evaluation"].pop("sweep")  # one draft server is enough here (the demo measures the sweep)
     doc["spec"]["serving"]["speculationLength"] = "fixed"
-    manifest = tmp_path / "peagle.yaml"
+    manifest = tmp_path / f"{method}.yaml"
     manifest.write_text(yaml.safe_dump(doc))
     done = run(manifest, art, tiny_models, vllm, until="evaluate")
     assert done.returncode == 0, done.stderr[-4000:]
     ran = dict(line.split()[2:4] for line in done.stderr.splitlines() if line.startswith("==> stage"))
     assert ran.keys() == {"train", "evaluate"}, done.stderr[-2000:]  # prepare to vocab: reused
     evaluated = art / ran["evaluate"].strip("()")
-    peagle = json.loads((evaluated / "result.json").read_text())
-    assert peagle["acceptanceLength"] == pytest.approx(
-        1 + peagle["acceptedTokens"] / peagle["drafts"], abs=1e-5
+    result = json.loads((evaluated / "result.json").read_text())
+    assert result["acceptanceLength"] == pytest.approx(
+        1 + result["acceptedTokens"] / result["drafts"], abs=1e-5
     )
-    assert peagle["acceptanceLength"] >= MIN_ACCEPTANCE_LENGTH, peagle
-    assert peagle["outputsMatchingBaseline"] == peagle["prompts"]
-    assert "Resolved architecture: PeagleQwen3ForCausalLM" in (evaluated / "vllm-draft.log").read_text()
+    assert result["acceptanceLength"] >= least, result
+    assert result["outputsMatchingBaseline"] == result["prompts"]
+    assert f"Resolved architecture: {architecture}" in (evaluated / "vllm-draft.log").read_text()
 
 
 # --- online ---------------------------------------------------------------------------------------------

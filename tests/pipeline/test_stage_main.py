@@ -157,3 +157,10 @@ def test_a_long_result_keeps_the_speculation_schedule_in_the_termination_message
     short = {"acceptanceLength": 2.5, "speculation": {"cells": cells[:2], "schedule": schedule}}
     assert json.loads(stage_main.termination_text(short)) == short
     assert json.loads(stage_main.termination_text({"samples": 1, "rows": ["x" * 5000]})) == {"samples": 1}
+
+
+def test_a_long_result_keeps_the_checkpoint_choice_in_the_termination_message() -> None:
+    choice = {"by": "acceptance", "epoch": 4, "checkpoint": "checkpoints/4", "checkpoints": [{"epoch": 4}]}
+    result = {"acceptanceLength": 2.5, "degenerateExamples": ["x" * 40] * 200, "checkpointSelection": choice}
+    text = stage_main.termination_text(result)
+    assert json.loads(text) == {"acceptanceLength": 2.5, "checkpointSelection": choice}

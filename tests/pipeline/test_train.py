@@ -24,7 +24,12 @@ from eagle3_contract.draft_methods import PARALLEL_DEPTHS
 from eagle3_contract.params import train_params
 from eagle3_pipeline.adapters import eagle3_loss_cpu, speculators_cpu
 from eagle3_pipeline.adapters.eagle3_loss_cpu import compute_metrics_once
-from eagle3_pipeline.data.draft_checkpoint import best_checkpoint, checkpoint_method, write_serving_checkpoint
+from eagle3_pipeline.data.draft_checkpoint import (
+    best_checkpoint,
+    checkpoint_method,
+    read_config,
+    write_serving_checkpoint,
+)
 from eagle3_pipeline.runtime.context import work_dir_of
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.stage_main import run_stage
@@ -140,6 +145,34 @@ def test_a_peagle_draft_trains_on_the_cpu_and_exports_a_parallel_drafting_checkp
     with safe_open(str(tmp_path / "slim" / "model.safetensors"), "pt") as weights:
         names = set(weights.keys())
     assert "mask_hidden" in names and any("embed_tokens" in n for n in names), sorted(names)
+
+
+@pytest.mark.timeout(300)
+def test_a_dflash_draft_trains_on_the_cpu_and_exports_its_block(upstream: Path, tmp_path: Path) -> None:
+    """Issue 31: draft.method dflash trains speculators' DFlash draft from the same prepared data, hidden
+    states (bfloat16 files read in float32 on the CPU, the batch not shifted) and vocabulary, with accuracy
+    by block position and speculators' own expected accepted length; the checkpoint keeps its block size
+    and the layers it reads, and its slim copy is what vLLM's dflash method loads."""
+    doc = spec(upstream, epochs=2)
+    doc["draft"] = {**doc.get("draft", {}), "method": "dflash", "blockSize": 4}
+    path = str(write_manifest(upstream / "dflash.yaml", doc))
+    assert run_stage("train", path, str(upstream / "art"), "train/dflash", UPSTREAM) == 0
+    output = upstream / "art" / "train" / "dflash"
+    result = json.loads((output / "result.json").read_text())
+    assert [e["epoch"] for e in result["epochs"]] == [0, 1]
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    for epoch, record in zip(result["epochs"], records, strict=True):
+        assert math.isfinite(epoch["valLoss"]) and epoch["trainLoss"] > 0
+        assert len(epoch["valAccuracyByPosition"]) == 3  # block positions 1 to 3 (0 is the anchor)
+        assert all(0.0 <= a <= 1.0 for a in epoch["valAccuracyByPosition"])
+        eal = record["speculatorsVal"]["eal_epoch"]  # DFlash's own estimate, counted per block
+        assert epoch["estimatedAcceptanceLength"] == pytest.approx(eal, abs=1e-6) and 1.0 <= eal <= 4.0
+    checkpoint = best_checkpoint(output)
+    assert checkpoint_method(checkpoint) == DraftMethod.DFLASH
+    config = read_config(checkpoint)
+    assert config["block_size"] == 4 and config["aux_hidden_state_layer_ids"] == [1, 2, 3]
+    write_serving_checkpoint(checkpoint, tmp_path / "slim", "org/verifier")
+    assert checkpoint_method(tmp_path / "slim") == DraftMethod.DFLASH
 
 
 @pytest.mark.timeout(300)

@@ -31,13 +31,25 @@ pytestmark = pytest.mark.pipeline
 DRAFT = "export/3f0c2a9d41be"
 
 
+# what vLLM reads of an EAGLE-3 draft's config (MethodRow.vllm_reads), stated as speculators writes it
+EAGLE3_CONFIG = {
+    "speculators_model_type": "eagle3",
+    "draft_vocab_size": 4,
+    "norm_before_residual": True,
+    "norm_before_fc": False,
+    "fc_norm": False,
+    "norm_output": False,
+    "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+}
+
+
 def export_like(directory: Path) -> str:
     """A small serving checkpoint as export leaves it; returns the weights' sha256."""
     directory.mkdir(parents=True)
     rng = np.random.default_rng(0)
     tensors = {"fc.weight": rng.standard_normal((8, 24)).astype(np.float16), "d2t": np.arange(4)}
     save_file(tensors, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}) + "\n")
+    (directory / "config.json").write_text(json.dumps(EAGLE3_CONFIG) + "\n")
     (directory / "config.py").write_text("class Eagle3SpeculatorConfig: ...\n")
     manifest = write_checkpoint_manifest(directory, {"verifier": "/models/tiny-llama"})
     (directory / "result.json").write_text(json.dumps({"sha256": manifest["sha256"]}))  # export's commit
@@ -151,6 +163,26 @@ def test_a_draft_without_a_manifest_is_checked_by_its_weights(verify: Verify) ->
     (verify.artifacts / DRAFT / "manifest.json").unlink()
     code, result, _ = verify.run()
     assert code == 0 and result["manifest"] is False and list(result["files"]) == ["model.safetensors"]
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["exported-before", "no-manifest"])
+def test_a_config_without_a_field_vllm_reads_is_refused(verify: Verify, manifest: bool) -> None:
+    """Issue 31 (speculators #1065, vLLM #54526): vLLM would serve it with its own default for the field. An
+    old export's manifest matches its files; a draft from elsewhere has none: refused either way."""
+    draft = verify.artifacts / DRAFT
+    config = {k: v for k, v in EAGLE3_CONFIG.items() if k != "norm_before_residual"}
+    (draft / "config.json").write_text(json.dumps(config) + "\n")
+    (draft / "manifest.json").unlink()
+    if manifest:
+        write_checkpoint_manifest(draft, {"verifier": "/models/tiny-llama"})
+    code, message, _ = verify.run()
+    assert code == CHECK_FAILED_EXIT_CODE
+    assert message["reason"] == "DraftFieldsMissing" and message["missing"] == ["norm_before_residual"]
+    assert (
+        message["file"] == "config.json" and "vLLM would serve it with its own defaults" in message["error"]
+    )
+    reason, _ = check_failure("tiny-verify-abc", message) or ("", "")
+    assert reason == "DraftFieldsMissing"
 
 
 def test_the_command_line_exits_with_the_check_failed_code(verify: Verify, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from eagle3_contract.api.fields import QUALIFIED_NAME, QUALIFIED_NAME_MAX, duration_seconds
 
 PARALLEL_DEPTHS = 8  # speculators 0.9's `num_depths` default: the positions a P-EAGLE draft is trained for
+DFLASH_BLOCK_SIZE = 16  # speculators 0.9's `block_size` default: a DFlash block, its anchor included
 
 if TYPE_CHECKING:
     from eagle3_contract.api.spec import Eagle3RunSpec
@@ -42,11 +43,27 @@ def _qualified(key: str) -> bool:
     return len(key) <= QUALIFIED_NAME_MAX and re.fullmatch(QUALIFIED_NAME, key) is not None
 
 
-def _within_depths(s: Eagle3RunSpec) -> bool:
+def _most_tokens(s: Eagle3RunSpec) -> int:
+    """The largest speculation length the spec asks for: evaluation's, serving's, the sweep's."""
     sweep = s.evaluation.sweep
     ks = [s.evaluation.num_speculative_tokens, s.serving.num_speculative_tokens]
     ks += sweep.num_speculative_tokens if sweep is not None else []
-    return max(ks) <= PARALLEL_DEPTHS
+    return max(ks)
+
+
+def _within_depths(s: Eagle3RunSpec) -> bool:
+    return _most_tokens(s) <= PARALLEL_DEPTHS
+
+
+def dflash_block_size(s: Eagle3RunSpec) -> int:
+    """draft.blockSize, or speculators' default."""
+    return s.draft.block_size if s.draft.block_size is not None else DFLASH_BLOCK_SIZE
+
+
+def _block_fits(s: Eagle3RunSpec) -> bool:
+    if s.draft.method != "dflash":
+        return s.draft.block_size is None
+    return _most_tokens(s) <= dflash_block_size(s) - 1
 
 
 def _unique(values: list[int] | None) -> bool:
@@ -90,10 +107,24 @@ RULES: tuple[CrossFieldRule, ...] = (
         lambda s: s.draft.method != "peagle" or _within_depths(s),
     ),
     CrossFieldRule(
+        ".draft.blockSize",
+        "self.draft.method != 'dflash' ? !has(self.draft.blockSize) : ((has(self.draft.blockSize)"
+        f" ? self.draft.blockSize : {DFLASH_BLOCK_SIZE}) - 1 >= self.evaluation.numSpeculativeTokens"
+        f" && (has(self.draft.blockSize) ? self.draft.blockSize : {DFLASH_BLOCK_SIZE}) - 1"
+        " >= self.serving.numSpeculativeTokens && (!has(self.evaluation.sweep)"
+        " || self.evaluation.sweep.numSpeculativeTokens.all(k, k <= (has(self.draft.blockSize)"
+        f" ? self.draft.blockSize : {DFLASH_BLOCK_SIZE}) - 1)))",
+        "draft.blockSize is DFlash's block, for draft.method dflash only (remove it for other methods). A "
+        f"DFlash draft proposes at most blockSize - 1 tokens a step (default {DFLASH_BLOCK_SIZE} - 1): set "
+        "evaluation.numSpeculativeTokens, serving.numSpeculativeTokens and the sweep's values to at most "
+        "that, or raise draft.blockSize",
+        _block_fits,
+    ),
+    CrossFieldRule(
         ".evaluation.predict",
         "self.draft.method == 'eagle3' || !self.evaluation.predict",
         "evaluation.predict predicts from EAGLE-3's published acceptance and step costs: set it false for "
-        "draft.method peagle (evaluate measures the trained draft)",
+        "draft.method peagle or dflash (evaluate measures the trained draft)",
         lambda s: s.draft.method == "eagle3" or not s.evaluation.predict,
     ),
     CrossFieldRule(

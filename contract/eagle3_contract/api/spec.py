@@ -76,6 +76,13 @@ class Scheduler(StrEnum):
     CONSTANT = "constant"
 
 
+class CheckpointSelection(StrEnum):
+    """Which epoch's checkpoint evaluate measures and export ships."""
+
+    VAL_LOSS = "valLoss"
+    ACCEPTANCE = "acceptance"
+
+
 class Verifier(ApiModel):
     """The verifier (target) LLM whose hidden states train the draft and which serves with it."""
 
@@ -242,6 +249,7 @@ class DraftMethod(StrEnum):
 
     EAGLE3 = "eagle3"
     PEAGLE = "peagle"
+    DFLASH = "dflash"
 
 
 class Draft(ApiModel):
@@ -252,11 +260,23 @@ class Draft(ApiModel):
         description=(
             "eagle3: an EAGLE-3 draft, one draft forward per proposed token. peagle: P-EAGLE, an EAGLE-3 "
             "draft trained to propose all its tokens in one forward (vLLM's eagle3 with parallel drafting; "
-            "at most 8 tokens a step). Both read the same verifier layers."
+            "at most 8 tokens a step). dflash: DFlash, a block diffusion draft that fills a block of "
+            "draft.blockSize positions in one forward (vLLM's dflash; at most blockSize - 1 tokens a step). "
+            "All three read the same verifier layers (extraction.layers)."
         ),
     )
     vocab_size: int = Field(32000, ge=16, description="Draft vocabulary size (most frequent target tokens).")
     layers: int = Field(1, ge=1, le=8, description="Decoder layers in the draft.")
+    block_size: int | None = Field(
+        None,
+        ge=2,
+        le=32,
+        description=(
+            "draft.method dflash only: the positions of a drafted block (the anchor, the verifier's token, "
+            "and blockSize - 1 proposals); default 16, speculators'. The speculation length is at most "
+            "blockSize - 1."
+        ),
+    )
 
 
 class Training(ApiModel):
@@ -279,6 +299,24 @@ class Training(ApiModel):
     )
     sequence_length: int = Field(
         8192, ge=16, le=1_048_576, description="Tokens per packed training row; at least the sample length."
+    )
+    checkpoint_selection: CheckpointSelection = Field(
+        CheckpointSelection.VAL_LOSS,
+        description=(
+            "Which epoch's draft ships: valLoss, the lowest validation loss (speculators' checkpoint_best); "
+            "acceptance, the one vLLM accepts most of: evaluate serves each of the last "
+            "training.checkpointsToEvaluate epochs' drafts on the held-out prompts (one vLLM server each) "
+            "and export ships the most accepted. Opt-in: it costs a vLLM server per checkpoint."
+        ),
+    )
+    checkpoints_to_evaluate: int = Field(
+        3,
+        ge=1,
+        le=32,
+        description=(
+            "With checkpointSelection acceptance: the last epochs whose checkpoints evaluate measures "
+            "(at most training.epochs)."
+        ),
     )
 
 

@@ -19,6 +19,7 @@ from eagle3_contract.api.status import (
     StageProgress,
     StageStatus,
 )
+from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stage_metrics import eta_text
 
 STAGE_SUCCEEDED = "StageSucceeded"
@@ -46,8 +47,18 @@ def _figures(progress: StageProgress | None) -> str:
 def _succeeded(stage: str, status: StageStatus, seconds: float | None) -> str:
     took = f" in {eta_text(seconds)}" if seconds is not None else ""
     retry = f" (attempt {status.attempts})" if status.attempts > 1 else ""
-    figures = _figures(status.progress) if stage == "train" else ""
+    figures = _figures(status.progress) if stage == "train" else _choice(stage, status)
     return f"stage {stage} succeeded{took}{retry}" + (f": {figures}" if figures else "")
+
+
+def _choice(stage: str, status: StageStatus) -> str:
+    """evaluate's checkpoint choice (training.checkpointSelection acceptance): each epoch's measured
+    acceptance next to its validation loss, and the epoch that ships."""
+    if stage != "evaluate":
+        return ""
+    result = EvaluateResult.parse(status.result)
+    choice = result.checkpoint_selection if result is not None else None
+    return choice.line() if choice is not None else ""
 
 
 def _epochs(before: StageProgress | None, after: StageProgress) -> str | None:

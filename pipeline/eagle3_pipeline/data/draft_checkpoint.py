@@ -82,6 +82,14 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
     return config
 
 
+def unstated_fields(config: dict[str, Any]) -> list[str]:
+    """The fields vLLM reads from a draft of this config's method (its row's `vllm_reads`) that the config
+    does not state: vLLM would take its own defaults for them."""
+    method = method_of_checkpoint(config)
+    reads = METHODS[method].vllm_reads if method is not None else ()
+    return [name for name in reads if name not in config]
+
+
 def checkpoint_method(checkpoint: Path) -> DraftMethod:
     """The draft method of a checkpoint directory, from its config (speculators_model_type)."""
     method = method_of_checkpoint(read_config(checkpoint))
@@ -236,6 +244,13 @@ def write_serving_checkpoint(source: Path, target: Path, verifier: str) -> SlimC
     from safetensors.torch import save_file
 
     config = read_config(source)
+    unstated = unstated_fields(config)
+    if unstated:
+        raise StageError(
+            f"{source / CONFIG_FILE} does not state {', '.join(unstated)}: vLLM would load the draft with "
+            "its own defaults for them, not with what was trained (speculators #1065); re-run stage train "
+            "with this version's speculators, or add the fields with the trained values"
+        )
     weights = serving_weights(source, config)
     target.mkdir(parents=True, exist_ok=True)
     save_file(weights.tensors, str(target / WEIGHTS_FILE), metadata={"format": "pt"})

@@ -126,6 +126,10 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
     elif rule.field_path == ".verifier.maxModelLen":
         assume(max_len > 128)
         value = draw(st.integers(128, max_len - 1))
+    elif rule.field_path == ".draft.blockSize":
+        # a block size on a method without blocks (eagle3: its other rules hold whatever the k's)
+        doc.setdefault("draft", {})["method"] = "eagle3"
+        value = draw(st.integers(2, 32))
     elif rule.field_path == ".dataset.format":
         doc.setdefault("regeneration", {})["enabled"] = False
         value = "prompts"
@@ -179,7 +183,7 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
         serving["numSpeculativeTokens"] = min(eff["serving"]["numSpeculativeTokens"], 8)
         if evaluation.get("sweep"):
             evaluation["sweep"]["numSpeculativeTokens"] = sorted(
-                {min(k, 8) for k in evaluation["sweep"]["numSpeculativeTokens"]}
+                {min(k, 8) for k in eff["evaluation"]["sweep"]["numSpeculativeTokens"]}
             )
         if rule.field_path == ".evaluation.predict":
             evaluation["numSpeculativeTokens"] = min(eff["evaluation"]["numSpeculativeTokens"], 8)

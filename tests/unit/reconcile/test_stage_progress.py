@@ -134,6 +134,25 @@ def test_an_epoch_completed_between_two_readings_is_one_event_and_a_finished_sta
     ]
 
 
+def test_evaluates_event_names_each_epochs_acceptance_beside_its_loss_and_the_one_shipped() -> None:
+    checkpoints = [
+        {"epoch": e, "checkpoint": f"checkpoints/{e}", "valLoss": loss, "acceptanceLength": length}
+        for e, loss, length in ((3, 1.9, 2.95), (4, 1.8, 3.1), (5, 1.7, 2.7))
+    ]
+    choice = {"by": "acceptance", "epoch": 4, "checkpoint": "checkpoints/4", "valLossEpoch": 5}
+    result = {"acceptanceLength": 3.1, "checkpointSelection": choice | {"checkpoints": checkpoints}}
+    done = {"stages": {"evaluate": {"phase": "Succeeded", "hash": "e", "attempts": 1, "result": result}}}
+    [(reason, message)] = progress_news(Eagle3RunStatus(), status_of(done), {"evaluate": 30.0})
+    assert reason == STAGE_SUCCEEDED
+    assert message == (
+        "stage evaluate succeeded in 30s: acceptance length by epoch: epoch 3: 2.950 (val loss 1.900), "
+        "epoch 4: 3.100 (val loss 1.800), epoch 5: 2.700 (val loss 1.700); epoch 4 ships; the lowest "
+        "validation loss was epoch 5's"
+    )
+    plain = {"stages": {"evaluate": {"phase": "Succeeded", "hash": "e", "result": {"acceptanceLength": 3.1}}}}
+    assert progress_news(Eagle3RunStatus(), status_of(plain), {})[0][1] == "stage evaluate succeeded"
+
+
 def test_the_expected_time_of_a_running_stage_is_its_live_one_where_it_reports_an_eta() -> None:
     started = ts(0)
     live = {

@@ -52,6 +52,7 @@ from typing import Any
 
 from eagle3_contract.api.spec import Sampling
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
+from eagle3_contract.results import CheckpointChoice
 from eagle3_contract.stages import Stage
 from eagle3_contract.vllm_command import draft_speculative_config
 from eagle3_pipeline.data.draft_checkpoint import (
@@ -64,7 +65,7 @@ from eagle3_pipeline.data.draft_checkpoint import (
     unservable_mapping,
     write_serving_checkpoint,
 )
-from eagle3_pipeline.runtime.context import StageContext
+from eagle3_pipeline.runtime.context import StageContext, read_result
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.degenerate import Screening, screen
 from eagle3_pipeline.serving.requests import (
@@ -75,12 +76,19 @@ from eagle3_pipeline.serving.requests import (
     settled_counters,
 )
 from eagle3_pipeline.serving.vllm_server import VllmServer
+from eagle3_pipeline.stages.evaluate.checkpoints import (
+    Candidate,
+    Measured,
+    candidates,
+    choice_document,
+    choose,
+)
 from eagle3_pipeline.stages.evaluate.prompts import (
     answered,
     held_out_prompts,
     write_answers,
 )
-from eagle3_pipeline.stages.evaluate.summary import Evaluation, summarize, with_sweep
+from eagle3_pipeline.stages.evaluate.summary import Evaluation, acceptance_of, summarize, with_sweep
 from eagle3_pipeline.stages.evaluate.sweep import SpeculationSweep, prompts_wanted, server_options
 
 logger = logging.getLogger(__name__)
@@ -99,7 +107,9 @@ def run(ctx: Context) -> dict[str, Any]:
     held = held_out_prompts(ctx.data_input() / CONVERSATIONS_FILE, wanted)
     available = held.prompts
     prompts = available[: ctx.params.prompts]
-    source = best_checkpoint(ctx.input(Stage.TRAIN))
+    train = ctx.input(Stage.TRAIN)
+    source = best_checkpoint(train)
+    choosing = candidates(train, ctx.params.checkpoints_to_evaluate or 0)
     vocab = target_vocab_size(read_config(source))
     slim = write_serving_checkpoint(source, ctx.work / DRAFT_DIR, ctx.params.verifier.model)
     d2t, t2d = slim.weights.tensors.get("d2t"), slim.weights.tensors.get("t2d")
@@ -115,15 +125,26 @@ def run(ctx: Context) -> dict[str, Any]:
     # evaluation.sweep: not for a draft whose mapping is broken (it fails the gate whatever its speed)
     sweep = SpeculationSweep.of(ctx, available) if problem is None else None
     swept = sweep.total_prompts if sweep is not None else 0
-    ctx.progress.begin("prompts", len(prompts) * passes + swept)  # alone, with the draft (greedy, sampled)
+    chosen: dict[str, Any] | None = None
+    ctx.progress.begin("prompts", len(prompts) * (passes + len(choosing)) + swept)
     if problem is None:
         # the verifier alone first: its greedy answers screen the prompts
         # (eagle3_pipeline.serving.degenerate), so the draft server's counters only see the prompts kept
         baseline = measure(ctx, prompts, None, sweep)
         screening = screening_of(baseline)
+        kept = screening.kept
         swept = sweep.total_prompts if sweep is not None else 0  # without the prompts screened out
-        ctx.progress.set_total(answered(len(prompts), len(screening.kept), passes) + swept)
-        with_draft = measure(ctx, prompts, slim.path, sweep, screening.kept) if screening.kept else None
+        each = len(kept) * len(choosing)  # training.checkpointSelection acceptance: a server per epoch
+        ctx.progress.set_total(answered(len(prompts), len(kept), passes) + each + swept)
+        with_draft = None
+        if choosing and kept:
+            best, chosen = choose_checkpoint(ctx, prompts, kept, train, choosing)
+            if best.candidate.path(train).resolve() != source:  # the chosen epoch's draft is measured
+                source = best.candidate.path(train).resolve()
+                slim = write_serving_checkpoint(source, slim.path, ctx.params.verifier.model)
+            with_draft = best.run if ctx.params.sampling is None and sweep is None else None
+        if with_draft is None and kept:
+            with_draft = measure(ctx, prompts, slim.path, sweep, kept)
         if sweep is not None and with_draft is not None:
             sweep.measure_other_ks(slim.path, ctx.params.num_speculative_tokens)
     else:
@@ -136,7 +157,41 @@ def run(ctx: Context) -> dict[str, Any]:
     write_answers(ctx.work / ANSWERS_FILE, held, screening, baseline or with_draft)
     ev = Evaluation(prompts, held.available, with_draft, baseline, problem, source, foreign, screening, held)
     result = with_sweep(summarize(ctx, ev), sweep if with_draft is not None else None)
+    result["checkpointSelection"] = chosen  # None: train's best by validation loss was measured
     return result | {"seconds": round(time.monotonic() - started, 3)}
+
+
+# --- training.checkpointSelection acceptance: a server per epoch -----------------------------------------
+
+
+def choose_checkpoint(
+    ctx: Context, prompts: list[list[Message]], kept: list[int], train: Path, choosing: list[Candidate]
+) -> tuple[Measured, dict[str, Any]]:
+    """Serve each candidate epoch's draft on the kept prompts (greedy), and choose the most accepted
+    (eagle3_pipeline.stages.evaluate.checkpoints); the result's `checkpointSelection` with it."""
+    k = ctx.params.num_speculative_tokens
+    measured: list[Measured] = []
+    for c in choosing:
+        slim = write_serving_checkpoint(
+            c.path(train), ctx.work / f"{DRAFT_DIR}-epoch{c.epoch}", ctx.params.verifier.model
+        )
+        try:
+            run = measure(ctx, prompts, slim.path, None, kept, label=f"draft-epoch{c.epoch}", extras=False)
+        finally:
+            shutil.rmtree(slim.path, ignore_errors=True)
+        _, acceptance = acceptance_of(run, k)
+        measured.append(Measured(c, acceptance.length, acceptance.rate, run.tokens_per_second, run))
+        logger.info(
+            "evaluate: epoch %d (val loss %s): acceptance length %.3f, %.1f output tokens/s",
+            c.epoch,
+            c.val_loss,
+            acceptance.length,
+            run.tokens_per_second or 0.0,
+        )
+    best = choose(measured)
+    document = choice_document(measured, best, read_result(train).get("bestEpoch"))
+    logger.info("evaluate: %s", CheckpointChoice.model_validate(document).line())
+    return best, document
 
 
 # --- one server: the runs over the prompts ---------------------------------------------------------------
@@ -148,20 +203,23 @@ def measure(
     draft: Path | None,
     sweep: SpeculationSweep | None = None,
     kept: list[int] | None = None,
+    label: str | None = None,
+    extras: bool = True,
 ) -> Measurement:
     """Serve the verifier (with `draft` when given), answer the prompts greedily, and read the counters around
     it. Without `kept`, every prompt, and the answers are screened (`screened`); with it, those prompts only
     (when fewer than all, after answering them once unmeasured: the screening server measured them with
     their prefixes cached). With a draft and evaluation.sampling, the kept prompts are answered again with
     those settings on the same server; with evaluation.sweep, its cells at this server's k (or its
-    baselines) are measured there too."""
-    label = "draft" if draft is not None else "baseline"
+    baselines) are measured there too; `extras` false: neither (a candidate checkpoint's greedy run)."""
+    label = label or ("draft" if draft is not None else "baseline")
     # the serving Deployment's speculative config (eagle3_contract.vllm_command), with the slim draft
     k = ctx.params.num_speculative_tokens
     config = None if draft is None else draft_speculative_config(str(draft), k, checkpoint_method(draft))
     engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
     log = ctx.work / f"vllm-{label}.log"
-    sampling = ctx.params.sampling if draft is not None else None
+    sampling = ctx.params.sampling if draft is not None and extras else None
+    sweep = sweep if extras else None
     options = server_options(ctx.params)
     with VllmServer(
         ctx, engine, seed=ctx.tuning.seed, speculative_config=config, log_path=log, options=options

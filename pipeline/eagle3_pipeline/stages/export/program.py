@@ -1,7 +1,10 @@
 """export: the slim serving checkpoint of train's best draft, with a manifest of sha256 digests.
 
 Inputs: `train` (its best checkpoint), `vocab` (the d2t/t2d the draft must carry) and, with
-`evaluation.sweep`, `evaluate` (its `speculation` table goes into the manifest). The output directory is
+`evaluation.sweep`, `evaluate` (its `speculation` table goes into the manifest); with
+training.checkpointSelection acceptance, `evaluate` too: its `checkpointSelection` names the epoch shipped
+(the most accepted of those it measured) instead of train's best by validation loss, and goes into the
+manifest with every measured epoch's figures. The output directory is
 the draft vLLM serves (`--speculative-config '{"method": "eagle3", "model": <output>, ...}'`):
   config.json        the checkpoint's speculators config, the verifier named as `verifier.model` names it
                      (a path on the model cache volume or a Hub id, not the training machine's path), bf16
@@ -30,7 +33,9 @@ from eagle3_contract.params import ExportParams, ExportTuning
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage
 from eagle3_pipeline.data.draft_checkpoint import (
+    CONFIG_FILE,
     SPECULATION_KEY,
+    WEIGHTS_FILE,
     ServingWeights,
     best_checkpoint,
     directory_bytes,
@@ -53,7 +58,8 @@ def run(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
     started = time.monotonic()
     ctx.progress.begin("steps", 3)
     train, vocab = ctx.input(Stage.TRAIN), ctx.input(Stage.VOCAB)
-    source = best_checkpoint(train)
+    evaluated = evaluate_result(ctx)
+    source, chosen = shipped_checkpoint(train, evaluated)
     verifier = ctx.params.verifier.model
     slim = write_serving_checkpoint(source, ctx.work, verifier)
     ctx.progress.advance()
@@ -67,7 +73,8 @@ def run(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
             "verifierRevision": ctx.params.verifier.revision,
             "trainableParameters": weights.trainable_parameters,
             "draftHeadParameters": weights.head_parameters,
-            **speculation_of(ctx),
+            **speculation_of(evaluated),
+            **chosen,
         },
     )
     ctx.progress.advance()
@@ -94,15 +101,36 @@ def run(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
     }
 
 
-def speculation_of(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
-    """{SPECULATION_KEY: evaluate's speculation-length table} when evaluate is an input (evaluation.sweep)
-    and its result has one; {} otherwise (the manifest then has no such key, as before the sweep)."""
+def evaluate_result(ctx: StageContext[ExportParams, ExportTuning]) -> EvaluateResult | None:
+    """evaluate's result when it is an input (evaluation.sweep, training.checkpointSelection acceptance)."""
     if Stage.EVALUATE not in ctx.inputs:
-        return {}
-    evaluated = EvaluateResult.parse(read_result(ctx.input(Stage.EVALUATE)))
+        return None
+    return EvaluateResult.parse(read_result(ctx.input(Stage.EVALUATE)))
+
+
+def shipped_checkpoint(train: Path, evaluated: EvaluateResult | None) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint export ships: the epoch evaluate chose by measured acceptance (and the manifest's
+    `checkpointSelection`: every measured epoch's figures) when it chose one, else train's best by
+    validation loss (and nothing for the manifest)."""
+    choice = evaluated.checkpoint_selection if evaluated is not None else None
+    if choice is None:
+        return best_checkpoint(train), {}
+    path = train / choice.checkpoint
+    missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (path / n).is_file()]
+    if missing:
+        raise StageError(
+            f"evaluate chose epoch {choice.epoch}'s checkpoint {path}, which has no {', '.join(missing)}: "
+            "train's output changed after evaluate; re-run stages train and evaluate"
+        )
+    logger.info("export: epoch %d's checkpoint (chosen by measured acceptance)", choice.epoch)
+    return path, {"checkpointSelection": choice.model_dump(mode="json", by_alias=True)}
+
+
+def speculation_of(evaluated: EvaluateResult | None) -> dict[str, Any]:
+    """{SPECULATION_KEY: evaluate's speculation-length table} when evaluate measured one (evaluation.sweep);
+    {} otherwise (the manifest then has no such key, as before the sweep)."""
     table = evaluated.speculation if evaluated is not None else None
     if table is None:
-        logger.warning("export: evaluate's result has no speculation table; the manifest has none")
         return {}
     return {SPECULATION_KEY: table.model_dump(mode="json", by_alias=True)}
 

@@ -31,7 +31,13 @@ from typing import Any
 import torch
 
 from eagle3_contract.api.spec import DraftMethod, Scheduler
-from eagle3_contract.draft_methods import METHODS, PARALLEL_DEPTHS, MethodRow, method_row
+from eagle3_contract.draft_methods import (
+    DFLASH_BLOCK_SIZE,
+    METHODS,
+    PARALLEL_DEPTHS,
+    MethodRow,
+    method_row,
+)
 from eagle3_contract.log_format import configure_logging
 from eagle3_contract.params import TrainParams
 from eagle3_pipeline.adapters.eagle3_loss_cpu import fused_loss
@@ -118,7 +124,7 @@ def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu
         "train_data_ratio": src.train_ratio,
         # offline: never speculators' default "generate", which would ask a vLLM at localhost:8000
         **online_settings(src),
-        **method_settings(row, t.ttt_steps, cpu=cpu),
+        **method_settings(row, params, cpu=cpu),
         "lr": t.learning_rate,
         "scheduler_warmup_ratio": t.warmup_ratio,
         "epochs": t.epochs,
@@ -138,13 +144,18 @@ def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu
         raise StageError(f"speculators refused the training settings: {exc}") from None
 
 
-def method_settings(row: MethodRow, ttt_steps: int, *, cpu: bool) -> dict[str, Any]:
+def method_settings(row: MethodRow, params: TrainParams, *, cpu: bool) -> dict[str, Any]:
     """speculators' options of the draft method: EAGLE-3's training-time-test steps; P-EAGLE's depths
-    (speculators' default, PARALLEL_DEPTHS) and, on the CPU, its hidden states read in float32: its `fc`
-    takes them without a norm, so without a GPU's autocast the bfloat16 files would meet float32 weights."""
+    (speculators' default, PARALLEL_DEPTHS); DFlash's block size (draft.blockSize, or speculators' default).
+    P-EAGLE and DFlash, on the CPU, read their hidden states in float32: their `fc` takes them without a
+    norm, so without a GPU's autocast the bfloat16 files would meet float32 weights."""
     if row.method == DraftMethod.EAGLE3:
-        return {"ttt_steps": ttt_steps}
-    return {"num_depths": PARALLEL_DEPTHS, **({"hidden_states_dtype": "float32"} if cpu else {})}
+        return {"ttt_steps": params.training.ttt_steps}
+    float32 = {"hidden_states_dtype": "float32"} if cpu else {}
+    if row.method == DraftMethod.DFLASH:
+        block = params.draft.block_size if params.draft.block_size is not None else DFLASH_BLOCK_SIZE
+        return {"block_size": block, **float32}
+    return {"num_depths": PARALLEL_DEPTHS, **float32}
 
 
 def online_settings(src: DraftSources) -> dict[str, Any]:
@@ -272,7 +283,8 @@ def build_trainer(args: argparse.Namespace) -> Any:
         num_target_layers=len(args.target_layer_ids),
         num_workers=args.num_workers,
         prefetch_factor=args.prefetch_factor,
-        preprocess=shift_batch,
+        # as `speculators train` does: EAGLE-3 and P-EAGLE shift the batch; DFlash reads it as it is
+        preprocess=shift_batch if args.speculator_type in ("eagle3", "peagle") else None,
         train_data_ratio=args.train_data_ratio,
         seed=args.seed,
     )

@@ -79,10 +79,10 @@ class _Accumulator:
         return self.sums[key] / self.steps if key in self.sums and self.steps else None
 
 
-def by_position(values: Mapping[str, Any], template: str) -> list[float]:
-    """[values[template.format(0)], values[template.format(1)], ...] for as long as the keys exist."""
+def by_position(values: Mapping[str, Any], template: str, start: int = 0) -> list[float]:
+    """[values[template.format(start)], values[template.format(start + 1)], ...] while the keys exist."""
     out: list[float] = []
-    while (value := values.get(template.format(len(out)))) is not None:
+    while (value := values.get(template.format(start + len(out)))) is not None:
         out.append(_round(float(value)))
     return out
 
@@ -98,8 +98,20 @@ def acceptance_length(conditional: list[float]) -> float:
 
 def accuracy_by_position(values: Mapping[str, Any], suffix: str = "") -> list[float]:
     """EAGLE-3's conditional accuracy by position (`cond_acc_<k>`), else P-EAGLE's accuracy by depth
-    (`position_<d>_acc`: each depth's proposal against the verifier's token there, from the real context)."""
-    return by_position(values, "cond_acc_{}" + suffix) or by_position(values, "position_{}_acc" + suffix)
+    (`position_<d>_acc`: each depth's proposal against the verifier's token there, from the real context),
+    else DFlash's by block position (`position <i> acc`, from 1: position 0 is the anchor, not drafted)."""
+    return (
+        by_position(values, "cond_acc_{}" + suffix)
+        or by_position(values, "position_{}_acc" + suffix)
+        or by_position(values, "position_{}_acc" + suffix, start=1)
+    )
+
+
+def estimated_acceptance_length(val: Mapping[str, Any], accuracy: list[float]) -> float:
+    """DFlash's own expected accepted length (`eal`: the mean accepted run per block plus the bonus token,
+    counted per block) where speculators reports it; else 1 + a0 + a0*a1 + ... from `accuracy`."""
+    eal = val.get("eal_epoch")
+    return _round(float(eal)) if eal is not None else acceptance_length(accuracy)
 
 
 def epoch_line(epoch: int, acc: _Accumulator, val: Mapping[str, Any]) -> Epoch:
@@ -114,7 +126,7 @@ def epoch_line(epoch: int, acc: _Accumulator, val: Mapping[str, Any]) -> Epoch:
         "valAccuracyByPosition": val_acc,
         "valFullAccuracyByPosition": by_position(val, "full_acc_{}_epoch"),
         "valLossByPosition": by_position(val, "loss_{}_epoch"),
-        "estimatedAcceptanceLength": acceptance_length(val_acc),
+        "estimatedAcceptanceLength": estimated_acceptance_length(val, val_acc),
         "trainSteps": acc.steps,
         "trainTokens": round(acc.tokens),
         "trainSeconds": _round(acc.step_seconds),

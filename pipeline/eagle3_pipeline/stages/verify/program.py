@@ -29,8 +29,15 @@ from pydantic import ValidationError
 from eagle3_contract.api.speculation import SpeculationTable
 from eagle3_contract.mounts import draft_path
 from eagle3_contract.params import VerifyParams, VerifyTuning
-from eagle3_contract.reasons import CHECKPOINT_MISSING, CHECKSUM_MISMATCH
-from eagle3_pipeline.data.draft_checkpoint import MANIFEST_FILE, SPECULATION_KEY, WEIGHTS_FILE, sha256_of
+from eagle3_contract.reasons import CHECKPOINT_MISSING, CHECKSUM_MISMATCH, DRAFT_FIELDS_MISSING
+from eagle3_pipeline.data.draft_checkpoint import (
+    CONFIG_FILE,
+    MANIFEST_FILE,
+    SPECULATION_KEY,
+    WEIGHTS_FILE,
+    sha256_of,
+    unstated_fields,
+)
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import CheckFailed, StageError
 from eagle3_pipeline.runtime.reporter import StageReporter
@@ -69,6 +76,7 @@ def run(ctx: StageContext[VerifyParams, VerifyTuning]) -> dict[str, Any]:
     files = check_manifest(directory, shown, pinned.path, actual, ctx.progress) or {
         WEIGHTS_FILE: {"sha256": actual, "bytes": weights.stat().st_size}
     }
+    check_fields(directory, shown, pinned.path)
     logger.info("verify: %s has sha256 %s, as pinned; %d file(s) checked", shown, actual, len(files))
     return {
         "path": pinned.path,
@@ -113,6 +121,27 @@ def checksum_mismatch(path: str, expected: str, actual: str) -> CheckFailed:
         expected=expected,
         actual=actual,
     )
+
+
+def check_fields(directory: Path, shown: str, path: str) -> None:
+    """The draft's config.json states every field vLLM reads for its method (MethodRow.vllm_reads), so vLLM
+    loads the draft that was trained, not its own defaults (speculators #1065, vLLM #54526). A config this
+    version cannot read is left to vLLM (a draft of a method this version does not train)."""
+    try:
+        config = json.loads((directory / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return
+    missing = unstated_fields(config) if isinstance(config, dict) else []
+    if missing:
+        raise CheckFailed(
+            DRAFT_FIELDS_MISSING,
+            f"the pinned draft's {shown}/{CONFIG_FILE} does not state {', '.join(missing)}: vLLM would serve "
+            "it with its own defaults for them, not as it was trained; re-export it with this version, or "
+            f"add the fields with the trained values; {WHAT_TO_DO}",
+            path=path,
+            file=CONFIG_FILE,
+            missing=missing,
+        )
 
 
 def check_manifest(

@@ -1,0 +1,115 @@
+"""training.checkpointSelection acceptance: which epochs' drafts evaluate measures, and which one it keeps.
+
+Validation loss picks speculators' `checkpoint_best`, but what a run is for is the tokens vLLM accepts, and
+that can peak before the loss stops falling. With `evaluation.checkpointsToEvaluate` N (the stage's
+param, from training.checkpointsToEvaluate), evaluate serves each of train's last N epochs' checkpoints on
+the kept held-out prompts (greedy, at evaluation.numSpeculativeTokens, one vLLM server each) and keeps the
+most accepted: ties go to the lower validation loss, then to the later epoch. The chosen one is measured
+in full (sampling, sweep) and export ships it. Pure: the program measures, this module reads train's epochs
+and chooses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_pipeline.data.draft_checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from eagle3_pipeline.runtime.context import read_result
+from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.serving.requests import Measurement
+
+CHECKPOINTS_DIR = "checkpoints"  # train's: checkpoints/<epoch>/ for every epoch
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One epoch's checkpoint in train's output, with its validation loss."""
+
+    epoch: int
+    checkpoint: str  # relative to train's output
+    val_loss: float | None
+
+    def path(self, train_output: Path) -> Path:
+        return train_output / self.checkpoint
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A candidate's greedy figures on the kept prompts (None: vLLM was never asked for a draft token)."""
+
+    candidate: Candidate
+    acceptance_length: float | None
+    acceptance_rate: float | None
+    output_tokens_per_second: float | None
+    run: Measurement | None = field(default=None, compare=False, repr=False)  # the greedy run itself
+
+
+def candidates(train_output: Path, last: int) -> list[Candidate]:
+    """Train's last `last` epochs, oldest first (none for `last` 0); a StageError when one's checkpoint is
+    missing."""
+    if last <= 0:
+        return []
+    epochs = read_result(train_output).get("epochs") or []
+    if not epochs:
+        raise StageError(f"train's result in {train_output} lists no epochs: re-run stage train")
+    chosen = [
+        Candidate(int(e["epoch"]), f"{CHECKPOINTS_DIR}/{int(e['epoch'])}", _finite(e.get("valLoss")))
+        for e in epochs[-last:]
+    ]
+    for c in chosen:
+        missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (c.path(train_output) / n).is_file()]
+        if missing:
+            raise StageError(
+                f"train's checkpoint of epoch {c.epoch} ({c.path(train_output)}) has no "
+                f"{', '.join(missing)}: checkpoint selection by acceptance needs every epoch's "
+                "checkpoint; re-run stage train"
+            )
+    return chosen
+
+
+def choose(measured: list[Measured]) -> Measured:
+    """The most accepted; ties to the lower validation loss, then the later epoch."""
+    if not measured:
+        raise ValueError("no checkpoint was measured")
+
+    def key(m: Measured) -> tuple[float, float, int]:
+        loss = m.candidate.val_loss
+        return (
+            m.acceptance_length if m.acceptance_length is not None else -math.inf,
+            -loss if loss is not None else -math.inf,
+            m.candidate.epoch,
+        )
+
+    return max(measured, key=key)
+
+
+def choice_document(measured: list[Measured], chosen: Measured, val_loss_epoch: int | None) -> dict[str, Any]:
+    """The result's `checkpointSelection` (eagle3_contract.results.CheckpointChoice)."""
+    return {
+        "by": "acceptance",
+        "epoch": chosen.candidate.epoch,
+        "checkpoint": chosen.candidate.checkpoint,
+        "valLossEpoch": val_loss_epoch,
+        "checkpoints": [
+            {
+                "epoch": m.candidate.epoch,
+                "checkpoint": m.candidate.checkpoint,
+                "valLoss": m.candidate.val_loss,
+                "acceptanceLength": _rounded(m.acceptance_length),
+                "acceptanceRate": _rounded(m.acceptance_rate),
+                "outputTokensPerSecond": _rounded(m.output_tokens_per_second, 3),
+            }
+            for m in measured
+        ],
+    }
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _rounded(value: float | None, digits: int = 6) -> float | None:
+    return round(value, digits) if value is not None else None
