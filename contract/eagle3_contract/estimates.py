@@ -161,18 +161,24 @@ def _stage_tokens(spec: Eagle3RunSpec, plan: StagePlan, tokens: int | None) -> t
     if stage in (Stage.PREPARE, Stage.GENERATE, Stage.EXTRACT, Stage.VOCAB) and tokens is not None:
         return tokens, "the dataset's tokens"
     if stage is Stage.TRAIN and tokens is not None:
-        epochs = spec.training.epochs
-        return tokens * epochs, f"the dataset's tokens x {epochs} training.epochs"
+        epochs, candidates = spec.training.epochs, spec.draft.candidates or []
+        basis = f"the dataset's tokens x {epochs} training.epochs"
+        if candidates:  # trained in turn, each from the same data
+            names = ", ".join(c.value for c in candidates)
+            return tokens * epochs * len(
+                candidates
+            ), f"{basis} x {len(candidates)} draft.candidates ({names})"
+        return tokens * epochs, basis
     if stage is Stage.EVALUATE:
         ev = spec.evaluation
-        chosen = checkpoints_to_evaluate(spec)
+        chosen = checkpoints_to_evaluate(spec) or (len(spec.draft.candidates or []) or None)
         if chosen is None:
             return 2 * ev.prompts * ev.max_tokens, (
                 "upper bound: evaluation.prompts x maxTokens, generated with and without the draft"
             )
         return (2 + chosen) * ev.prompts * ev.max_tokens, (
             "upper bound: evaluation.prompts x maxTokens, generated without the draft, with it, and with "
-            f"each of the last {chosen} epochs' drafts (training.checkpointSelection acceptance)"
+            f"each of {chosen} drafts to choose from (the last epochs, or draft.candidates)"
         )
     return None, None
 

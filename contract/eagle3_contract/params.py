@@ -302,6 +302,8 @@ class TrainParams(StageParams):
         if self.draft.block_size is None:
             data["draft"].pop("block_size", None)
             data["draft"].pop("blockSize", None)
+        if self.draft.candidates is None:
+            data["draft"].pop("candidates", None)
         for key in ("checkpoint_selection", "checkpointSelection", "checkpoints_to_evaluate"):
             data["training"].pop(key, None)  # train_params sets their defaults: evaluate's, not train's
         data["training"].pop("checkpointsToEvaluate", None)

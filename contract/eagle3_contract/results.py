@@ -241,6 +241,18 @@ class TrainEpoch(ResultModel):
     learning_rate: Any = None  # speculators' value as it logs it ({optimizer: lr} today)
 
 
+class TrainCandidate(ResultModel):
+    """draft.candidates: one method's training, in the train stage's `candidates/<method>/`."""
+
+    method: str
+    checkpoint: str  # relative to train's output
+    best_epoch: int | None = None
+    best_val_loss: float | None = None
+    estimated_acceptance_length: float | None = None
+    train_seconds: float | None = None
+    parameters: int | None = None
+
+
 class TrainResult(StageResult):
     STAGE = Stage.TRAIN
     SUMMARY = ("draft_vocab_size", "best_val_loss", "estimated_acceptance_length")
@@ -261,6 +273,8 @@ class TrainResult(StageResult):
     draft_vocab_size: int | None = None
     aux_layers: list[int] | None = None
     ttt_steps: int | None = None
+    # draft.candidates: every method trained (the figures above are draft.method's); None without
+    candidates: list[TrainCandidate] | None = None
 
     @property
     def tokens_processed(self) -> int | None:
@@ -298,6 +312,7 @@ class CheckpointFigures(ResultModel):
 
     epoch: int
     checkpoint: str  # relative to train's output
+    method: str | None = None  # draft.candidates: the candidate's method
     val_loss: float | None = None
     acceptance_length: float | None = None
     acceptance_rate: float | None = None
@@ -305,8 +320,10 @@ class CheckpointFigures(ResultModel):
 
 
 class CheckpointChoice(ResultModel):
-    """Which epoch's draft evaluate measured in full and export ships, and why (`by`: acceptance; the most
-    accepted, ties to the lower validation loss, then the later epoch)."""
+    """Which draft evaluate measured in full and export ships, and why: `by` acceptance
+    (training.checkpointSelection: of the last epochs, the most accepted; ties to the lower validation loss,
+    then the later epoch) or outputTokensPerSecond (draft.candidates: of the candidates' best checkpoints,
+    the fastest; ties to the more accepted)."""
 
     by: str
     epoch: int
@@ -317,6 +334,14 @@ class CheckpointChoice(ResultModel):
     def line(self) -> str:
         """One line for a person (evaluate's log, the run's Event, `eagle3 status`): each epoch's acceptance
         next to its validation loss, and the choice."""
+        if self.by == OUTPUT_TOKENS_PER_SECOND:
+            cells = ", ".join(
+                f"{c.method}: {_shown(c.output_tokens_per_second, 1)} output tokens/s (acceptance length "
+                f"{_shown(c.acceptance_length)})"
+                for c in self.checkpoints
+            )
+            chosen = next((c.method for c in self.checkpoints if c.checkpoint == self.checkpoint), None)
+            return f"candidates: {cells}; {chosen} ships"
         cells = ", ".join(
             f"epoch {c.epoch}: {_shown(c.acceptance_length)} (val loss {_shown(c.val_loss)})"
             for c in self.checkpoints
@@ -327,8 +352,11 @@ class CheckpointChoice(ResultModel):
         )
 
 
-def _shown(value: float | None) -> str:
-    return f"{value:.3f}" if value is not None else "n/a"
+OUTPUT_TOKENS_PER_SECOND = "outputTokensPerSecond"  # CheckpointChoice.by for draft.candidates
+
+
+def _shown(value: float | None, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if value is not None else "n/a"
 
 
 class EvaluateResult(StageResult):
@@ -403,6 +431,7 @@ class ExportResult(StageResult):
     dropped_files: list[str] | None = None
     verifier: str | None = None
     files: list[str] | None = None
+    method: str | None = None  # the draft's method (its speculators_model_type): what serving rolls out
 
 
 class VerifiedFile(ResultModel):
@@ -422,6 +451,9 @@ class VerifyResult(StageResult):
     # the pinned draft's speculation-length table, from its manifest (export's copy of evaluate's): what
     # serving.speculationLength tuned serves for a pinned draft; None when the manifest has none
     speculation: SpeculationTable | None = None
+    # the pinned draft's method (its config.json's speculators_model_type): what serving rolls out; None for a
+    # config this version does not know
+    method: str | None = None
 
 
 class PredictedAcceptance(ResultModel):

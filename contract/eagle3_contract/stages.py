@@ -107,8 +107,9 @@ def _predicts(spec: Eagle3RunSpec) -> str | None:
 
 def _export_upstream(spec: Eagle3RunSpec) -> tuple[Stage, ...]:
     # evaluate too with evaluation.sweep (its speculation-length table goes into the checkpoint's manifest)
-    # or training.checkpointSelection acceptance (it chose the epoch export ships)
+    # or training.checkpointSelection acceptance or draft.candidates (it chose the checkpoint export ships)
     chooses = spec.training.checkpoint_selection is CheckpointSelection.ACCEPTANCE
+    chooses = chooses or spec.draft.candidates is not None  # or which candidate (draft.candidates)
     evaluate = (Stage.EVALUATE,) if spec.evaluation.sweep is not None or chooses else ()
     return (Stage.TRAIN, Stage.VOCAB, *evaluate)
 

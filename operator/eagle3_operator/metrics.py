@@ -40,10 +40,12 @@ from eagle3_operator.reconcile.run_report import (
 )
 from eagle3_operator.speculation_metrics import (
     CANARY_SLOTS,
+    CHOICE_SLOTS,
     SWEEP_SLOTS,
     Sample,
     SpeculationGauges,
     canary_samples,
+    choice_samples,
     sweep_samples,
 )
 
@@ -159,6 +161,7 @@ class OperatorMetrics:
         ns, run, status = report.namespace, report.run, report.status
         self._samples(memory, CANARY_SLOTS, canary_samples(self.speculation, ns, run, status))
         self._samples(memory, SWEEP_SLOTS, sweep_samples(self.speculation, ns, run, report.model, status))
+        self._samples(memory, CHOICE_SLOTS, choice_samples(self.speculation, ns, run, report.model, status))
 
     def forget_run(self, namespace: str, name: str) -> None:
         """A deleted run: every series with its `run` label goes, and it leaves its phase."""

@@ -4,7 +4,9 @@
 run has now, each under a slot that `OperatorMetrics` (metrics.py) remembers, so that a sample a new status no
 longer has drops its series. The canary's come from `status.canary` (its phase, both tracks' live figures over
 its observation window, the time to its decision); the sweep's from `status.checkpoint.speculation` (each k by
-concurrency cell, the verifier alone as k 0, and the tuned schedule): at most 17 k by 16 concurrencies a run.
+concurrency cell, the verifier alone as k 0, and the tuned schedule): at most 17 k by 16 concurrencies a run;
+`choice_samples` the drafts evaluate chose the exported one from (draft.candidates or the epochs of
+training.checkpointSelection acceptance), from its result's `checkpointSelection`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Gauge
 
 from eagle3_contract.api.status import CanaryPhase, Eagle3RunStatus, TrackFigures
+from eagle3_contract.results import EvaluateResult
+from eagle3_contract.stages import Stage
 
 RUN = ("namespace", "run")
 STABLE, CANARY = "stable", "canary"  # the `track` of the incumbent's and the canary's pods (the PodMonitor's)
 BASELINE_K = "0"  # the sweep's `k` of the verifier alone (as in the schedule: k 0 = speculation off)
-CANARY_SLOTS, SWEEP_SLOTS = "canary_", "sweep_"
+CANARY_SLOTS, SWEEP_SLOTS, CHOICE_SLOTS = "canary_", "sweep_", "choice_"
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,16 @@ class SpeculationGauges:
         self.speculation_length = gauge(
             "eagle3_run_speculation_length", "The best k per batch-size range (0: speculation off), from "
             "evaluate's sweep.", "model", "min_batch_size", "max_batch_size",
+        )  # fmt: skip
+        choice = ("model", "draft", "chosen")
+        self.choice_length = gauge(
+            "eagle3_run_choice_acceptance_length", "The drafts evaluate chose from (draft.candidates: by "
+            "method; training.checkpointSelection acceptance: by epoch): mean acceptance length of each; "
+            "chosen 1 for the one exported.", *choice,
+        )  # fmt: skip
+        self.choice_speed = gauge(
+            "eagle3_run_choice_output_tokens_per_second", "The drafts evaluate chose from: output tokens "
+            "per second of all requests at evaluate's concurrency; chosen 1 for the one exported.", *choice,
         )  # fmt: skip
 
 
@@ -143,4 +157,27 @@ def sweep_samples(
         bounds = (str(r.min_batch_size), str(r.max_batch_size))
         slot = f"{SWEEP_SLOTS}schedule/{'-'.join(bounds)}"
         out.append(Sample(slot, g.speculation_length, (*labels, *bounds), float(r.num_speculative_tokens)))
+    return out
+
+
+def choice_samples(
+    g: SpeculationGauges, namespace: str, run: str, model: str | None, status: Eagle3RunStatus
+) -> list[Sample]:
+    """evaluate's checkpointSelection (status.stages.evaluate.result): each draft it measured to choose the
+    one exported (a candidate method, or an epoch), its acceptance length and output tokens/s."""
+    evaluate = status.stages.get(Stage.EVALUATE.value)
+    result = EvaluateResult.parse(evaluate.result) if evaluate is not None else None
+    choice = result.checkpoint_selection if result is not None else None
+    if choice is None or model is None:
+        return []
+    out = []
+    for c in choice.checkpoints:
+        draft = c.method or f"epoch {c.epoch}"
+        labels = (namespace, run, model, draft, "1" if c.checkpoint == choice.checkpoint else "0")
+        for name, gauge, value in (
+            ("length", g.choice_length, c.acceptance_length),
+            ("speed", g.choice_speed, c.output_tokens_per_second),
+        ):
+            if value is not None:
+                out.append(Sample(f"{CHOICE_SLOTS}{name}/{draft}", gauge, labels, float(value)))
     return out

@@ -115,6 +115,21 @@ def test_tokens_per_stage() -> None:
     assert stages["export"].tokens is None and stages["generate"].tokens is None
 
 
+def test_candidates_and_checkpoint_selection_count_what_they_train_and_serve() -> None:
+    """Issue 31: draft.candidates trains each in turn (the train stage's tokens times their count) and
+    evaluate serves each once more; checkpoint selection by acceptance serves each epoch chosen from."""
+    draft = {"candidates": ["eagle3", "dflash"]}
+    spec = kimi(draft=draft, training={"epochs": 5}, evaluation={"prompts": 10, "maxTokens": 100})
+    stages = stages_of(run_estimates(spec, KIMI, KIMI_TOKENS))
+    assert stages["train"].tokens == 2 * 5 * 1_500_000_000
+    assert (
+        stages["train"].basis is not None and "x 2 draft.candidates (eagle3, dflash)" in stages["train"].basis
+    )
+    assert stages["evaluate"].tokens == (2 + 2) * 10 * 100
+    chosen = kimi(training={"epochs": 5, "checkpointSelection": "acceptance"}, evaluation={"prompts": 10})
+    assert stages_of(run_estimates(chosen, KIMI, KIMI_TOKENS))["evaluate"].tokens == (2 + 3) * 10 * 128
+
+
 def test_before_prepare_the_tokens_are_an_upper_bound_or_unknown() -> None:
     unknown = run_estimates(kimi())
     assert unknown.tokens is None and "maxSamples is not set" in unknown.tokens_basis

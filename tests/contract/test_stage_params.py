@@ -76,7 +76,12 @@ def variants() -> dict[str, Doc]:
     dflash = copy.deepcopy(base)
     dflash["draft"]["method"] = "dflash"
     dflash["evaluation"]["predict"] = False
+    # draft.candidates: train hashes them; export takes evaluate's choice
+    candidates = copy.deepcopy(base)
+    candidates["draft"]["candidates"] = ["eagle3", "peagle"]
+    candidates["evaluation"]["predict"] = False
     return {
+        "candidates": candidates,
         "acceptance": acceptance,
         "dflash": dflash,
         "example": base,
@@ -112,6 +117,7 @@ UNSET = {
     "maxModelLen": 2048,
     "maxSamples": 50,
     "blockSize": 4,
+    "candidates": ["eagle3", "peagle"],
     "layers": [1, 2],
     "minAcceptanceLength": 2.0,
     "image": "vllm/vllm-openai:nightly",
@@ -145,6 +151,7 @@ LISTS = {
     "tolerations": [{"key": "gpu", "operator": "Exists"}],
     "imagePullSecrets": [{"name": "regcred"}],
     "env": [{"name": "EXTRA", "value": "1"}],
+    "candidates": ["eagle3", "dflash"],
 }
 
 
@@ -289,36 +296,35 @@ TUNING_ONLY = {
 
 # Leaves a cross-field rule fixes in a variant (a pinned draft needs serving.enabled; speculationLength tuned
 # needs evaluation.sweep or a pin).
+ALL = ("example", "no-regeneration", "pinned", "online", "no-sweep", "predict", "acceptance", "dflash")
+ALL += ("candidates",)
 FIXED = (
     {
         ("pinned", "serving.enabled"),
         ("no-sweep", "serving.speculationLength"),
         ("predict", "draft.method"),  # a prediction is of EAGLE-3 drafts
         ("dflash", "evaluation.predict"),  # likewise
+        ("candidates", "evaluation.predict"),  # likewise
+        ("candidates", "draft.method"),  # among the candidates
+        ("candidates", "training.nodes"),  # candidates: one node, offline, the best by validation loss
+        ("candidates", "extraction.mode"),
+        ("candidates", "training.checkpointSelection"),
     }
-    | {
-        (variant, "draft.blockSize")  # DFlash's only
-        for variant in ("example", "no-regeneration", "pinned", "online", "no-sweep", "predict", "acceptance")
-    }
-    | {
-        (variant, f"extraction.{field}")  # online-only fields keep their defaults offline
-        for variant in ("example", "no-regeneration", "pinned", "no-sweep", "predict", "acceptance", "dflash")
-        for field in ("transfer", "servers", "keep")
-    }
+    | {(v, "draft.blockSize") for v in ALL if v != "dflash"}  # DFlash's only
+    # candidates are refused with a prediction, online, by acceptance, and without draft.method among them
+    | {(v, "draft.candidates") for v in ("predict", "online", "acceptance", "dflash")}
+    # online-only fields keep their defaults offline
+    | {(v, f"extraction.{f}") for v in ALL if v != "online" for f in ("transfer", "servers", "keep")}
 )
 
 
 # Leaves no stage reads in a variant only: evaluation.concurrencies without a sweep.
 UNREAD_IN = (
     {("no-sweep", "evaluation.concurrencies")}
-    | {
-        (variant, "evaluation.targetAcceptanceLength")  # only the predict stage reads it, when predict is on
-        for variant in ("example", "no-regeneration", "pinned", "online", "no-sweep", "acceptance", "dflash")
-    }
-    | {
-        (variant, "training.checkpointsToEvaluate")  # read with checkpointSelection acceptance only
-        for variant in ("example", "no-regeneration", "pinned", "online", "no-sweep", "predict", "dflash")
-    }
+    # only the predict stage reads it, when predict is on
+    | {(v, "evaluation.targetAcceptanceLength") for v in ALL if v != "predict"}
+    # read with checkpointSelection acceptance only
+    | {(v, "training.checkpointsToEvaluate") for v in ALL if v != "acceptance"}
 )
 
 

@@ -100,7 +100,7 @@ FAKE_RESULTS: dict[Stage, StageResult] = {
         estimated_acceptance_length=1.488, train_tokens_per_second=1_080.0,
         checkpoint="checkpoints/checkpoint_best", metrics="metrics.jsonl", parameters=1_200_000, device="cpu",
         world_size=1, resumed_from_epoch=None, train_seconds=80.0, seconds=95.0, draft_vocab_size=256,
-        aux_layers=[1, 2], ttt_steps=3,
+        aux_layers=[1, 2], ttt_steps=3, candidates=None,
     ),
     Stage.EVALUATE: EvaluateResult(
         prompts=8, prompts_requested=8, held_out_prompts=24, failed_prompts=0, num_speculative_tokens=3,
@@ -125,11 +125,12 @@ FAKE_RESULTS: dict[Stage, StageResult] = {
         trainable_parameters=50_000, draft_head_parameters=10_000, mapping_bytes=3_328, source_bytes=987_654,
         reduction=8.0, dropped_tensors=["embed_tokens.weight"], dropped_files=["optimizer_state_dict.pt"],
         verifier="/models/tiny", files=["config.json", "config.py", "model.safetensors"], seconds=2.0,
+        method="eagle3",
     ),
     Stage.VERIFY: VerifyResult(
         path="export/abc", sha256=VERIFIED_SHA256, bytes=CHECKPOINT_BYTES,
         files={"model.safetensors": VerifiedFile(sha256=VERIFIED_SHA256, bytes=CHECKPOINT_BYTES)},
-        manifest=True, seconds=0.5, speculation=SPECULATION,
+        manifest=True, seconds=0.5, speculation=SPECULATION, method="eagle3",
     ),
     Stage.PREDICT: PredictResult(
         method="step-cost", method_note="step-cost: an untrained draft's step cost", model_class="unknown",

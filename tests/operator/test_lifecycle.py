@@ -61,6 +61,7 @@ async def test_run_goes_from_prepare_to_serving(backend):
         "bytes": fake_result("export")["bytes"],
         "acceptanceLength": 1.6,
         "acceptanceRate": 0.2,
+        "method": "eagle3",
     }
     assert final["serving"]["readyReplicas"] == 1
     assert final["serving"]["url"] == f"http://tiny-vllm.{cluster.ns}.svc:8000"

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3_contract.results import EvaluateResult
+from eagle3_contract.results import OUTPUT_TOKENS_PER_SECOND, EvaluateResult
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.stage_main import run_stage
 from eagle3_pipeline.stages.evaluate.checkpoints import (
@@ -26,6 +26,7 @@ from eagle3_pipeline.stages.evaluate.checkpoints import (
     candidates,
     choice_document,
     choose,
+    trained_candidates,
 )
 from tests.pipeline.draft_support import (
     DATASET,
@@ -67,6 +68,29 @@ def test_ties_go_to_the_lower_loss_then_the_later_epoch() -> None:
     assert choose([measured(1, None, 0.1), measured(2, 1.01, 9.0)]).candidate.epoch == 2
 
 
+def candidate(method: str, speed: float | None, length: float | None) -> Measured:
+    c = Candidate(2, f"candidates/{method}/checkpoints/checkpoint_best", 1.0, method)
+    return Measured(c, length, None, speed)
+
+
+def test_the_fastest_candidate_ships_and_flipping_the_speeds_flips_it() -> None:
+    runs = [candidate("eagle3", 410.0, 3.1), candidate("dflash", 520.0, 2.4)]
+    assert choose(runs, OUTPUT_TOKENS_PER_SECOND).candidate.method == "dflash"
+    flipped = [candidate("eagle3", 520.0, 3.1), candidate("dflash", 410.0, 2.4)]
+    assert choose(flipped, OUTPUT_TOKENS_PER_SECOND).candidate.method == "eagle3"
+    # a tie in speed goes to the more accepted; by acceptance the speeds do not count
+    tied = [candidate("eagle3", 500.0, 3.1), candidate("dflash", 500.0, 2.4)]
+    assert choose(tied, OUTPUT_TOKENS_PER_SECOND).candidate.method == "eagle3"
+    assert choose(runs).candidate.method == "eagle3"
+    doc = choice_document(runs, choose(runs, OUTPUT_TOKENS_PER_SECOND), 2, OUTPUT_TOKENS_PER_SECOND)
+    choice = EvaluateResult.model_validate({"checkpointSelection": doc}).checkpoint_selection
+    assert choice is not None and [c.method for c in choice.checkpoints] == ["eagle3", "dflash"]
+    assert choice.line() == (
+        "candidates: eagle3: 410.0 output tokens/s (acceptance length 3.100), dflash: 520.0 output tokens/s "
+        "(acceptance length 2.400); dflash ships"
+    )
+
+
 def test_the_document_and_the_line_hold_every_epoch() -> None:
     runs = [measured(4, 3.1234567, 1.8), measured(5, 2.7, 1.7)]
     doc = choice_document(runs, runs[0], val_loss_epoch=5)
@@ -104,6 +128,23 @@ def write_epochs(art: Path, drafts: list[Path], losses: list[float], name: str =
     result = {"checkpoint": "checkpoints/checkpoint_best", "epochs": epochs, "bestEpoch": best}
     (out / "result.json").write_text(json.dumps(result) + "\n")
     return name
+
+
+def test_the_trained_candidates_are_each_methods_best(tmp_path: Path, tiny_models: Path) -> None:
+    draft = shared_draft(tiny_models, tmp_path.parent, fitted=False)
+    train = tmp_path / "train"
+    listed = []
+    for method in ("eagle3", "peagle"):
+        shutil.copytree(draft, train / "candidates" / method / "checkpoints" / "1")
+        (train / "candidates" / method / "checkpoints" / "checkpoint_best").symlink_to("1")
+        best = f"candidates/{method}/checkpoints/checkpoint_best"
+        listed.append({"method": method, "checkpoint": best, "bestEpoch": 1, "bestValLoss": 1.5})
+    (train / "result.json").write_text(json.dumps({"candidates": listed}))
+    found = trained_candidates(train)
+    assert [(c.method, c.epoch, c.val_loss) for c in found] == [("eagle3", 1, 1.5), ("peagle", 1, 1.5)]
+    shutil.rmtree(train / "candidates" / "peagle" / "checkpoints" / "1")
+    with pytest.raises(StageError, match=r"candidate peagle .* has no config.json"):
+        trained_candidates(train)
 
 
 def test_the_candidates_are_the_last_epochs(tmp_path: Path, tiny_models: Path) -> None:

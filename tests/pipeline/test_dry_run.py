@@ -41,6 +41,30 @@ def test_the_tiny_example_prints_its_plan_and_estimates(
 
 
 @pytest.mark.pipeline
+def test_draft_candidates_show_what_each_one_trains_and_the_servers_evaluate_adds(
+    tmp_path: Path, tiny_models: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["draft"] |= {"candidates": ["eagle3", "dflash"], "blockSize": 4}
+    manifest = tmp_path / "candidates.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    args = (str(manifest), "--models", str(tiny_models), "--artifacts", str(tmp_path / "art"))
+    out = dry_run(capsys, *args)
+    plain = dry_run(capsys, str(EXAMPLE), *args[1:])
+
+    def train_tokens(text: str) -> int:  # the columns after the stage's: GPUs, pods, tokens, output
+        return int(text.split("│ train │ run │")[1].split("│")[2].strip().replace(",", ""))
+
+    train, alone = train_tokens(out), train_tokens(plain)
+    assert train == 2 * alone  # both trained, in turn, from the same data
+    each = f"{alone:,}"
+    assert (
+        f"draft.candidates eagle3, dflash: each trains {each} tokens on 0 GPUs in the train stage" in out
+    ), out
+    assert "draft.candidates" not in plain
+
+
+@pytest.mark.pipeline
 def test_a_prepared_output_makes_the_tokens_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     verifier = save_verifier(tmp_path / "verifier")
     source = write_jsonl(tmp_path / "data.jsonl", [chat(i) for i in range(12)])

@@ -176,6 +176,28 @@ def test_a_dflash_draft_trains_on_the_cpu_and_exports_its_block(upstream: Path, 
 
 
 @pytest.mark.timeout(300)
+def test_draft_candidates_are_trained_in_turn_each_in_its_own_directory(upstream: Path) -> None:
+    """Issue 31: draft.candidates trains each method from the same data into candidates/<method>/; the result
+    lists each one's best checkpoint and keeps draft.method's figures at the top, as a run without."""
+    doc = spec(upstream, epochs=1)
+    doc["draft"] = {**doc.get("draft", {}), "candidates": ["eagle3", "dflash"], "blockSize": 4}
+    path = str(write_manifest(upstream / "candidates.yaml", doc))
+    assert run_stage("train", path, str(upstream / "art"), "train/candidates", UPSTREAM) == 0
+    output = upstream / "art" / "train" / "candidates"
+    result = json.loads((output / "result.json").read_text())
+    assert [c["method"] for c in result["candidates"]] == ["eagle3", "dflash"]
+    for c in result["candidates"]:
+        assert c["checkpoint"] == f"candidates/{c['method']}/checkpoints/checkpoint_best"
+        checkpoint = output / c["checkpoint"]
+        assert checkpoint_method(checkpoint) == DraftMethod(c["method"])
+        assert math.isfinite(c["bestValLoss"]) and c["parameters"] > 0
+        assert (output / "candidates" / c["method"] / "metrics.jsonl").is_file()
+    assert result["checkpoint"] == result["candidates"][0]["checkpoint"]  # draft.method (eagle3)'s
+    assert best_checkpoint(output) == (output / result["candidates"][0]["checkpoint"]).resolve()
+    assert not (output / "checkpoints").exists()
+
+
+@pytest.mark.timeout(300)
 def test_the_loss_computed_once_per_forward_trains_the_same_draft(
     upstream: Path, trained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

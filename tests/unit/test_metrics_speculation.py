@@ -158,3 +158,28 @@ def test_the_canary_series_go_with_status_canary_and_with_the_run() -> None:
     metrics.observe(report(RunPhase.SERVING, status=status | with_sweep(table()), model=MODEL))
     metrics.forget_run("ns", "a")
     assert series(metrics, "a") == set()
+
+
+def test_the_drafts_evaluate_chose_from_each_have_their_figures_and_the_chosen_is_marked() -> None:
+    """Issue 31: draft.candidates (and checkpoint selection) on the dashboard: each draft evaluate measured,
+    from its result's checkpointSelection; the series go with the choice."""
+    checkpoints = [
+        {"epoch": 5, "checkpoint": f"candidates/{m}/checkpoints/checkpoint_best", "method": m,
+         "acceptanceLength": length, "outputTokensPerSecond": speed}
+        for m, length, speed in (("eagle3", 3.1, 410.0), ("dflash", 2.4, 520.0))
+    ]  # fmt: skip
+    choice = {"by": "outputTokensPerSecond", "epoch": 5, "checkpoint": checkpoints[1]["checkpoint"]}
+    evaluate = {
+        "phase": "Succeeded",
+        "result": {"checkpointSelection": choice | {"checkpoints": checkpoints}},
+    }
+    metrics = OperatorMetrics()
+    metrics.observe(report(RunPhase.SERVING, status={"stages": {"evaluate": evaluate}}, model=MODEL))
+    labels = {"namespace": "ns", "run": "a", "model": MODEL}
+    speed = "eagle3_run_choice_output_tokens_per_second"
+    assert sample(metrics, speed, **labels, draft="dflash", chosen="1") == 520.0
+    assert sample(metrics, speed, **labels, draft="eagle3", chosen="0") == 410.0
+    length = "eagle3_run_choice_acceptance_length"
+    assert sample(metrics, length, **labels, draft="eagle3", chosen="0") == 3.1
+    metrics.observe(report(RunPhase.SERVING, status={"stages": {}}, model=MODEL))
+    assert sample(metrics, speed, **labels, draft="dflash", chosen="1") is None  # gone with the choice

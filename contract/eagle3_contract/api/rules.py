@@ -43,6 +43,30 @@ def _qualified(key: str) -> bool:
     return len(key) <= QUALIFIED_NAME_MAX and re.fullmatch(QUALIFIED_NAME, key) is not None
 
 
+def _methods(s: Eagle3RunSpec) -> set[str]:
+    """The methods the run trains: draft.method, and draft.candidates when set."""
+    return {s.draft.method, *(s.draft.candidates or ())}
+
+
+def _uses(method: str) -> str:
+    """CEL: the run trains `method` (draft.method or one of draft.candidates)."""
+    listed = f"(has(self.draft.candidates) && '{method}' in self.draft.candidates)"
+    return f"(self.draft.method == '{method}' || {listed})"
+
+
+def _candidates_fit(s: Eagle3RunSpec) -> bool:
+    c = s.draft.candidates
+    if c is None:
+        return True
+    return (
+        _unique(c)
+        and s.draft.method in c
+        and s.training.nodes == 1
+        and s.extraction.mode == "offline"
+        and s.training.checkpoint_selection == "valLoss"
+    )
+
+
 def _most_tokens(s: Eagle3RunSpec) -> int:
     """The largest speculation length the spec asks for: evaluation's, serving's, the sweep's."""
     sweep = s.evaluation.sweep
@@ -61,12 +85,12 @@ def dflash_block_size(s: Eagle3RunSpec) -> int:
 
 
 def _block_fits(s: Eagle3RunSpec) -> bool:
-    if s.draft.method != "dflash":
+    if "dflash" not in _methods(s):
         return s.draft.block_size is None
     return _most_tokens(s) <= dflash_block_size(s) - 1
 
 
-def _unique(values: list[int] | None) -> bool:
+def _unique(values: Sequence[object] | None) -> bool:
     return values is None or len(set(values)) == len(values)
 
 
@@ -98,17 +122,17 @@ RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         ".evaluation.numSpeculativeTokens",
-        f"self.draft.method != 'peagle' || (self.evaluation.numSpeculativeTokens <= {PARALLEL_DEPTHS}"
+        f"!{_uses('peagle')} || (self.evaluation.numSpeculativeTokens <= {PARALLEL_DEPTHS}"
         f" && self.serving.numSpeculativeTokens <= {PARALLEL_DEPTHS} && (!has(self.evaluation.sweep)"
         f" || self.evaluation.sweep.numSpeculativeTokens.all(k, k <= {PARALLEL_DEPTHS})))",
         f"draft.method peagle proposes at most {PARALLEL_DEPTHS} tokens a step (the depths it is trained "
         f"for): set evaluation.numSpeculativeTokens, serving.numSpeculativeTokens and the sweep's values to "
         f"at most {PARALLEL_DEPTHS}",
-        lambda s: s.draft.method != "peagle" or _within_depths(s),
+        lambda s: "peagle" not in _methods(s) or _within_depths(s),
     ),
     CrossFieldRule(
         ".draft.blockSize",
-        "self.draft.method != 'dflash' ? !has(self.draft.blockSize) : ((has(self.draft.blockSize)"
+        f"!{_uses('dflash')} ? !has(self.draft.blockSize) : ((has(self.draft.blockSize)"
         f" ? self.draft.blockSize : {DFLASH_BLOCK_SIZE}) - 1 >= self.evaluation.numSpeculativeTokens"
         f" && (has(self.draft.blockSize) ? self.draft.blockSize : {DFLASH_BLOCK_SIZE}) - 1"
         " >= self.serving.numSpeculativeTokens && (!has(self.evaluation.sweep)"
@@ -122,10 +146,20 @@ RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         ".evaluation.predict",
-        "self.draft.method == 'eagle3' || !self.evaluation.predict",
+        "(self.draft.method == 'eagle3' && !has(self.draft.candidates)) || !self.evaluation.predict",
         "evaluation.predict predicts from EAGLE-3's published acceptance and step costs: set it false for "
-        "draft.method peagle or dflash (evaluate measures the trained draft)",
-        lambda s: s.draft.method == "eagle3" or not s.evaluation.predict,
+        "draft.method peagle or dflash, or with draft.candidates (evaluate measures the trained drafts)",
+        lambda s: (s.draft.method == "eagle3" and s.draft.candidates is None) or not s.evaluation.predict,
+    ),
+    CrossFieldRule(
+        ".draft.candidates",
+        "!has(self.draft.candidates) || (self.draft.candidates.all(x, self.draft.candidates.exists_one(y, "
+        "y == x)) && self.draft.method in self.draft.candidates && self.training.nodes == 1"
+        " && self.extraction.mode == 'offline' && self.training.checkpointSelection == 'valLoss')",
+        "draft.candidates lists each method once, draft.method among them (its default is eagle3), and "
+        "needs training.nodes 1, extraction.mode offline and training.checkpointSelection valLoss (this "
+        "version compares the candidates' best checkpoints by validation loss)",
+        _candidates_fit,
     ),
     CrossFieldRule(
         ".extraction.layers",

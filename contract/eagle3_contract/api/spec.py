@@ -267,6 +267,17 @@ class Draft(ApiModel):
     )
     vocab_size: int = Field(32000, ge=16, description="Draft vocabulary size (most frequent target tokens).")
     layers: int = Field(1, ge=1, le=8, description="Decoder layers in the draft.")
+    candidates: list[DraftMethod] | None = Field(
+        None,
+        min_length=2,
+        max_length=3,
+        description=(
+            "Methods to compare (draft.method among them): train stage trains each from the same data, "
+            "evaluate measures each on the same held-out prompts in vLLM, and export ships the one with "
+            "the most output tokens/s (ties: the higher acceptance length); serving rolls out its method. "
+            "Offline extraction and training.nodes 1 only."
+        ),
+    )
     block_size: int | None = Field(
         None,
         ge=2,

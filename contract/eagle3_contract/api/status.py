@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from eagle3_contract.api.base import ApiModel
+from eagle3_contract.api.spec import DraftMethod
 from eagle3_contract.api.speculation import SpeculationTable
 
 
@@ -168,6 +169,11 @@ class Checkpoint(StatusModel):
         None,
         description="evaluate's sweep (evaluation.sweep): acceptance and output tokens/s per k and "
         "concurrency, and the best k per batch-size range that serving.speculationLength tuned serves.",
+    )
+    method: DraftMethod | None = Field(
+        None,
+        description="The draft's method (export's or verify's reading of its config): the one vLLM serves "
+        "it with; unset: draft.method.",
     )
 
 

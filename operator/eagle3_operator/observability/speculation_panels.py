@@ -135,8 +135,24 @@ def _table(
 
 
 def sweep_panels() -> list[p.Panel | table.Panel]:
-    """evaluate's headline speedup, its sweep and the schedule serving.speculationLength tuned serves."""
+    """evaluate's headline speedup, its sweep and the schedule serving.speculationLength tuned serves, and
+    the drafts it chose the exported one from."""
     return [
+        _table(
+            "Drafts compared: candidates or epochs",
+            "The drafts evaluate measured to choose the one exported (the checkpointSelection of "
+            "evaluate's result): with draft.candidates each method's best checkpoint, the fastest "
+            "exported; with training.checkpointSelection acceptance each of the last epochs, the most "
+            "accepted exported. Output tokens/s of all requests at evaluate's concurrency and the mean "
+            "acceptance length, on the same held-out prompts; chosen 1: the one exported.",
+            "none",
+            [
+                (sq.choice(sq.CHOICE_SPEED), "output tokens/s"),
+                (sq.choice(sq.CHOICE_LENGTH), "acceptance length"),
+            ],
+            ["namespace", "run", "draft", "chosen"],
+            24,
+        ),
         p.single(
             "Evaluated speedup",
             f"The evaluate stage's speedup ({sq.EVALUATED_SPEEDUP}; the result's speedup and "

@@ -30,11 +30,14 @@ SWEEP_SPEED = "eagle3_run_sweep_output_tokens_per_second"
 SWEEP_SPEEDUP = "eagle3_run_sweep_speedup"
 SPECULATION_LENGTH = "eagle3_run_speculation_length"
 EVALUATED_SPEEDUP = "eagle3_run_speedup"
+CHOICE_LENGTH = "eagle3_run_choice_acceptance_length"
+CHOICE_SPEED = "eagle3_run_choice_output_tokens_per_second"
 
 TRACK_BY = cq.TRACK_BY
 TRACKED = f'{cq.TRACK_LABEL}!=""'  # series the canary's PodMonitor labelled (a scrape without it has none)
 CELL_BY = f"{q.LIVE_BY}, k, concurrency"
 RANGE_BY = f"{q.LIVE_BY}, min_batch_size, max_batch_size"
+CHOICE_BY = f"{q.LIVE_BY}, draft, chosen"
 
 
 def tracked(s: Scope) -> Scope:
@@ -88,3 +91,9 @@ def evaluated_speedup(s: Scope = DASHBOARD) -> str:
 def speculation_schedule(s: Scope = DASHBOARD) -> str:
     """The tuned k per batch-size range (0: speculation off), per run."""
     return f"max by ({RANGE_BY}) ({selector(SPECULATION_LENGTH, s.evaluated)})"
+
+
+# --- evaluate's choice among drafts (draft.candidates, training.checkpointSelection). ----------------------
+def choice(metric: str, s: Scope = DASHBOARD) -> str:
+    """One figure of every draft evaluate chose from, per run (`chosen` 1: the one exported)."""
+    return f"max by ({CHOICE_BY}) ({selector(metric, s.evaluated)})"

@@ -35,6 +35,7 @@ from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_canary_deployment
 from eagle3_operator.reconcile.actions import Action, object_ref
 from eagle3_operator.reconcile.observe import CanaryFigures, Observed
+from eagle3_operator.reconcile.serving import served_spec
 
 PROMOTED = "Promoted"
 ROLLED_BACK = "RolledBack"
@@ -118,7 +119,7 @@ def _observe(
     before = next((c for c in previous.conditions if c.type == ConditionType.CANARY.value), None)
     since = before.last_transition_time if same and before is not None and before.status == "Unknown" else now
     schedule = rollout.speculation.schedule if rollout.speculation is not None else []
-    desired = build_canary_deployment(ref, spec, rollout.path, rollout.sha256, schedule)
+    desired = build_canary_deployment(ref, served_spec(spec, rollout), rollout.path, rollout.sha256, schedule)
     view = observed.canary
     actions: tuple[Action, ...] = ()
     if view is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import DraftMethod, Eagle3RunSpec
 from eagle3_contract.api.status import (
     Checkpoint,
     ConditionType,
@@ -51,6 +51,7 @@ from eagle3_operator.reconcile.serving import (
     pinned_speculation,
     plan_serving,
     schedule_of,
+    served_spec,
     tuned_note,
 )
 from eagle3_operator.reconcile.stage_walk import Progress, walk_stages
@@ -150,6 +151,7 @@ def _exported(progress: Progress) -> Checkpoint | None:
         acceptance_length=figures.acceptance_length,
         acceptance_rate=figures.acceptance_rate,
         speculation=figures.speculation,
+        method=exported.method if exported.method in {m.value for m in DraftMethod} else None,
     )
 
 
@@ -288,7 +290,7 @@ def plan_run(
     rollout = canary.serve
     serving_actions, serving = plan_serving(
         ref,
-        spec,
+        served_spec(spec, rollout),  # the draft's own method
         observed,
         rollout.path if rollout else None,
         rollout.sha256 if rollout else None,

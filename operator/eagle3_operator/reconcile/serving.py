@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from eagle3_contract.api.spec import Eagle3RunSpec, SpeculationLength
+from eagle3_contract.api.spec import DraftMethod, Eagle3RunSpec, SpeculationLength
 from eagle3_contract.api.speculation import SpeculationRange, SpeculationTable
 from eagle3_contract.api.status import Checkpoint, ServingStatus, StageStatus
 from eagle3_contract.stages import Stage
@@ -48,16 +48,31 @@ def schedule_of(spec: Eagle3RunSpec, checkpoint: Checkpoint | None) -> list[Spec
     return list(checkpoint.speculation.schedule) if checkpoint.speculation is not None else []
 
 
+def served_spec(spec: Eagle3RunSpec, checkpoint: Checkpoint | None) -> Eagle3RunSpec:
+    """The spec as vLLM serves `checkpoint`: draft.method is the checkpoint's own (export's or verify's
+    reading of its config; with draft.candidates, the one evaluate chose), so a draft is never served with
+    the method of another (a pinned draft of an earlier method, after draft.method changed)."""
+    method = checkpoint.method if checkpoint is not None else None
+    if method is None or method == spec.draft.method:
+        return spec
+    return spec.model_copy(update={"draft": spec.draft.model_copy(update={"method": method})})
+
+
 def pinned_speculation(
     spec: Eagle3RunSpec, stages: Mapping[str, StageStatus], checkpoint: Checkpoint | None
 ) -> Checkpoint | None:
-    """A pinned draft's sweep table from the verify stage's result (its export manifest's), when the
-    checkpoint does not carry one already; a table this operator cannot read is left out."""
+    """A pinned draft's method and sweep table from the verify stage's result (its config's and its export
+    manifest's), where the checkpoint does not carry them already; what this operator cannot read is left
+    out."""
     verify, pin = stages.get(Stage.VERIFY.value), spec.serving.pinned_checkpoint
-    if checkpoint is None or checkpoint.speculation is not None or verify is None or pin is None:
+    if checkpoint is None or verify is None or pin is None or checkpoint.path != pin.path:
         return checkpoint
-    table = (verify.result or {}).get("speculation")
-    if checkpoint.path != pin.path or not isinstance(table, dict):
+    result = verify.result or {}
+    method = result.get("method")
+    if checkpoint.method is None and method in {m.value for m in DraftMethod}:
+        checkpoint = checkpoint.model_copy(update={"method": DraftMethod(method)})
+    table = result.get("speculation")
+    if checkpoint.speculation is not None or not isinstance(table, dict):
         return checkpoint
     try:
         return checkpoint.model_copy(update={"speculation": SpeculationTable.model_validate(table)})

@@ -243,6 +243,22 @@ def summary_lines(spec: Eagle3RunSpec, estimates: Estimates) -> list[str]:
         f"hidden states per token: {per_token}",
         f"GPUs at once, at most: {_n(estimates.peak_gpus)} (the largest stage with its producers, or serving "
         "with its canary during a rollout)",
+        *candidate_lines(spec, estimates),
+    ]
+
+
+def candidate_lines(spec: Eagle3RunSpec, estimates: Estimates) -> list[str]:
+    """draft.candidates: what each candidate costs, trained in turn by the one train stage from the same
+    hidden states (so the bytes above are stored once), then served once each by evaluate."""
+    candidates = spec.draft.candidates or []
+    train = next((s for s in estimates.stages if s.stage == Stage.TRAIN.value), None)
+    if not candidates or train is None:
+        return []
+    each = _n(train.tokens // len(candidates)) if train.tokens is not None else "unknown"
+    return [
+        f"draft.candidates {', '.join(c.value for c in candidates)}: each trains {each} tokens on "
+        f"{_n(train.gpus)} GPUs in the train stage (in turn, from the same stored hidden states), and "
+        "evaluate serves each on the held-out prompts (a vLLM server each); the fastest is exported"
     ]
 
 

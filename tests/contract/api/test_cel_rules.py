@@ -110,6 +110,28 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
         },
         False,
     ),
+    # draft.candidates: each once, draft.method among them, one node, offline, the best by validation loss
+    (".draft.candidates", {"draft.candidates": ["eagle3", "dflash"]}, True),
+    (".draft.candidates", {"draft.candidates": ["eagle3", "peagle", "dflash"]}, True),
+    (".draft.candidates", {"draft.candidates": ["peagle", "dflash"]}, False),
+    (".draft.candidates", {"draft.method": "peagle", "draft.candidates": ["peagle", "dflash"]}, True),
+    (".draft.candidates", {"draft.candidates": ["eagle3", "eagle3"]}, False),
+    (".draft.candidates", {"draft.candidates": ["eagle3", "dflash"], "training.nodes": 2}, False),
+    (".draft.candidates", {"draft.candidates": ["eagle3", "dflash"], "extraction.mode": "online"}, False),
+    (
+        ".draft.candidates",
+        {"draft.candidates": ["eagle3", "dflash"], "training.checkpointSelection": "acceptance"},
+        False,
+    ),
+    # the candidates' own rules: P-EAGLE's depths, DFlash's block, no prediction
+    (
+        ".evaluation.numSpeculativeTokens",
+        {"draft.candidates": ["eagle3", "peagle"], "serving.numSpeculativeTokens": 9},
+        False,
+    ),
+    (".draft.blockSize", {"draft.candidates": ["eagle3", "dflash"], "draft.blockSize": 4}, True),
+    (".draft.blockSize", {"draft.candidates": ["eagle3", "dflash"], "draft.blockSize": 3}, False),
+    (".evaluation.predict", {"draft.candidates": ["eagle3", "dflash"], "evaluation.predict": True}, False),
     (".evaluation.predict", {"evaluation.predict": True}, True),
     (".evaluation.predict", {"draft.method": "peagle"}, True),
     (".evaluation.predict", {"draft.method": "dflash", "evaluation.predict": True}, False),

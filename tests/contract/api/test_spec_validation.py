@@ -126,9 +126,12 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
     elif rule.field_path == ".verifier.maxModelLen":
         assume(max_len > 128)
         value = draw(st.integers(128, max_len - 1))
+    elif rule.field_path == ".draft.candidates":
+        value = ["eagle3", "eagle3"]  # a method twice
     elif rule.field_path == ".draft.blockSize":
         # a block size on a method without blocks (eagle3: its other rules hold whatever the k's)
         doc.setdefault("draft", {})["method"] = "eagle3"
+        doc["draft"].pop("candidates", None)  # no dflash among them either
         value = draw(st.integers(2, 32))
     elif rule.field_path == ".dataset.format":
         doc.setdefault("regeneration", {})["enabled"] = False
@@ -179,6 +182,8 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
     elif rule.field_path in (".evaluation.numSpeculativeTokens", ".evaluation.predict"):
         # P-EAGLE: more than its 8 depths a step, or a prediction (EAGLE-3's references); the other kept
         doc.setdefault("draft", {})["method"] = "peagle"
+        doc["draft"].pop("candidates", None)  # whose own rules would break too
+        doc["draft"].pop("blockSize", None)  # DFlash's only
         evaluation, serving = doc.setdefault("evaluation", {}), doc.setdefault("serving", {})
         serving["numSpeculativeTokens"] = min(eff["serving"]["numSpeculativeTokens"], 8)
         if evaluation.get("sweep"):

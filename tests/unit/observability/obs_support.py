@@ -67,6 +67,8 @@ OPERATOR_LABELS: dict[str, frozenset[str]] = {
     "eagle3_run_speculation_length": frozenset(
         {"namespace", "run", "model", "min_batch_size", "max_batch_size"}
     ),
+    "eagle3_run_choice_acceptance_length": frozenset({"namespace", "run", "model", "draft", "chosen"}),
+    "eagle3_run_choice_output_tokens_per_second": frozenset({"namespace", "run", "model", "draft", "chosen"}),
 }
 # `track`: the canary's PodMonitor label (stable: the incumbent's pods, canary: the canary Deployment's)
 VLLM_LABELS = frozenset({"namespace", "run", "model_name", "engine", "track"})

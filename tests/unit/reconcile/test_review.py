@@ -79,7 +79,7 @@ def test_without_a_pin_the_exported_draft_waits_and_nothing_serves() -> None:
     assert table(candidate.pop("speculation")) == table(fake_result("evaluate")["speculation"])
     assert candidate == {
         "path": export_dir(world), "sha256": EXPORT_SHA256, "bytes": CHECKPOINT_BYTES,
-        "acceptanceLength": 1.6, "acceptanceRate": 0.2,
+        "acceptanceLength": 1.6, "acceptanceRate": 0.2, "method": "eagle3",
     }  # fmt: skip
     assert plan.status.checkpoint is None and plan.status.serving is None
     assert plan.phase == RunPhase.SUCCEEDED and plan.status.document()["progress"] == "awaiting promotion"
@@ -139,6 +139,7 @@ def test_a_pin_serves_once_verified_while_the_run_trains_its_candidate() -> None
     assert plan.status.document()["candidate"]["path"] == export_dir(world) != OLD["path"]
     checkpoint = dict(plan.status.document()["checkpoint"])
     assert table(checkpoint.pop("speculation")) == table(fake_result("verify")["speculation"])  # the pin's
+    assert checkpoint.pop("method") == fake_result("verify")["method"]  # the pin's, as verify read it
     assert checkpoint == OLD and plan.phase == RunPhase.SERVING
     ready = condition_of(plan.status.document(), "Ready")
     assert ready["status"] == "True" and ready["reason"] == "DeploymentReady"

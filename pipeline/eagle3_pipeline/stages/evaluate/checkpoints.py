@@ -1,12 +1,15 @@
-"""training.checkpointSelection acceptance: which epochs' drafts evaluate measures, and which one it keeps.
+"""Which of train's drafts evaluate measures, and which one it keeps: training.checkpointSelection
+acceptance (the last epochs, the most accepted) and draft.candidates (each method's best, the fastest).
 
 Validation loss picks speculators' `checkpoint_best`, but what a run is for is the tokens vLLM accepts, and
 that can peak before the loss stops falling. With `evaluation.checkpointsToEvaluate` N (the stage's
 param, from training.checkpointsToEvaluate), evaluate serves each of train's last N epochs' checkpoints on
 the kept held-out prompts (greedy, at evaluation.numSpeculativeTokens, one vLLM server each) and keeps the
 most accepted: ties go to the lower validation loss, then to the later epoch. The chosen one is measured
-in full (sampling, sweep) and export ships it. Pure: the program measures, this module reads train's epochs
-and chooses.
+in full (sampling, sweep) and export ships it. With draft.candidates, each method's best checkpoint (by its
+validation loss) is served the same way, and the one with the most output tokens/s at evaluate's
+concurrency ships (ties: the more accepted). Pure: the program measures, this module reads train's
+result and chooses.
 """
 
 from __future__ import annotations
@@ -16,21 +19,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract.results import OUTPUT_TOKENS_PER_SECOND, TrainResult
 from eagle3_pipeline.data.draft_checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from eagle3_pipeline.runtime.context import read_result
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.requests import Measurement
 
 CHECKPOINTS_DIR = "checkpoints"  # train's: checkpoints/<epoch>/ for every epoch
+ACCEPTANCE = "acceptance"  # CheckpointChoice.by: training.checkpointSelection acceptance
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One epoch's checkpoint in train's output, with its validation loss."""
+    """One epoch's checkpoint in train's output, with its validation loss (and, for draft.candidates, its
+    method: the candidate's best epoch)."""
 
     epoch: int
     checkpoint: str  # relative to train's output
     val_loss: float | None
+    method: str | None = None
 
     def path(self, train_output: Path) -> Path:
         return train_output / self.checkpoint
@@ -70,26 +77,46 @@ def candidates(train_output: Path, last: int) -> list[Candidate]:
     return chosen
 
 
-def choose(measured: list[Measured]) -> Measured:
-    """The most accepted; ties to the lower validation loss, then the later epoch."""
+def trained_candidates(train_output: Path) -> list[Candidate]:
+    """draft.candidates: each method's best checkpoint, as train's result lists them (none without)."""
+    result = TrainResult.parse(read_result(train_output))
+    listed = result.candidates if result is not None else None
+    chosen = [Candidate(c.best_epoch or 0, c.checkpoint, c.best_val_loss, c.method) for c in listed or []]
+    for c in chosen:
+        missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (c.path(train_output) / n).is_file()]
+        if missing:
+            raise StageError(
+                f"train's candidate {c.method} ({c.path(train_output)}) has no {', '.join(missing)}: "
+                "re-run stage train"
+            )
+    return chosen
+
+
+def choose(measured: list[Measured], by: str = ACCEPTANCE) -> Measured:
+    """By ACCEPTANCE, the most accepted (ties: the lower validation loss, then the later epoch); by
+    OUTPUT_TOKENS_PER_SECOND (draft.candidates), the fastest (ties: the more accepted)."""
     if not measured:
         raise ValueError("no checkpoint was measured")
 
-    def key(m: Measured) -> tuple[float, float, int]:
+    def finite(value: float | None) -> float:
+        return value if value is not None else -math.inf
+
+    def key(m: Measured) -> tuple[float, ...]:
         loss = m.candidate.val_loss
-        return (
-            m.acceptance_length if m.acceptance_length is not None else -math.inf,
-            -loss if loss is not None else -math.inf,
-            m.candidate.epoch,
-        )
+        accepted = (finite(m.acceptance_length), -loss if loss is not None else -math.inf, m.candidate.epoch)
+        if by == OUTPUT_TOKENS_PER_SECOND:
+            return (finite(m.output_tokens_per_second), *accepted)
+        return accepted
 
     return max(measured, key=key)
 
 
-def choice_document(measured: list[Measured], chosen: Measured, val_loss_epoch: int | None) -> dict[str, Any]:
+def choice_document(
+    measured: list[Measured], chosen: Measured, val_loss_epoch: int | None, by: str = ACCEPTANCE
+) -> dict[str, Any]:
     """The result's `checkpointSelection` (eagle3_contract.results.CheckpointChoice)."""
     return {
-        "by": "acceptance",
+        "by": by,
         "epoch": chosen.candidate.epoch,
         "checkpoint": chosen.candidate.checkpoint,
         "valLossEpoch": val_loss_epoch,
@@ -97,6 +124,7 @@ def choice_document(measured: list[Measured], chosen: Measured, val_loss_epoch: 
             {
                 "epoch": m.candidate.epoch,
                 "checkpoint": m.candidate.checkpoint,
+                **({"method": m.candidate.method} if m.candidate.method is not None else {}),
                 "valLoss": m.candidate.val_loss,
                 "acceptanceLength": _rounded(m.acceptance_length),
                 "acceptanceRate": _rounded(m.acceptance_rate),

@@ -37,6 +37,11 @@ the slim draft is deleted after the run (export writes the one that ships).
 With `evaluation.sweep`, the result's `speculation` is the speculation-length table
 (`eagle3_pipeline.stages.evaluate.sweep`): the draft server measures its k's cells after its own runs, a
 server per other k measures theirs (before the slim draft is deleted), and the verifier alone its baselines.
+With training.checkpointSelection acceptance (the param `checkpointsToEvaluate`), the draft measured is not
+train's best by validation loss: after the verifier alone, a server per each of train's last epochs answers
+the kept prompts greedily, and the most accepted epoch (eagle3_pipeline.stages.evaluate.checkpoints) is the
+one measured in full (its greedy run reused when there is nothing more to measure) and named in the
+result's `checkpointSelection` with every epoch's figures; export ships it.
 Progress: prompts answered, by the verifier alone and then by the draft server (greedy, then sampled)
 (failed requests included, and counted as failures), and their output tokens; the sweep's cells' too.
 """
@@ -47,15 +52,17 @@ import asyncio
 import logging
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.spec import Sampling
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
-from eagle3_contract.results import CheckpointChoice
+from eagle3_contract.results import OUTPUT_TOKENS_PER_SECOND, CheckpointChoice
 from eagle3_contract.stages import Stage
 from eagle3_contract.vllm_command import draft_speculative_config
 from eagle3_pipeline.data.draft_checkpoint import (
+    SlimCheckpoint,
     best_checkpoint,
     checkpoint_method,
     foreign_embeddings,
@@ -77,11 +84,13 @@ from eagle3_pipeline.serving.requests import (
 )
 from eagle3_pipeline.serving.vllm_server import VllmServer
 from eagle3_pipeline.stages.evaluate.checkpoints import (
+    ACCEPTANCE,
     Candidate,
     Measured,
     candidates,
     choice_document,
     choose,
+    trained_candidates,
 )
 from eagle3_pipeline.stages.evaluate.prompts import (
     answered,
@@ -109,10 +118,11 @@ def run(ctx: Context) -> dict[str, Any]:
     prompts = available[: ctx.params.prompts]
     train = ctx.input(Stage.TRAIN)
     source = best_checkpoint(train)
-    choosing = candidates(train, ctx.params.checkpoints_to_evaluate or 0)
+    # training.checkpointSelection acceptance: the last epochs; draft.candidates: each method's best
+    choosing = candidates(train, ctx.params.checkpoints_to_evaluate or 0) or trained_candidates(train)
     vocab = target_vocab_size(read_config(source))
-    slim = write_serving_checkpoint(source, ctx.work / DRAFT_DIR, ctx.params.verifier.model)
-    d2t, t2d = slim.weights.tensors.get("d2t"), slim.weights.tensors.get("t2d")
+    draft = Drafted(source, write_serving_checkpoint(source, ctx.work / DRAFT_DIR, ctx.params.verifier.model))
+    d2t, t2d = draft.slim.weights.tensors.get("d2t"), draft.slim.weights.tensors.get("t2d")
     unservable = unservable_mapping(d2t, vocab)
     if unservable:
         raise StageError(
@@ -125,7 +135,6 @@ def run(ctx: Context) -> dict[str, Any]:
     # evaluation.sweep: not for a draft whose mapping is broken (it fails the gate whatever its speed)
     sweep = SpeculationSweep.of(ctx, available) if problem is None else None
     swept = sweep.total_prompts if sweep is not None else 0
-    chosen: dict[str, Any] | None = None
     ctx.progress.begin("prompts", len(prompts) * (passes + len(choosing)) + swept)
     if problem is None:
         # the verifier alone first: its greedy answers screen the prompts
@@ -136,60 +145,91 @@ def run(ctx: Context) -> dict[str, Any]:
         swept = sweep.total_prompts if sweep is not None else 0  # without the prompts screened out
         each = len(kept) * len(choosing)  # training.checkpointSelection acceptance: a server per epoch
         ctx.progress.set_total(answered(len(prompts), len(kept), passes) + each + swept)
-        with_draft = None
-        if choosing and kept:
-            best, chosen = choose_checkpoint(ctx, prompts, kept, train, choosing)
-            if best.candidate.path(train).resolve() != source:  # the chosen epoch's draft is measured
-                source = best.candidate.path(train).resolve()
-                slim = write_serving_checkpoint(source, slim.path, ctx.params.verifier.model)
-            with_draft = best.run if ctx.params.sampling is None and sweep is None else None
-        if with_draft is None and kept:
-            with_draft = measure(ctx, prompts, slim.path, sweep, kept)
-        if sweep is not None and with_draft is not None:
-            sweep.measure_other_ks(slim.path, ctx.params.num_speculative_tokens)
+        with_draft = measure_draft(ctx, prompts, kept, draft, sweep, (train, choosing))
     else:
         # a broken mapping fails the gate whatever its speed: no need to serve the verifier alone; the draft
         # server's greedy answers (the verifier's own, up to numerics) screen the prompts
-        baseline, with_draft = None, measure(ctx, prompts, slim.path)
+        baseline, with_draft = None, measure(ctx, prompts, draft.slim.path)
         screening = screening_of(with_draft)
         ctx.progress.set_total(answered(len(prompts), len(screening.kept), passes))
-    shutil.rmtree(slim.path, ignore_errors=True)
+    shutil.rmtree(draft.slim.path, ignore_errors=True)
     write_answers(ctx.work / ANSWERS_FILE, held, screening, baseline or with_draft)
-    ev = Evaluation(prompts, held.available, with_draft, baseline, problem, source, foreign, screening, held)
+    ev = Evaluation(
+        prompts, held.available, with_draft, baseline, problem, draft.source, foreign, screening, held
+    )
     result = with_sweep(summarize(ctx, ev), sweep if with_draft is not None else None)
-    result["checkpointSelection"] = chosen  # None: train's best by validation loss was measured
+    result["checkpointSelection"] = draft.chosen  # None: train's best by validation loss was measured
     return result | {"seconds": round(time.monotonic() - started, 3)}
 
 
-# --- training.checkpointSelection acceptance: a server per epoch -----------------------------------------
+@dataclass
+class Drafted:
+    """The draft measured: its checkpoint in train's output, its slim serving copy, and, with
+    training.checkpointSelection acceptance, the result's `checkpointSelection` once an epoch is chosen."""
+
+    source: Path
+    slim: SlimCheckpoint
+    chosen: dict[str, Any] | None = None
+
+
+def measure_draft(
+    ctx: Context,
+    prompts: list[list[Message]],
+    kept: list[int],
+    draft: Drafted,
+    sweep: SpeculationSweep | None,
+    choosing: tuple[Path, list[Candidate]],
+) -> Measurement | None:
+    """The draft server's measurement on the kept prompts (None when none is kept), and the sweep's other
+    k's. With epochs to choose among (`choosing`: train's output and its candidate epochs), the most accepted
+    one becomes `draft` (its greedy run reused when there is no sampling or sweep to measure)."""
+    if not kept:
+        return None
+    run = None
+    train, epochs = choosing
+    if epochs:
+        best, draft.chosen = choose_checkpoint(ctx, prompts, kept, train, epochs)
+        if best.candidate.path(train).resolve() != draft.source:  # the chosen epoch's draft is measured
+            draft.source = best.candidate.path(train).resolve()
+            draft.slim = write_serving_checkpoint(draft.source, draft.slim.path, ctx.params.verifier.model)
+        run = best.run if ctx.params.sampling is None and sweep is None else None
+    run = run or measure(ctx, prompts, draft.slim.path, sweep, kept)
+    if sweep is not None:
+        sweep.measure_other_ks(draft.slim.path, ctx.params.num_speculative_tokens)
+    return run
+
+
+# --- training.checkpointSelection acceptance, draft.candidates: a server per draft -----------------------
 
 
 def choose_checkpoint(
     ctx: Context, prompts: list[list[Message]], kept: list[int], train: Path, choosing: list[Candidate]
 ) -> tuple[Measured, dict[str, Any]]:
-    """Serve each candidate epoch's draft on the kept prompts (greedy), and choose the most accepted
-    (eagle3_pipeline.stages.evaluate.checkpoints); the result's `checkpointSelection` with it."""
+    """Serve each draft to choose from on the kept prompts (greedy), and choose: the most accepted epoch, or
+    the fastest of draft.candidates (eagle3_pipeline.stages.evaluate.checkpoints); the result's
+    `checkpointSelection` with it."""
     k = ctx.params.num_speculative_tokens
+    by = ACCEPTANCE if ctx.params.checkpoints_to_evaluate else OUTPUT_TOKENS_PER_SECOND
     measured: list[Measured] = []
     for c in choosing:
-        slim = write_serving_checkpoint(
-            c.path(train), ctx.work / f"{DRAFT_DIR}-epoch{c.epoch}", ctx.params.verifier.model
-        )
-        try:
-            run = measure(ctx, prompts, slim.path, None, kept, label=f"draft-epoch{c.epoch}", extras=False)
+        name = f"{DRAFT_DIR}-{c.method}" if c.method is not None else f"{DRAFT_DIR}-epoch{c.epoch}"
+        slim = write_serving_checkpoint(c.path(train), ctx.work / name, ctx.params.verifier.model)
+        try:  # candidates are compared by speed: each server answers once unmeasured first, as it will serve
+            warm = c.method is not None
+            run = measure(ctx, prompts, slim.path, None, kept, label=name, extras=False, warm=warm)
         finally:
             shutil.rmtree(slim.path, ignore_errors=True)
         _, acceptance = acceptance_of(run, k)
         measured.append(Measured(c, acceptance.length, acceptance.rate, run.tokens_per_second, run))
         logger.info(
-            "evaluate: epoch %d (val loss %s): acceptance length %.3f, %.1f output tokens/s",
-            c.epoch,
+            "evaluate: %s (val loss %s): acceptance length %.3f, %.1f output tokens/s",
+            c.method or f"epoch {c.epoch}",
             c.val_loss,
             acceptance.length,
             run.tokens_per_second or 0.0,
         )
-    best = choose(measured)
-    document = choice_document(measured, best, read_result(train).get("bestEpoch"))
+    best = choose(measured, by)
+    document = choice_document(measured, best, read_result(train).get("bestEpoch"), by)
     logger.info("evaluate: %s", CheckpointChoice.model_validate(document).line())
     return best, document
 
@@ -205,13 +245,15 @@ def measure(
     kept: list[int] | None = None,
     label: str | None = None,
     extras: bool = True,
+    warm: bool = False,
 ) -> Measurement:
     """Serve the verifier (with `draft` when given), answer the prompts greedily, and read the counters around
     it. Without `kept`, every prompt, and the answers are screened (`screened`); with it, those prompts only
     (when fewer than all, after answering them once unmeasured: the screening server measured them with
     their prefixes cached). With a draft and evaluation.sampling, the kept prompts are answered again with
     those settings on the same server; with evaluation.sweep, its cells at this server's k (or its
-    baselines) are measured there too; `extras` false: neither (a candidate checkpoint's greedy run)."""
+    baselines) are measured there too; `extras` false: neither (a candidate checkpoint's greedy run). `warm`:
+    the prompts answered once unmeasured first in any case (draft.candidates compares the servers' speeds)."""
     label = label or ("draft" if draft is not None else "baseline")
     # the serving Deployment's speculative config (eagle3_contract.vllm_command), with the slim draft
     k = ctx.params.num_speculative_tokens
@@ -225,7 +267,7 @@ def measure(
         ctx, engine, seed=ctx.tuning.seed, speculative_config=config, log_path=log, options=options
     ) as server:
         subset = prompts if kept is None else [prompts[i] for i in kept]
-        if len(subset) < len(prompts):
+        if len(subset) < len(prompts) or warm:
             asyncio.run(answer_all(server, subset, 1))  # prefixes cached, as on the screening server
         result = counted_run(ctx, server, subset, None, counted=draft is not None)
         result.server_start_s = server.started_s

@@ -38,6 +38,7 @@ from eagle3_pipeline.data.draft_checkpoint import (
     WEIGHTS_FILE,
     ServingWeights,
     best_checkpoint,
+    checkpoint_method,
     directory_bytes,
     mapping_problem,
     write_manifest,
@@ -97,6 +98,7 @@ def run(ctx: StageContext[ExportParams, ExportTuning]) -> dict[str, Any]:
         "droppedFiles": slim.source_files,
         "verifier": verifier,
         "files": sorted(manifest["files"]),
+        "method": checkpoint_method(source).value,  # what serving rolls out (draft.candidates: the chosen)
         "seconds": round(time.monotonic() - started, 3),
     }
 

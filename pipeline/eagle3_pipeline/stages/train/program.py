@@ -21,6 +21,10 @@ Output (`train/<hash>/`), what the export and evaluate stages read:
   trainer.json                         trainable parameters, device, world size, the last start epoch
   result.json                          the per-epoch figures, the best epoch and its per-position accuracy
 
+With draft.candidates, each method is trained in turn (the same inputs, draft.method set to it) into
+`candidates/<method>/` with the layout above; the result lists each one's best checkpoint and figures in
+`candidates`, and its other figures and `checkpoint` are draft.method's. Evaluate chooses among them.
+
 Progress (ctx.progress): optimizer steps of epochs x steps per epoch, the epochs done, the recent loss and
 tokens/s, and each epoch's validation figures, from speculators' metric records (train_metrics); a torchrun
 run's global rank 0 relays them through `progress.jsonl` in the work directory (train_progress).
@@ -41,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_contract.api.spec import Device
+from eagle3_contract.api.spec import Device, DraftMethod
 from eagle3_contract.params import TrainParams, TrainTuning
 from eagle3_contract.stages import Stage
 from eagle3_pipeline.adapters.speculators_cpu import has_accelerator
@@ -71,6 +75,7 @@ from eagle3_pipeline.stages.train.resume import BEST, keep_complete_epochs, repa
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
+CANDIDATES = "candidates"  # draft.candidates: candidates/<method>/ holds each one's checkpoints and metrics
 INFO_FILE = "trainer.json"
 
 Context = StageContext[TrainParams, TrainTuning]
@@ -79,8 +84,43 @@ Context = StageContext[TrainParams, TrainTuning]
 def run(ctx: Context) -> dict[str, Any]:
     started = time.monotonic()
     src = sources(ctx)
-    save_path, metrics = ctx.work / CHECKPOINTS, ctx.work / METRICS_FILE
-    epochs = ctx.params.training.epochs
+    methods = ctx.params.draft.candidates
+    if not methods:
+        result = train_draft(ctx, ctx.params, ctx.work, src)
+        seconds = round(time.monotonic() - started, 3)
+        return {**finish_online(ctx), **result, "candidates": None, "seconds": seconds}
+    # draft.candidates: each method in turn, from the same data, in a directory of its own
+    trained = {}
+    for i, method in enumerate(methods, 1):
+        logger.info("train: candidate %d of %d: draft.method %s", i, len(methods), method.value)
+        draft = ctx.params.draft.model_copy(update={"method": method, "candidates": None})
+        work = ctx.work / CANDIDATES / method.value
+        trained[method] = train_draft(ctx, ctx.params.model_copy(update={"draft": draft}), work, src)
+    return {
+        **trained[ctx.params.draft.method],  # draft.method's figures, as a run without candidates has them
+        "candidates": [candidate_figures(m, r) for m, r in trained.items()],
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def candidate_figures(method: DraftMethod, result: dict[str, Any]) -> dict[str, Any]:
+    """A candidate's line of the result's `candidates`: its method, checkpoint and key figures."""
+    keys = (
+        "checkpoint",
+        "bestEpoch",
+        "bestValLoss",
+        "estimatedAcceptanceLength",
+        "trainSeconds",
+        "parameters",
+    )
+    return {"method": method.value, **{k: result[k] for k in keys}}
+
+
+def train_draft(ctx: Context, params: TrainParams, work: Path, src: DraftSources) -> dict[str, Any]:
+    """Train `params`' draft into `work` (resuming the complete epochs found there); its result figures, the
+    checkpoint relative to the stage's output."""
+    save_path, metrics = work / CHECKPOINTS, work / METRICS_FILE
+    epochs = params.training.epochs
     complete = keep_complete_epochs(save_path, metrics)
     ctx.progress.train_plan(epochs, None, epochs_done=complete)  # the steps once the trainer is built
     for epoch in read_epochs(metrics)[:complete]:  # a resumed run's figures (and validation-loss trend)
@@ -91,13 +131,13 @@ def run(ctx: Context) -> dict[str, Any]:
             epoch["estimatedAcceptanceLength"],
         )
     on_cpu = not has_accelerator()
-    cfg = train_config(ctx.params, src, save_path, cpu=on_cpu)
+    cfg = train_config(params, src, save_path, cpu=on_cpu)
     save_path.mkdir(parents=True, exist_ok=True)
     (save_path / RUN_CONFIG_FILE).write_text(cfg.dump_yaml())
     if complete < epochs:
         logger.info("train: %d of %d epochs done already; training on %s", complete, epochs, src.dataset)
         with online_environment(ctx):
-            launch(ctx, cfg, src.hidden_size, metrics, on_cpu)
+            launch(ctx, cfg, src.hidden_size, work, on_cpu)
     done = read_epochs(metrics)
     if [e["epoch"] for e in done] != list(range(epochs)):
         # speculators turns SIGTERM into a normal return after saving `interrupted/`: not a finished run
@@ -106,31 +146,30 @@ def run(ctx: Context) -> dict[str, Any]:
             "the complete epochs are kept and the next attempt resumes after them"
         )
     repair_best(save_path, done)
-    info = json.loads((ctx.work / INFO_FILE).read_text())
+    info = json.loads((work / INFO_FILE).read_text())
     return {
-        **finish_online(ctx),
         **summarize(done),
-        "checkpoint": f"{CHECKPOINTS}/{BEST}",
-        "metrics": METRICS_FILE,
+        "checkpoint": str((save_path / BEST).relative_to(ctx.work)),
+        "metrics": str(metrics.relative_to(ctx.work)),
         "parameters": info["parameters"],
         "device": info["device"],
         "worldSize": info["worldSize"],
         "resumedFromEpoch": info["startEpoch"] or None,
         "trainSeconds": round(sum(e["seconds"] for e in done), 3),
-        "seconds": round(time.monotonic() - started, 3),
         "draftVocabSize": src.vocab_size,
         "auxLayers": src.aux_layers,
-        "tttSteps": ctx.params.training.ttt_steps,
+        "tttSteps": params.training.ttt_steps,
     }
 
 
-def launch(ctx: Context, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool) -> None:
+def launch(ctx: Context, cfg: Any, hidden_size: int, work: Path, on_cpu: bool) -> None:
     """Train in this process, or under torchrun with one process per GPU when training.gpus > 1, or as node 0
-    of training.nodes (one process per GPU, or one per node on the CPU)."""
+    of training.nodes (one process per GPU, or one per node on the CPU); `work` holds the checkpoints, the
+    metrics and the trainer's figures."""
     import torch
 
     gpus = ctx.params.training.gpus
-    info = ctx.work / INFO_FILE
+    info, metrics = work / INFO_FILE, work / METRICS_FILE
     nodes = nodes_of(ctx.params.training.nodes, ctx.output.name)
     if nodes is not None:
         run_torchrun(ctx, nodes, on_cpu)
@@ -155,8 +194,8 @@ def launch(ctx: Context, cfg: Any, hidden_size: int, metrics: Path, on_cpu: bool
                 "give the train stage's pod that many GPUs",
                 keep_work=True,
             )
-    events = ctx.work / EVENTS_FILE
-    argv = torchrun_argv(nproc, ctx.work / CHECKPOINTS / RUN_CONFIG_FILE, metrics, info, progress=events)
+    events = work / EVENTS_FILE
+    argv = torchrun_argv(nproc, work / CHECKPOINTS / RUN_CONFIG_FILE, metrics, info, progress=events)
     logger.info("train: %s", " ".join(argv))
     with relayed(events, ctx.progress):
         code = subprocess.run(argv, env=worker_env(nproc, on_cpu), check=False).returncode

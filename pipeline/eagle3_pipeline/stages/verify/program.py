@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from eagle3_contract.api.speculation import SpeculationTable
+from eagle3_contract.draft_methods import method_of_checkpoint
 from eagle3_contract.mounts import draft_path
 from eagle3_contract.params import VerifyParams, VerifyTuning
 from eagle3_contract.reasons import CHECKPOINT_MISSING, CHECKSUM_MISMATCH, DRAFT_FIELDS_MISSING
@@ -76,7 +77,7 @@ def run(ctx: StageContext[VerifyParams, VerifyTuning]) -> dict[str, Any]:
     files = check_manifest(directory, shown, pinned.path, actual, ctx.progress) or {
         WEIGHTS_FILE: {"sha256": actual, "bytes": weights.stat().st_size}
     }
-    check_fields(directory, shown, pinned.path)
+    method = check_fields(directory, shown, pinned.path)
     logger.info("verify: %s has sha256 %s, as pinned; %d file(s) checked", shown, actual, len(files))
     return {
         "path": pinned.path,
@@ -85,6 +86,7 @@ def run(ctx: StageContext[VerifyParams, VerifyTuning]) -> dict[str, Any]:
         "files": files,
         "manifest": (directory / MANIFEST_FILE).is_file(),
         "speculation": manifest_speculation(directory, shown),
+        "method": method,
         "seconds": round(time.monotonic() - started, 3),
     }
 
@@ -123,15 +125,17 @@ def checksum_mismatch(path: str, expected: str, actual: str) -> CheckFailed:
     )
 
 
-def check_fields(directory: Path, shown: str, path: str) -> None:
+def check_fields(directory: Path, shown: str, path: str) -> str | None:
     """The draft's config.json states every field vLLM reads for its method (MethodRow.vllm_reads), so vLLM
-    loads the draft that was trained, not its own defaults (speculators #1065, vLLM #54526). A config this
-    version cannot read is left to vLLM (a draft of a method this version does not train)."""
+    loads the draft that was trained, not its own defaults (speculators #1065, vLLM #54526); returns the
+    method (what serving rolls out). A config this version cannot read is left to vLLM (None)."""
     try:
         config = json.loads((directory / CONFIG_FILE).read_text())
     except (OSError, json.JSONDecodeError):
-        return
-    missing = unstated_fields(config) if isinstance(config, dict) else []
+        return None
+    if not isinstance(config, dict):
+        return None
+    missing = unstated_fields(config)
     if missing:
         raise CheckFailed(
             DRAFT_FIELDS_MISSING,
@@ -142,6 +146,8 @@ def check_fields(directory: Path, shown: str, path: str) -> None:
             file=CONFIG_FILE,
             missing=missing,
         )
+    method = method_of_checkpoint(config)
+    return method.value if method is not None else None
 
 
 def check_manifest(
