@@ -25,7 +25,17 @@ class GateVerdict:
 
 
 def judge_evaluation(result: EvaluateResult | None, required: float | None) -> GateVerdict:
-    """The gate's verdict on one evaluate result (None: none was reported) for `required` (None: no gate)."""
+    """The gate's verdict on one evaluate result (None: none was reported) for `required` (None: no gate);
+    when evaluate chose the draft (draft.candidates, training.checkpointSelection acceptance), the message
+    says which won and by how much."""
+    verdict = _judged(result, required)
+    choice = result.checkpoint_selection if result is not None else None
+    if choice is None:
+        return verdict
+    return GateVerdict(verdict.passed, verdict.reason, f"{verdict.message}; {choice.margin()}")
+
+
+def _judged(result: EvaluateResult | None, required: float | None) -> GateVerdict:
     measured = result.acceptance_length if result is not None else None
     if result is not None and result.mapping_consistent is False:
         return GateVerdict(

@@ -351,6 +351,24 @@ class CheckpointChoice(ResultModel):
             lowest if self.val_loss_epoch not in (None, self.epoch) else ""
         )
 
+    def margin(self) -> str:
+        """Which draft won and by how much over the runner-up, for the GatePassed condition."""
+        chosen = next((c for c in self.checkpoints if c.checkpoint == self.checkpoint), None)
+        others = [c for c in self.checkpoints if c is not chosen]
+        if self.by == OUTPUT_TOKENS_PER_SECOND:
+            key, unit = "output_tokens_per_second", "output tokens/s"
+        else:
+            key, unit = "acceptance_length", "acceptance length"
+        mine = getattr(chosen, key) if chosen is not None else None
+        values = [(getattr(c, key), c) for c in others if getattr(c, key) is not None]
+        name = (chosen.method or f"epoch {chosen.epoch}") if chosen is not None else self.checkpoint
+        if mine is None or not values:
+            return f"{name} ships"
+        best, runner = max(values, key=lambda v: v[0])
+        other = runner.method or f"epoch {runner.epoch}"
+        ratio = f" ({mine / best:.2f}x)" if best > 0 else ""
+        return f"{name} ships: {unit} {mine:.3f} against {other}'s {best:.3f}{ratio}"
+
 
 OUTPUT_TOKENS_PER_SECOND = "outputTokensPerSecond"  # CheckpointChoice.by for draft.candidates
 

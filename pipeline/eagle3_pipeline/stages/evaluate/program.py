@@ -229,7 +229,8 @@ def choose_checkpoint(
             run.tokens_per_second or 0.0,
         )
     best = choose(measured, by)
-    document = choice_document(measured, best, read_result(train).get("bestEpoch"), by)
+    lowest = read_result(train).get("bestEpoch") if by == ACCEPTANCE else None  # the epochs' lowest loss
+    document = choice_document(measured, best, lowest, by)
     logger.info("evaluate: %s", CheckpointChoice.model_validate(document).line())
     return best, document
 
