@@ -139,6 +139,29 @@ def evaluate(tier: Tier, models: Path) -> dict[str, Any]:
         "numSpeculativeTokens": NUM_SPECULATIVE_TOKENS,
         "speedup": HEADLINE.speedup,
         "speedupConcurrency": HEADLINE.concurrency,
+        # as evaluate writes it for draft.candidates: each candidate's figures (the shipped one's measured
+        # here, the other's a fixed figure), for the dashboard's "Drafts compared" table
+        "checkpointSelection": {
+            "by": "outputTokensPerSecond",
+            "epoch": 5,
+            "checkpoint": "candidates/eagle3/checkpoints/checkpoint_best",
+            "checkpoints": [
+                {
+                    "epoch": 5,
+                    "checkpoint": "candidates/eagle3/checkpoints/checkpoint_best",
+                    "method": "eagle3",
+                    "acceptanceLength": acceptance.length,
+                    "outputTokensPerSecond": 120.0,
+                },
+                {
+                    "epoch": 5,
+                    "checkpoint": "candidates/peagle/checkpoints/checkpoint_best",
+                    "method": "peagle",
+                    "acceptanceLength": 1.2,
+                    "outputTokensPerSecond": 100.0,
+                },
+            ],
+        },
     }
 
 
