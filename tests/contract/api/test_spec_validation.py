@@ -127,7 +127,12 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
         assume(max_len > 128)
         value = draw(st.integers(128, max_len - 1))
     elif rule.field_path == ".draft.candidates":
-        value = ["eagle3", "eagle3"]  # a method twice
+        # a method twice, the methods trained the same (their own rules hold as before); a prediction
+        # refuses any candidates (its own rule), so there is none
+        listed = doc.get("draft", {}).get("candidates") or [eff["draft"]["method"]]
+        assume(len(listed) < 3)  # at most 3 (the schema's bound)
+        value = [*listed, listed[0]]
+        doc.setdefault("evaluation", {})["predict"] = False
     elif rule.field_path == ".draft.blockSize":
         # a block size on a method without blocks (eagle3: its other rules hold whatever the k's)
         doc.setdefault("draft", {})["method"] = "eagle3"
