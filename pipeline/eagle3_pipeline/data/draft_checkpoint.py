@@ -52,11 +52,16 @@ HASH_CHUNK = 1 << 20
 READABLE = 0o644
 
 
+def missing_files(checkpoint: Path) -> list[str]:
+    """The files a draft checkpoint directory must hold (its config and weights) that it lacks."""
+    return [name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (checkpoint / name).is_file()]
+
+
 def best_checkpoint(train_output: Path) -> Path:
     """The directory of train's best checkpoint (the result's `checkpoint`, relative to its output)."""
     relative = read_result(train_output).get("checkpoint") or DEFAULT_CHECKPOINT
     path = (train_output / str(relative)).resolve()
-    missing = [name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (path / name).is_file()]
+    missing = missing_files(path)
     if missing:
         raise StageError(
             f"train's checkpoint {train_output / str(relative)} has no {', '.join(missing)}: "

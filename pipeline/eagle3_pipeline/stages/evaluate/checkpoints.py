@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.results import OUTPUT_TOKENS_PER_SECOND, TrainResult
-from eagle3_pipeline.data.draft_checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from eagle3_pipeline.data.draft_checkpoint import missing_files
 from eagle3_pipeline.runtime.context import read_result
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.requests import Measurement
@@ -67,7 +67,7 @@ def candidates(train_output: Path, last: int) -> list[Candidate]:
         for e in epochs[-last:]
     ]
     for c in chosen:
-        missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (c.path(train_output) / n).is_file()]
+        missing = missing_files(c.path(train_output))
         if missing:
             raise StageError(
                 f"train's checkpoint of epoch {c.epoch} ({c.path(train_output)}) has no "
@@ -83,7 +83,7 @@ def trained_candidates(train_output: Path) -> list[Candidate]:
     listed = result.candidates if result is not None else None
     chosen = [Candidate(c.best_epoch or 0, c.checkpoint, c.best_val_loss, c.method) for c in listed or []]
     for c in chosen:
-        missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (c.path(train_output) / n).is_file()]
+        missing = missing_files(c.path(train_output))
         if missing:
             raise StageError(
                 f"train's candidate {c.method} ({c.path(train_output)}) has no {', '.join(missing)}: "

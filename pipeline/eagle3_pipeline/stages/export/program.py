@@ -33,14 +33,13 @@ from eagle3_contract.params import ExportParams, ExportTuning
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage
 from eagle3_pipeline.data.draft_checkpoint import (
-    CONFIG_FILE,
     SPECULATION_KEY,
-    WEIGHTS_FILE,
     ServingWeights,
     best_checkpoint,
     checkpoint_method,
     directory_bytes,
     mapping_problem,
+    missing_files,
     write_manifest,
     write_serving_checkpoint,
 )
@@ -118,7 +117,7 @@ def shipped_checkpoint(train: Path, evaluated: EvaluateResult | None) -> tuple[P
     if choice is None:
         return best_checkpoint(train), {}
     path = train / choice.checkpoint
-    missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (path / n).is_file()]
+    missing = missing_files(path)
     if missing:
         raise StageError(
             f"evaluate chose epoch {choice.epoch}'s checkpoint {path}, which has no {', '.join(missing)}: "
