@@ -155,6 +155,8 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
             ".extraction.servers": draw(st.integers(2, 256)),
         }[rule.field_path]
     elif rule.field_path == ".extraction.dtype":
+        # online: draft.candidates need offline extraction (their own rule), so a spec with none
+        assume(not doc.get("draft", {}).get("candidates"))
         doc.setdefault("extraction", {}).update(mode="online", transfer="mooncake")
         value = "fp8"
     elif rule.field_path == ".serving.speculationLength":

@@ -48,6 +48,7 @@ from eagle3_pipeline.adapters.speculators_cpu import (
     fork_loader_workers,
     setup_distributed,
 )
+from eagle3_pipeline.adapters.speculators_interrupt import stopping_at_step_end
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.runtime.host_cpu import available_cpus, native_bfloat16
 from eagle3_pipeline.serving.kv_transfer import CPU_MOONCAKE_BUFFER_GIB, CPU_MOONCAKE_SEGMENT_GIB
@@ -344,7 +345,7 @@ def train(cfg: Any, metrics: Path, info: Path, progress: TrainSink | None = None
                         trainer.config.num_epochs, steps_per_epoch(trainer), trainer.global_step,
                         trainer.current_epoch,
                     )  # fmt: skip
-            with fused_loss(fused):
+            with fused_loss(fused), stopping_at_step_end():  # a SIGTERM stops training after its step
                 trainer.run_training()
     finally:
         maybe_destroy_distributed()

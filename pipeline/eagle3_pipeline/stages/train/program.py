@@ -140,10 +140,12 @@ def train_draft(ctx: Context, params: TrainParams, work: Path, src: DraftSources
             launch(ctx, cfg, src.hidden_size, work, on_cpu)
     done = read_epochs(metrics)
     if [e["epoch"] for e in done] != list(range(epochs)):
-        # speculators turns SIGTERM into a normal return after saving `interrupted/`: not a finished run
-        raise RuntimeError(
+        # speculators turns SIGTERM into a normal return after saving `interrupted/` (at the end of a step:
+        # adapters.speculators_interrupt): not a finished run, and nothing a traceback would explain
+        raise StageError(
             f"training stopped after epochs {[e['epoch'] for e in done]} of {epochs} (interrupted?); "
-            "the complete epochs are kept and the next attempt resumes after them"
+            "the complete epochs are kept and the next attempt resumes after them",
+            keep_work=True,
         )
     repair_best(save_path, done)
     info = json.loads((work / INFO_FILE).read_text())
