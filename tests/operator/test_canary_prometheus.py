@@ -231,19 +231,19 @@ async def test_the_canary_is_decided_on_a_real_prometheus(
         await player.ready(
             await eventually(lambda: deployment(cluster, SERVING), what="the serving Deployment")
         )
-        await wait_phase(cluster, RUN, "Serving", timeout=30.0)
+        await wait_phase(cluster, RUN, "Serving")
         await cluster.edit_run(RUN, {"serving": {"pinnedCheckpoint": {"path": NEW}}})
-        canary = await eventually(lambda: deployment(cluster, CANARY), 30.0, "the canary Deployment")
+        canary = await eventually(lambda: deployment(cluster, CANARY), what="the canary Deployment")
         assert draft_of(canary) == NEW
         await player.ready(canary)
         tracks.canary.serving = True  # the Service sends the canary its share of the traffic
         st = await decided(cluster)
         gone = await eventually(
-            lambda: _gone(cluster), 30.0, "the canary Deployment deleted after the decision"
+            lambda: _gone(cluster), what="the canary Deployment deleted after the decision"
         )
         # promoted: the operator rolls the serving Deployment to NEW at a reconcile after the decision
         serving = await eventually(
-            lambda: _serves(cluster, NEW if phase == "Promoted" else OLD), 30.0, "serving"
+            lambda: _serves(cluster, NEW if phase == "Promoted" else OLD), what="serving"
         )
         scope = canary_queries.track_scope(cluster.ns, names.run_label(RUN), names.TRACK_CANARY, 60)
         answered = await asyncio.to_thread(tracks.server.query, canary_queries.acceptance_length(scope))

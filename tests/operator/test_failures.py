@@ -50,8 +50,9 @@ async def test_a_pod_failure_within_the_backoff_limit_is_retried_by_the_job(back
     async with backend.operator():
         await cluster.apply_run("tiny", tiny())
         job = await wait_job(cluster, "tiny", "prepare")
+        await wait_phase(cluster, "tiny", "Running")  # the Job is made before the status that says so
         await player.fail_pod(job, "connection reset by peer", n=0)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a chance to (wrongly) fail the run: a slow operator only makes it likelier
         assert (await status(cluster, "tiny"))["phase"] == "Running"
         await player.succeed(job, {"samples": 3})
         await wait_job(cluster, "tiny", "extract")
@@ -73,7 +74,7 @@ async def test_a_pod_that_cannot_pull_its_image_is_reported_and_the_run_goes_on_
             st = await status(cluster, "tiny")
             return st if "blockedBy" in st["stages"]["prepare"] else None
 
-        st = await eventually(reported, timeout=30, what="the stuck pod in status")
+        st = await eventually(reported, what="the stuck pod in status")
         event = await eventually(
             lambda: _warning_event(cluster, "PodNotRunning"), what="a PodNotRunning Event"
         )
@@ -103,7 +104,7 @@ async def test_a_crash_looping_vllm_is_why_the_run_is_not_ready(backend):
             st = await status(cluster, "tiny")
             return st if "blockedBy" in (st.get("serving") or {}) else None
 
-        st = await eventually(reported, timeout=30, what="the crash loop in status")
+        st = await eventually(reported, what="the crash loop in status")
         await player.ready(deployment)  # a fixed spec rolled out
         serving = await wait_phase(cluster, "tiny", "Serving")
     assert st["serving"]["blockedBy"]["reason"] == "CrashLoopBackOff"

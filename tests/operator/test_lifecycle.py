@@ -257,7 +257,7 @@ async def test_the_resync_loop_reconciles_runs_without_any_event(backend):
         async def three_more() -> bool:  # a round lists and reads the run first: no fixed pace is promised
             return metrics.reconciles.labels("ok")._value.get() - before >= 3
 
-        await eventually(three_more, timeout=15, what="three reconciles with no event at all")
+        await eventually(three_more, what="three reconciles with no event at all")
     assert len(await backend.cluster.jobs("tiny")) == 1, "and they create nothing twice"
 
 

@@ -53,10 +53,10 @@ async def test_the_operator_process_serves_health_and_metrics_and_reconciles(bac
                 except aiohttp.ClientConnectionError:
                     return None  # not listening yet
 
-            await eventually(lambda: get(health, "/healthz"), timeout=30, what="liveness endpoint")
+            await eventually(lambda: get(health, "/healthz"), what="liveness endpoint")
             await cluster.apply_run("tiny", tiny())
             job = await wait_job(cluster, "tiny", "prepare")
-            text = await eventually(lambda: _reconciled(get, metrics), timeout=10, what="reconcile metric")
+            text = await eventually(lambda: _reconciled(get, metrics), what="reconcile metric")
         assert job["metadata"]["ownerReferences"][0]["name"] == "tiny"
         assert 'phase="Running"} 1.0' in text or 'phase="Pending"} 1.0' in text
         assert 'eagle3_operator_stage_attempts_total{namespace="' in text

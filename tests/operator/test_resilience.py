@@ -119,8 +119,13 @@ async def test_a_run_deleted_while_missed_gets_nothing_created_and_is_forgotten(
         await cluster.apply_run("gone", tiny())
         job = await wait_job(cluster, "gone", "prepare")
         uid = (await cluster.run("gone"))["metadata"]["uid"]
-        await asyncio.sleep(0.5)  # the events of the creation have been handled
-        assert operator_state(memo).reconcile.statuses and any(run == "gone" for _, run in metrics.memory)
+        await eventually(  # the events of the creation have been handled
+            lambda: _async(
+                bool(operator_state(memo).reconcile.statuses)
+                and any(run == "gone" for _, run in metrics.memory)
+            ),
+            what="the run's status and memory series",
+        )
         _delete_silently(backend.mock, "eagle3runs", "gone")  # stays in kopf's eagle3_runs index
         await cluster.delete("batch/v1", "jobs", job["metadata"]["name"])  # the garbage collector's part
         await eventually(
@@ -219,7 +224,7 @@ async def test_a_failed_job_deleted_while_the_watch_missed_it_is_swept_and_its_r
         for plural in ("jobs", "pods"):
             for obj in [k for k in backend.mock.objects.keys() if plural in str(k[0])]:  # noqa: SIM118
                 backend.mock.objects[obj].delete()
-        retry = await eventually(lambda: _retry(cluster), timeout=5, what="the next attempt's Job")
+        retry = await eventually(lambda: _retry(cluster), what="the next attempt's Job")
         assert retry["metadata"]["name"].endswith("-r1")
         assert job["metadata"]["uid"] in operator_state(memo).reconcile.gone, (
             "the deleted Job is remembered as gone"

@@ -36,7 +36,7 @@ async def train_progress(cluster: Cluster, **wanted: Any) -> dict[str, Any]:
         live = st.get("stages", {}).get("train", {}).get("progress") or {}
         return st if all(live.get(k) == v for k, v in wanted.items()) else None
 
-    found: dict[str, Any] = await eventually(check, 15.0, f"train progress {wanted}")
+    found: dict[str, Any] = await eventually(check, what=f"train progress {wanted}")
     return found
 
 

@@ -8,6 +8,7 @@ process: nothing it started outlives this process to keep writing beside the nex
 from __future__ import annotations
 
 import collections
+import contextlib
 import signal
 import subprocess
 import sys
@@ -69,13 +70,14 @@ class StageProcess:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
-            self.pid = proc.pid
-            assert proc.stderr is not None
-            reader = threading.Thread(
-                target=self._read, args=(proc.stderr,), name=f"{what} stderr", daemon=True
-            )
-            reader.start()
-            try:
+            reader: threading.Thread | None = None
+            try:  # from the moment the group exists: a signal that lands while the reader starts stops it too
+                self.pid = proc.pid
+                assert proc.stderr is not None
+                reader = threading.Thread(
+                    target=self._read, args=(proc.stderr,), name=f"{what} stderr", daemon=True
+                )
+                reader.start()
                 return proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 stop_group(proc, signal.SIGTERM, grace_s)
@@ -87,4 +89,6 @@ class StageProcess:
                     stop_group(proc, sig, grace_s)
                 raise
             finally:
-                reader.join(READER_JOIN_S)
+                if reader is not None:
+                    with contextlib.suppress(RuntimeError):  # interrupted before it started: nothing to join
+                        reader.join(READER_JOIN_S)
