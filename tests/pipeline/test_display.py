@@ -38,18 +38,28 @@ from eagle3_pipeline.local.run import LocalOptions, LocalRunError, run_local, ru
 from tests.pipeline.manifests import base_spec, write_manifest
 
 FAKE_STAGE = """#!{python}
-import json, os, sys, time
+import json, os, sys, threading, time
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 args = sys.argv[1:]
 assert os.environ["EAGLE3_METRICS_HOST"] == "127.0.0.1", os.environ["EAGLE3_METRICS_HOST"]
-registry = CollectorRegistry()
+registry, scrapes, counted = CollectorRegistry(), [0], threading.Condition()
+class Scrapes:  # registered first: a scrape counted here reads every gauge after it
+    def collect(self):
+        with counted:
+            scrapes[0] += 1
+            counted.notify_all()
+        return []
+registry.register(Scrapes())
+def scraped_twice():  # the executor polls twice a second: wait for it, however slow, not for a time
+    with counted:
+        wanted = scrapes[0] + 2
+        counted.wait_for(lambda: scrapes[0] >= wanted, timeout=120)
 done = Gauge("eagle3_stage_units_done", "d", ["unit"], registry=registry)
 total = Gauge("eagle3_stage_units", "t", ["unit"], registry=registry)
 rate = Gauge("eagle3_stage_units_per_second", "r", ["unit"], registry=registry)
 eta = Gauge("eagle3_stage_eta_seconds", "e", registry=registry)
 port, host = int(os.environ["EAGLE3_METRICS_PORT"]), os.environ["EAGLE3_METRICS_HOST"]
 start_http_server(port, addr=host, registry=registry)
-time.sleep(0.6)  # the executor polls twice a second: it sees the program before it counts
 total.labels("rows").set(40)
 for i in range(1, 41):
     done.labels("rows").set(i)
@@ -57,8 +67,8 @@ for i in range(1, 41):
     eta.set((40 - i) / 20)
     if i % 20 == 0:
         print("stage x: %d/40 rows" % i, file=sys.stderr, flush=True)
-    time.sleep(0.03)
-time.sleep(1.2)  # the last figures are read before the program ends
+        scraped_twice()  # read while it runs (20/40), and its last figures before it ends (40/40)
+    time.sleep(0.01)
 if os.environ.get("FAKE_FAILS"):
     print("Traceback (most recent call last):\\n  ...", file=sys.stderr)
     print("error: stage x: the input is broken; fix it", file=sys.stderr)
