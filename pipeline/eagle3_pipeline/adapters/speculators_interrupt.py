@@ -4,7 +4,7 @@ speculators 0.9.0 (`speculators.train.graceful_shutdown`) turns the first SIGINT
 `Trainer.run_training` into `TrainingInterruptedError`, raised by the signal handler wherever the main thread
 is, and catches it in `run_training`'s decorator to save `checkpoints/interrupted` and return. Raised at an
 arbitrary bytecode, the exception is not always what arrives there. Sending the signal at chosen calls after
-an epoch's metrics line (100 points), 3 went wrong:
+an epoch's metrics line (98 points), 3 went wrong:
   - inside a log line, logging's `Handler.emit` hands it to `handleError`, which prints "--- Logging error
     ---" and goes on; inside a generator's finalizer Python ignores it. The first signal is spent (the
     handler ignores later ones): training goes on, and a pod asked to stop trains until Kubernetes kills it;
