@@ -48,13 +48,16 @@ def api_client(url: str, token: str | None) -> k8s.ApiClient:
     return k8s.ApiClient(config)
 
 
-async def main(url: str, token: str | None = None, namespace: str | None = None) -> None:
+async def main(
+    url: str, token: str | None = None, namespace: str | None = None, watch_seconds: int | None = None
+) -> None:
     stop, ready = asyncio.Event(), asyncio.Event()
     api = api_client(url, token)
     memo = kopf.Memo(
         connection=kopf.ConnectionInfo(server=url, insecure=True, token=token),
         kube=Kube(api),
         metrics=OperatorMetrics(),
+        watch_seconds=watch_seconds,
     )
     scope: dict[str, Any] = {"namespaces": [namespace]} if namespace else {"clusterwide": True}
     task = asyncio.create_task(kopf.operator(standalone=True, ready_flag=ready, memo=memo, **scope))
@@ -82,5 +85,6 @@ if __name__ == "__main__":
     parser.add_argument("url")
     parser.add_argument("--token", help="a bearer token for the API server")
     parser.add_argument("--namespace", help="watch only this namespace (default: the whole cluster)")
+    parser.add_argument("--watch-seconds", type=int, help="the operator's --watch-seconds (default: its own)")
     args = parser.parse_args()
-    asyncio.run(main(args.url, args.token, args.namespace))
+    asyncio.run(main(args.url, args.token, args.namespace, args.watch_seconds))

@@ -46,7 +46,8 @@ from scale_common import (
     read_log,
 )
 from scale_progress import report_progress
-from tests.harness.cluster import Cluster, Emulator, JobPlayer, declare_resources
+from tests.harness.cluster import Cluster, JobPlayer, declare_resources
+from tests.harness.counting import CountingEmulator
 from tests.harness.results import fake_result
 from tests.harness.scenario import tiny
 
@@ -100,57 +101,31 @@ class Probe:
         return True
 
 
-class BenchEmulator(Emulator):
-    """The tests' Emulator, plus a Probe fed from inside the request handler, and a short memory.
-
-    kmock keeps every request, and matches each new one against its reactions by scanning that whole
-    history (`request in payload._source`): O(requests) per request, quadratic over a benchmark, so
-    the mock, not the operator, would be measured. Here a request is forgotten once it is served, and
-    one named object is looked up by its key instead of by a scan of all objects.
-    """
+class BenchEmulator(CountingEmulator):
+    """The tests' counting mock (tests/harness/counting.py: a short memory, requests tallied by kind), plus
+    a Probe fed from inside the request handler."""
 
     probe: Probe
-
-    def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
-        if request.name is not None and (strict or request.namespace is not None):
-            found = self._objects._objects.get((request.resource, request.namespace, request.name))
-            return [] if found is None else [found]
-        objs: list[Any] = super()._KubernetesEmulator__get_objs(request, strict)  # type: ignore[misc]
-        return objs
-
-    async def _handle(self, request: Any) -> Any:
-        try:
-            return await self._observe(request)
-        finally:
-            history = self._requests
-            for i in range(len(history) - 1, -1, -1):
-                if history[i] is request:
-                    del history[i]
-                    break
+    driver_agent = USER_AGENT
 
     async def _observe(self, request: Any) -> Any:
         probe = self.probe
-        ours = request.headers.get("User-Agent", "").startswith(USER_AGENT)
-        plural = getattr(request.resource, "plural", None) or "-"
-        what = ""
-        if not ours:
-            verb = (request.action or request.method).name
-            sub = f"/{request.subresource}" if request.subresource else ""
-            agent = "kopf" if request.headers.get("User-Agent", "").startswith("kopf") else "handlers"
-            what = f"{verb} {plural}{sub} ({agent})"
+        what = self.kind_of(request)
+        if what is not None:
             probe.requests[what] += 1
             probe.last_request = time.monotonic()
         if request.action == kmock.action.WATCH:
-            probe.watched.add(plural)
+            probe.watched.add(getattr(request.resource, "plural", None) or "-")
             probe.changed.set()
-            return await super()._handle(request)
+            return await self._serve(request)
         try:
-            response = await super()._handle(request)
+            response = await self._serve(request)
         except kmock.KubernetesError as err:
             labels = (request.data.get("metadata") or {}).get("labels") or {} if request.data else {}
             stage = labels.get(names.LABEL_STAGE, "")
             probe.refused[f"{err.status} {what or 'load generator'} {stage}".rstrip()] += 1
             raise
+        plural = getattr(request.resource, "plural", None)
         if request.action == kmock.action.CREATE and plural == "jobs" and response.status < 300:
             probe.job_posted(request.data)
         return response
@@ -270,15 +245,22 @@ class Sample:
 
 
 async def run_round(
-    mock: BenchEmulator, url: str, log: Path, n: int, timeout: float, window: float = 0.0
+    mock: BenchEmulator,
+    url: str,
+    log: Path,
+    n: int,
+    timeout: float,
+    window: float = 0.0,
+    operator_args: Sequence[str] = (),
 ) -> Sample:
-    """The operator started against `url`; N runs driven through their first transition."""
+    """The operator (operator_child.py with `operator_args`) started against `url`; N runs driven through
+    their first transition."""
     probe = mock.probe
     async with (
         aiohttp.ClientSession(
             headers={"User-Agent": USER_AGENT}, connector=aiohttp.TCPConnector(limit=IN_FLIGHT)
         ) as session,
-        operator_process(url, log) as proc,
+        operator_process(url, log, *operator_args) as proc,
     ):
         await probe.wait(lambda: probe.watched >= WATCHED, 30)
         await quiet(probe, QUIET_SECONDS, 30)
@@ -298,12 +280,14 @@ async def run_round(
         )  # fmt: skip
 
 
-async def measure(n: int, timeout: float, log: Path, window: float = 0.0) -> Figures:
+async def measure(
+    n: int, timeout: float, log: Path, window: float = 0.0, operator_args: Sequence[str] = ()
+) -> Figures:
     """One benchmark round: a fresh mock API server and a fresh operator, N runs."""
     async with BenchEmulator() as mock, kmock.Server(mock) as server:
         mock.probe = Probe()
         declare_resources(mock)
-        sample = await run_round(mock, str(server.url), log, n, timeout, window)
+        sample = await run_round(mock, str(server.url), log, n, timeout, window, operator_args)
     oplog = read_log(log)
     reconciles = oplog.reconciles
     driven = sample.driven
@@ -363,9 +347,11 @@ class Mode:
     row: Callable[[Any], str]
 
 
-def measure_mock(window: float) -> Callable[[int, float, Path, int], Awaitable[Figures]]:
+def measure_mock(
+    window: float, operator_args: Sequence[str]
+) -> Callable[[int, float, Path, int], Awaitable[Figures]]:
     async def measure_round(n: int, timeout: float, log: Path, _round: int) -> Figures:
-        return await measure(n, timeout, log, window)
+        return await measure(n, timeout, log, window, operator_args)
 
     return measure_round
 
@@ -387,13 +373,20 @@ async def main(argv: Sequence[str] | None = None) -> int:
         "--progress-window", type=float, default=120.0,
         help="seconds every run's extract pod runs and reports progress after the transition (0: none)",
     )  # fmt: skip
+    parser.add_argument(
+        "--watch-seconds", type=int,
+        help="the operator's watch timeout (its --watch-seconds; default: the operator's own, 8). kmock "
+        "ignores the timeout and replays every object at each connect: 0 keeps each watch open, as the tests "
+        "run the operator against the mock, so no replay happens",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.server == "apiserver":
         import scale_apiserver  # imports the test suite's server helpers; only wanted here
 
         mode = Mode(scale_apiserver.HEADER, await scale_apiserver.start(), scale_apiserver.row)
     else:
-        mode = Mode(HEADER, measure_mock(args.progress_window), row)
+        watch = () if args.watch_seconds is None else ("--watch-seconds", str(args.watch_seconds))
+        mode = Mode(HEADER, measure_mock(args.progress_window, watch), row)
     results = []
     print(mode.header, flush=True)
     with tempfile.TemporaryDirectory() as tmp:

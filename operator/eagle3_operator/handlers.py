@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -22,13 +23,18 @@ from eagle3_operator.reconcile.executor import (
     Owned,
     forget_run,
     reconcile,
-    reconcile_current,
     run_key,
-    sweep_ghosts,
 )
 from eagle3_operator.reconcile.observe import blocked_by
 from eagle3_operator.reconcile.slim import slim_deployment, slim_job, slim_pod, slim_run
 from eagle3_operator.reconcile.state import Key
+from eagle3_operator.reconcile.trigger import (
+    child_news,
+    reconcile_current,
+    reconcile_indexed,
+    run_news,
+    sweep_ghosts,
+)
 from eagle3_operator.state import MEMO_KEY, OperatorState, api_timeout_seconds, state_of
 
 RUN = (GROUP, VERSION, PLURAL)
@@ -42,14 +48,46 @@ RELIST_SETTLE_SECONDS = 2.0
 # about their sum (issue 28 item 17), at the cost of one watch request per watched kind per WATCH_SECONDS.
 WATCH_SECONDS = 8  # an integer: kopf sends it as the timeoutSeconds query parameter (--watch-seconds)
 WATCH_GRACE_SECONDS = 2.0
+# A reconcile that failed for a transient reason (kopf.TemporaryError) is retried after the error's delay,
+# doubled for each failure in a row of the same run, up to this.
+RETRY_SECONDS = 5.0
+RETRY_MAX_SECONDS = 60.0
 logger = logging.getLogger(__name__)
+
+
+class _EventHandlerSuccess(logging.Filter):
+    """Drops kopf's "Handler 'child_changed' succeeded." (and run_event's): kopf logs every handler's success
+    at INFO, which for the event handlers is a line per event of every child (27,000 lines in a 500-run
+    round of the scale benchmark). What they do that matters is logged by the reconciles they start."""
+
+    QUIET = frozenset(f"Handler {name!r} succeeded." for name in ("child_changed", "run_event"))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in self.QUIET
+
+
+EVENT_HANDLER_SUCCESS = _EventHandlerSuccess()
+
+
+class NoDiffBase(kopf.StatusDiffBaseStorage):
+    """A diff base that is never built. kopf builds one for every event of every watched object (a deep copy
+    of the whole body, most of which it then deletes) for its create/update handlers; this operator has
+    none (tests/unit/test_handlers.py keeps it so), and the copies were a tenth of its CPU at 500 runs."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None
+    ) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
-    # Everything kopf keeps lives in status: GitOps tools see no operator-written metadata on the run.
+    logging.getLogger("kopf.objects").addFilter(EVENT_HANDLER_SUCCESS)  # once: addFilter skips a repeat
+    # The operator's handlers are event handlers and indexes: kopf keeps no progress or diff base for them,
+    # and builds none (NoDiffBase). What kopf would keep lives in status, never in the run's metadata
+    # (annotations, a finalizer), which GitOps tools would see as drift.
     settings.persistence.progress_storage = kopf.StatusProgressStorage()
-    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage()
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # kopf's own calls (its status bookkeeping, Events, watch connects) bounded like the operator's: a silent
     # connection is retried, not awaited for kopf's default of five minutes.
@@ -67,6 +105,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         settings.watching.client_timeout = watch_seconds + min(WATCH_GRACE_SECONDS, api_seconds)
     state = await OperatorState.start(memo)
     memo[MEMO_KEY] = state  # before the tasks start: kopf copies the memo for each object's handlers
+    state.indices = _all_indices(kwargs)
     state.resync = asyncio.create_task(resync(state, kwargs))
     state.progress_task = asyncio.create_task(
         stage_metrics.poll(
@@ -81,17 +120,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     )
 
 
-def _reconciler(
-    state: OperatorState, kwargs: Mapping[str, Any]
-) -> Callable[[Mapping[str, Any]], Awaitable[None]]:
+def _reconciler(state: OperatorState, kwargs: Mapping[str, Any]) -> Callable[[Key], Awaitable[None]]:
     """Reconcile one run from outside kopf's handlers (the live progress task), as the resync does."""
 
-    async def reconcile_run(run: Mapping[str, Any]) -> None:
-        try:
-            call = reconcile_current(run, state.reconcile, logger, _indices(kwargs))
-            await _in_handler_context(state, call)
-        except (kopf.TemporaryError, kopf.PermanentError) as err:
-            logger.warning("reconcile after a stage's progress failed (the resync retries): %s", err)
+    async def reconcile_run(key: Key) -> None:
+        call = reconcile_indexed(key, state.reconcile, logger, _all_indices(kwargs))
+        await _in_handler_context(state, _reconcile_or_retry(state, key, call))
 
     return reconcile_run
 
@@ -134,11 +168,11 @@ async def _in_handler_context(state: OperatorState, call: Coroutine[Any, Any, No
 
 
 async def _resync_round(state: OperatorState, kwargs: Mapping[str, Any]) -> None:
-    """Every run the index holds, then those the re-list found that it never saw (a silent watch missed
-    them: they are reconciled from the API server's copy, as every run is)."""
+    """Every run the index holds, from the index (the watch cache), then those the re-list found that it
+    never saw (a silent watch missed them: they are read from the API server first)."""
     runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
-    unseen = await sweep_ghosts(state.reconcile, {"eagle3_runs": runs} | _indices(kwargs), logger)
-    bodies = [body for key in list(runs) for body in list(runs.get(key, []))]
+    indices = _all_indices(kwargs)
+    unseen = await sweep_ghosts(state.reconcile, indices, logger)
     for body in unseen:
         meta = body["metadata"]
         logger.info(
@@ -146,17 +180,24 @@ async def _resync_round(state: OperatorState, kwargs: Mapping[str, Any]) -> None
             meta["namespace"],
             meta["name"],
         )
-    for body in bodies + unseen:
-        meta = body["metadata"]
+    rounds: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
+        (f"{key[0]}/{key[1]}", functools.partial(reconcile_indexed, key, state.reconcile, logger, indices))
+        for key in list(runs)
+    ]
+    rounds += [
+        (
+            f"{body['metadata']['namespace']}/{body['metadata']['name']}",
+            functools.partial(reconcile_current, body, state.reconcile, logger, indices),
+        )
+        for body in unseen
+    ]
+    for what, call in rounds:
         try:
-            call = reconcile_current(body, state.reconcile, logger, _indices(kwargs))
-            await _in_handler_context(state, call)
+            await _in_handler_context(state, call())
         except (kopf.TemporaryError, kopf.PermanentError) as err:
-            logger.warning("resync of %s/%s failed: %s", meta["namespace"], meta["name"], err)
+            logger.warning("resync of %s failed: %s", what, err)
         except Exception:
-            logger.exception(
-                "resync of %s/%s failed; going on with the next run", meta["namespace"], meta["name"]
-            )
+            logger.exception("resync of %s failed; going on with the next run", what)
         state.resync_beat = time.monotonic()
 
 
@@ -208,27 +249,31 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await state.close()
 
 
+# The indexes are async on purpose: kopf runs a synchronous handler in its thread pool, a round trip through
+# the executor for every event of every watched object (a sixth of the operator's CPU at 500 runs).
 @kopf.index(*RUN)
-def eagle3_runs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+async def eagle3_runs(
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[Key, dict[str, Any]]:
     return {run_key(namespace, names.run_label(name)): slim_run(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED)
-def stage_jobs(
+async def stage_jobs(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
     return {run_key(namespace, labels.get(names.LABEL_RUN)): slim_job(body)}
 
 
 @kopf.index("v1", "pods", labels=MANAGED)
-def stage_pods(
+async def stage_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, dict[str, Any]]:
     return {run_key(namespace, labels.get(names.LABEL_RUN)): slim_pod(body)}
 
 
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
-def serving_deployments(
+async def serving_deployments(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Key, Any]:
     return {run_key(namespace, labels.get(names.LABEL_RUN)): slim_deployment(body)}
@@ -242,29 +287,29 @@ def _owned(kind: str, namespace: str | None, body: kopf.Body) -> dict[Key, Owned
 
 
 @kopf.index("v1", "services", labels=MANAGED)
-def owned_services(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+async def owned_services(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     return _owned("Service", namespace, body)
 
 
 @kopf.index("v1", "configmaps", labels=MANAGED | {names.LABEL_STAGE: "spec"})
-def owned_configmaps(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+async def owned_configmaps(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     return _owned("ConfigMap", namespace, body)
 
 
 @kopf.index("v1", "persistentvolumeclaims", labels=MANAGED)
-def owned_claims(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+async def owned_claims(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     return _owned("PersistentVolumeClaim", namespace, body)
 
 
 # Watched only where the Prometheus operator is (its CRD is served).
 @kopf.index("monitoring.coreos.com", "v1", "podmonitors", labels=MANAGED)
-def owned_pod_monitors(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+async def owned_pod_monitors(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     return _owned("PodMonitor", namespace, body)
 
 
 # Watched only where the cluster serves policy/v1 (Kubernetes 1.21+).
 @kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
-def owned_disruption_budgets(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
+async def owned_disruption_budgets(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     return _owned("PodDisruptionBudget", namespace, body)
 
 
@@ -272,10 +317,15 @@ def _indices(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: kwargs[k] for k in (*CHILD_INDEXES, *OWNED_INDEXES)}
 
 
+def _all_indices(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The runs' index and their children's."""
+    return {"eagle3_runs": kwargs["eagle3_runs"]} | _indices(kwargs)
+
+
 def _remember_context(memo: kopf.Memo) -> OperatorState:
     """The operator's state, once the handler's context is kept in it: kopf.info/warn post through context
-    variables kopf sets only in its handlers' tasks; the resync task (not one of them) reconciles inside a
-    copy of a handler's context, so the Events it causes are posted."""
+    variables kopf sets only in its handlers' tasks; the resync task and the retries (not among them)
+    reconcile inside a copy of a handler's context, so the Events they cause are posted."""
     state = state_of(memo)
     if state is None:
         raise kopf.TemporaryError("the operator is still starting", delay=1)
@@ -283,12 +333,59 @@ def _remember_context(memo: kopf.Memo) -> OperatorState:
     return state
 
 
-@kopf.on.create(*RUN, id="reconcile-create")
-@kopf.on.update(*RUN, id="reconcile-update")
-@kopf.on.resume(*RUN, id="reconcile-resume")
-async def run_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
+async def _reconcile_or_retry(state: OperatorState, key: Key, call: Coroutine[Any, Any, None]) -> None:
+    """Await a reconcile; a transient failure is retried from the watch cache after its delay, doubled for
+    each failure in a row (at most RETRY_MAX_SECONDS), one retry at a time per run. An invalid spec is in the
+    run's status (its SpecValid condition), and the log."""
+    try:
+        await call
+    except kopf.TemporaryError as err:
+        failures = state.failures[key] = state.failures.get(key, 0) + 1
+        delay = min(float(err.delay or RETRY_SECONDS) * 2 ** (failures - 1), RETRY_MAX_SECONDS)
+        logger.warning("reconcile of %s/%s failed; retried in %.0f s: %s", key[0], key[1], delay, err)
+        if key not in state.retries:
+            state.retries[key] = asyncio.create_task(_retry(state, key, delay))
+        return
+    except kopf.PermanentError as err:
+        logger.warning("run %s/%s: %s", key[0], key[1], err)
+    state.failures.pop(key, None)
+
+
+async def _retry(state: OperatorState, key: Key, delay: float) -> None:
+    await asyncio.sleep(delay)
+    del state.retries[key]
+    if state.indices is not None and await peering.acting(state.peering):
+        call = reconcile_indexed(key, state.reconcile, logger, state.indices)
+        await _in_handler_context(state, _reconcile_or_retry(state, key, call))
+
+
+@kopf.on.event(*RUN)
+async def run_event(
+    event: Mapping[str, Any],
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    memo: kopf.Memo,
+    logger: Any,
+    **kwargs: Any,
+) -> None:
+    """A run's own event: reconcile the run from the event's body when it is new to this process (created,
+    listed, its spec edited: `run_news`); forget it when it is deleted (owner references delete its
+    children). kopf's create, update and resume handlers would do the same at the cost of kopf's own
+    bookkeeping: a diff base built for every event of every run, and a status patch of kopf's for each
+    change; status.observedGeneration is this operator's record of what it reconciled."""
     state = _remember_context(memo)
-    await reconcile(body, state.reconcile, logger, _indices(kwargs))
+    key = run_key(namespace, names.run_label(name))
+    if event.get("type") == "DELETED":
+        # with its uid, a reconcile of it still under way ends without putting its status or series back
+        uid = (event.get("object") or {}).get("metadata", {}).get("uid")
+        forget_run(state.reconcile, namespace or "", name, uid)
+        state.reconcile.versions.pop(uid or "", None)
+        return
+    if event.get("type") is None:
+        state.relisted.set()  # kopf's (re-)listing: the sweep looks for runs deleted while it was away
+    if run_news(state.reconcile, key, event.get("type"), body):
+        await _reconcile_or_retry(state, key, reconcile(body, state.reconcile, logger, _indices(kwargs)))
 
 
 def _pod_news(status: kopf.Status, **_: Any) -> bool:
@@ -297,40 +394,22 @@ def _pod_news(status: kopf.Status, **_: Any) -> bool:
     return ended or status.get("phase") == "Running" or blocked_by([{"status": status}]) is not None
 
 
-def _deleted_or_listed(**kwargs: Any) -> bool:
-    return kwargs.get("type") in ("DELETED", None)
-
-
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
 @kopf.on.event("v1", "pods", labels=MANAGED, when=_pod_news)
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 async def child_changed(
-    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, logger: Any, **kwargs: Any
+    namespace: str | None,
+    labels: kopf.Labels,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    logger: Any,
+    **kwargs: Any,
 ) -> None:
-    """A child changed: reconcile its run now instead of waiting for the resync timer."""
+    """A child changed: reconcile its run now (from the watch cache) instead of waiting for the resync."""
     state = _remember_context(memo)
     if kwargs.get("type") is None:
         state.relisted.set()  # kopf's (re-)listing of the watch: this is no change, but ghosts may be left
-    runs: kopf.Index[Key, dict[str, Any]] = kwargs["eagle3_runs"]
-    for run in list(runs.get(run_key(namespace, labels.get(names.LABEL_RUN)), [])):
-        if (run.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        try:
-            await reconcile_current(run, state.reconcile, logger, _indices(kwargs))
-        except (kopf.TemporaryError, kopf.PermanentError) as err:
-            logger.warning("reconcile after a child's change failed (the resync retries): %s", err)
-
-
-@kopf.on.event(*RUN, when=_deleted_or_listed)
-async def run_event(
-    event: Mapping[str, Any], namespace: str | None, name: str, memo: kopf.Memo, **_: Any
-) -> None:
-    """A deleted run: forget its metrics, lock and cached status (owner references delete its children).
-    A (re-)listed one: the sweep looks for runs deleted while the watch was away."""
-    state = _remember_context(memo)
-    if event.get("type") == "DELETED":
-        # with its uid, a reconcile of it still under way ends without putting its status or series back
-        uid = (event.get("object") or {}).get("metadata", {}).get("uid")
-        forget_run(state.reconcile, namespace or "", name, uid)
-    else:
-        state.relisted.set()
+    key = run_key(namespace, labels.get(names.LABEL_RUN))
+    if child_news(state.reconcile, key, kwargs.get("type"), body):
+        call = reconcile_indexed(key, state.reconcile, logger, _all_indices(kwargs))
+        await _reconcile_or_retry(state, key, call)

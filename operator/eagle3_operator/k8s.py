@@ -308,6 +308,13 @@ class Kube:
     async def list_metadata(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
         """The metadata of the objects a collection `path` holds now: a consistent read (no resourceVersion),
         metadata only where the server offers it, page by page."""
+        return [item["metadata"] for item in await self._list(path, label_selector, METADATA_LIST)]
+
+    async def list_objects(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+        """The whole objects a collection `path` (e.g. /api/v1/namespaces/ns/pods) holds now, page by page."""
+        return await self._list(path, label_selector, "application/json")
+
+    async def _list(self, path: str, label_selector: str | None, accept: str) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -320,7 +327,7 @@ class Kube:
                 path,
                 "GET",
                 query_params=query,
-                header_params={"Accept": METADATA_LIST},
+                header_params={"Accept": accept},
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _request_timeout=self.timeout,
@@ -329,7 +336,7 @@ class Kube:
             if status >= 300:
                 raise ApiError(status, "list", path, text)
             page = json.loads(text)
-            found += [item["metadata"] for item in page.get("items") or []]
+            found += page.get("items") or []
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return found

@@ -155,7 +155,7 @@ async def poll(
     progress_seconds: float | None,
     runs: Mapping[Key, Any],
     pods: Mapping[Key, Any],
-    reconcile_run: Callable[[Mapping[str, Any]], Awaitable[None]],
+    reconcile_run: Callable[[Key], Awaitable[None]],
     acting: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
     """Read the progress of every running stage pod for ever, a round at a time, and reconcile the runs
@@ -170,9 +170,7 @@ async def poll(
         try:
             changed = remember(state.progress, await read_round(reader, found))
             for key in sorted(changed):
-                for run in list(runs.get(key, [])):
-                    if not (run.get("metadata") or {}).get("deletionTimestamp"):
-                        await reconcile_run(run)
+                await reconcile_run(key)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import kopf
 
@@ -24,7 +25,7 @@ from eagle3_operator.k8s import TOTAL_SECONDS, Kube
 from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.peering import Peering
 from eagle3_operator.reconcile.executor import serves_disruption_budgets
-from eagle3_operator.reconcile.state import ReconcileState
+from eagle3_operator.reconcile.state import Key, ReconcileState
 
 RESYNC_SECONDS = 60.0
 MEMO_KEY = "state"
@@ -44,6 +45,10 @@ class OperatorState:
     resync_beat: float = field(default_factory=time.monotonic)  # the resync last moved on
     resync: asyncio.Task[None] | None = None
     progress_task: asyncio.Task[None] | None = None
+    # kopf's indexes (eagle3_runs and the children's), as the startup handler got them: the retries read them
+    indices: dict[str, Any] | None = None
+    retries: dict[Key, asyncio.Task[None]] = field(default_factory=dict)  # a scheduled retry per run
+    failures: dict[Key, int] = field(default_factory=dict)  # transient failures in a row per run
 
     @classmethod
     async def start(cls, memo: kopf.Memo) -> OperatorState:
@@ -74,7 +79,7 @@ class OperatorState:
 
     async def close(self) -> None:
         """Stop the tasks; close the clients made here."""
-        for task in (self.resync, self.progress_task):
+        for task in (self.resync, self.progress_task, *self.retries.values()):
             if task is not None:
                 task.cancel()
         await self.progress_reader.close()

@@ -356,12 +356,16 @@ async def running_operator(
     pipeline_image: str | None = None,
     liveness: str | None = None,
     progress_seconds: float | None = None,
+    watch_seconds: int | None = None,
+    progress_reader: Any = None,
 ) -> AsyncIterator[kopf.Memo]:
     """The real kopf operator with this project's handlers, in this event loop, against `url`.
 
     `namespace` limits it to one namespace (a real server; kmock cannot list namespaces), else cluster-wide.
-    Against kmock (plain http) the watches are kopf's own, unbounded: kmock ignores timeoutSeconds (its TODO)
-    and replays every object on each connect, so a bounded watch would reconnect and replay every few seconds.
+    Against kmock (plain http) the watches are kopf's own, unbounded, unless `watch_seconds` says otherwise:
+    kmock ignores timeoutSeconds (its TODO) and replays every object on each connect, so a bounded watch
+    reconnects and replays everything every few seconds (a re-list, over and over). `progress_reader`
+    replaces the reader of the stage pods' progress (eagle3_operator.stage_metrics.Reader).
     """
     stop, ready = asyncio.Event(), asyncio.Event()
     config = k8s.Configuration(host=url)
@@ -378,7 +382,12 @@ async def running_operator(
         progress_seconds=progress_seconds,
         defaults=OperatorDefaults(pipeline_image=pipeline_image),
         namespaces=[namespace] if namespace else [],
-        watch_seconds=0 if url.startswith("http://") else None,
+        watch_seconds=watch_seconds
+        if watch_seconds is not None
+        else 0
+        if url.startswith("http://")
+        else None,
+        progress_reader=progress_reader,
     )
     scope: dict[str, Any] = {"namespaces": [namespace]} if namespace else {"clusterwide": True}
     task = asyncio.create_task(

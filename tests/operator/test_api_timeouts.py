@@ -105,14 +105,15 @@ async def test_kopfs_own_calls_are_bounded_like_the_operators():
     default of five minutes (`eagle3 operator --api-timeout-seconds`)."""
     from eagle3_operator import handlers
 
+    indexes: dict = {name: {} for name in ("eagle3_runs", *CHILD_INDEXES, *OWNED_INDEXES)}  # as kopf passes
     settings = kopf.OperatorSettings()
     memo = kopf.Memo(kube=_Serves(), metrics=OperatorMetrics(), api_timeout_seconds=3.0, resync_seconds=600)
-    await handlers.startup(settings=settings, memo=memo)
+    await handlers.startup(settings=settings, memo=memo, **indexes)
     operator_state(memo).resync.cancel()
     assert settings.networking.request_timeout == 3.0
     assert settings.networking.connect_timeout == 3.0 and settings.watching.connect_timeout == 3.0
     default, plain = kopf.OperatorSettings(), kopf.Memo(kube=_Serves(), metrics=OperatorMetrics())
-    await handlers.startup(settings=default, memo=plain)
+    await handlers.startup(settings=default, memo=plain, **indexes)
     operator_state(plain).resync.cancel()
     assert default.networking.request_timeout == 30.0 and default.networking.connect_timeout == 10.0
 

@@ -15,15 +15,9 @@ import pytest
 from eagle3_operator import handlers
 from eagle3_operator.k8s import ApiError
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_operator.reconcile.executor import (
-    CHILD_INDEXES,
-    OWNED_INDEXES,
-    forget_run,
-    reconcile,
-    reconcile_current,
-    sweep_ghosts,
-)
+from eagle3_operator.reconcile.executor import CHILD_INDEXES, OWNED_INDEXES, forget_run, reconcile
 from eagle3_operator.reconcile.state import ReconcileState
+from eagle3_operator.reconcile.trigger import reconcile_current, reconcile_indexed, sweep_ghosts
 from tests.harness.cluster import eventually, operator_state, running_operator
 from tests.harness.scenario import tiny, wait_job, wait_phase
 
@@ -40,21 +34,21 @@ async def test_an_exception_in_one_runs_reconcile_does_not_stop_the_resync(backe
     if backend.real:
         pytest.skip("the loop's own behaviour, not the server's")
     calls: dict[str, int] = {}
-    real = handlers.reconcile_current
+    real = handlers.reconcile_indexed
 
-    async def flaky(body, memo, logger, indices):
-        name = body["metadata"]["name"]
+    async def flaky(key, state, logger, indices):
+        name = key[1]  # the run's `eagle3.dev/run` label: its name, for names this short
         calls[name] = calls.get(name, 0) + 1
         if name == "broken":
             raise ConnectionResetError("injected: the connection was reset mid-reconcile")
-        await real(body, memo, logger, indices)
+        await real(key, state, logger, indices)
 
     metrics = OperatorMetrics()
     async with running_operator(backend.url, metrics, resync_seconds=0.2) as memo:
         await backend.cluster.apply_run("broken", tiny())
         await backend.cluster.apply_run("tiny", tiny())
         await wait_job(backend.cluster, "tiny", "prepare")
-        monkeypatch.setattr(handlers, "reconcile_current", flaky)
+        monkeypatch.setattr(handlers, "reconcile_indexed", flaky)
         await eventually(
             lambda: _async(calls.get("broken", 0) >= 3 and calls.get("tiny", 0) >= 3),
             what="three resync rounds over both runs",
@@ -170,6 +164,8 @@ async def test_a_create_that_fails_because_the_run_is_gone_forgets_the_run():
     await reconcile(body, state, logging.getLogger(__name__), indices)  # no error: the run is simply gone
     assert len(state.kube.writes) == 1, "it stopped at the first create the missing run refused"
     assert "u-gone" in state.gone and not state.statuses and not state.pending and not state.locks
+    stale = indices | {"eagle3_runs": {("e3", "gone"): [body]}}
+    await reconcile_indexed(("e3", "gone"), state, logging.getLogger(__name__), stale)
     await reconcile_current(body, state, logging.getLogger(__name__), indices)
     assert len(state.kube.writes) == 1, "a stale index entry of it is never acted on again"
 

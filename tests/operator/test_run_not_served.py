@@ -19,14 +19,9 @@ from kubernetes_asyncio import client as k8s
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
 from eagle3_operator.k8s import ApiError, Kube, NotServed
 from eagle3_operator.metrics import OperatorMetrics
-from eagle3_operator.reconcile.executor import (
-    CHILD_INDEXES,
-    OWNED_INDEXES,
-    forget_run,
-    reconcile_current,
-    sweep_ghosts,
-)
+from eagle3_operator.reconcile.executor import CHILD_INDEXES, OWNED_INDEXES, forget_run
 from eagle3_operator.reconcile.state import ReconcileState
+from eagle3_operator.reconcile.trigger import reconcile_indexed, sweep_ghosts
 from tests.harness.scenario import tiny
 
 pytestmark = pytest.mark.operator
@@ -144,8 +139,8 @@ LOGGER = logging.getLogger(__name__)
 
 
 async def _resync(kube: _LoadingKube, state: ReconcileState) -> None:
-    """One resync of the run, as the operator's loop does it."""
-    await reconcile_current(kube.body, state, LOGGER, _indices(kube.body))
+    """One resync of the run, as the operator's loop does it: from the index's copy of the run."""
+    await reconcile_indexed(("n", "r"), state, LOGGER, _indices(kube.body))
 
 
 async def test_a_resync_during_the_crd_load_retries_the_run_and_then_reconciles_it():

@@ -13,19 +13,17 @@ import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
 from eagle3_contract.api.defaults import with_operator_defaults
-from eagle3_contract.api.status import ConditionType, RunPhase
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.k8s import ApiError, ApiUnreachable, Kube
 from eagle3_operator.observability.canary_queries import track_scope
 from eagle3_operator.prometheus import PrometheusError, query_track_figures
-from eagle3_operator.reconcile.canary import canary_news
-from eagle3_operator.reconcile.news import BELOW_RESTRICTED, pod_security_news, progress_news
+from eagle3_operator.reconcile.announce import announce
 from eagle3_operator.reconcile.observe import (
     CanaryFigures,
     Observed,
@@ -37,8 +35,9 @@ from eagle3_operator.reconcile.observe import (
     workloads_blocked_by,
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
-from eagle3_operator.reconcile.relist import entry_uid, list_ghosts
-from eagle3_operator.reconcile.run_report import blocked_pods, run_report
+from eagle3_operator.reconcile.relist import entry_uid
+from eagle3_operator.reconcile.run_report import run_report
+from eagle3_operator.reconcile.slim import slim_pod
 from eagle3_operator.reconcile.state import Key, ReconcileState
 from eagle3_operator.reconcile.status_patch import merge_patch
 
@@ -73,9 +72,15 @@ def recently_created(
     return {obj: body for obj, (_, body) in pending.items()}
 
 
-def observe(key: Key, state: ReconcileState, indices: Mapping[str, Any]) -> Observed:
+def observe(
+    key: Key,
+    state: ReconcileState,
+    indices: Mapping[str, Any],
+    listed: Mapping[str, list[dict[str, Any]]] | None = None,
+) -> Observed:
     """The run's children as the indexes (and this process's own recent creates) know them, without the
-    index entries of objects found deleted (relist.py)."""
+    index entries of objects found deleted (relist.py); `listed`: the pods the API server listed for the
+    Jobs named (the planner's `unconfirmed`), which those Jobs are observed with."""
     gone: set[str] = state.gone
 
     def live(index: str) -> list[Any]:
@@ -97,8 +102,14 @@ def observe(key: Key, state: ReconcileState, indices: Mapping[str, Any]) -> Obse
             if spec_hash := body["metadata"].get("annotations", {}).get(names.ANNOTATION_SPEC_HASH):
                 hashes[(kind, name)] = spec_hash
     serving, workloads = split_deployments(deployments)
+    listed = listed or {}
     return Observed(
-        jobs=tuple(observe_job(job, pods) for job in jobs),
+        jobs=tuple(
+            observe_job(job, pods + listed[name], listed=True)
+            if (name := job["metadata"]["name"]) in listed
+            else observe_job(job, pods)
+            for job in jobs
+        ),
         deployment=serving,
         canary=canary_deployment(deployments),
         objects=frozenset(objects),
@@ -254,142 +265,109 @@ async def _known_status(
     return status
 
 
-def announce(body: Mapping[str, Any], plan: Plan) -> None:
-    """Kubernetes Events on the run (`kubectl describe e3r` shows the history): its phase changed, a pod
-    of it stopped running for a new reason, a stage succeeded or train completed an epoch (news.py)."""
+async def _plan(
+    state: ReconcileState,
+    ref: RunRef,
+    key: Key,
+    body: Mapping[str, Any],
+    known: Mapping[str, Any],
+    indices: Mapping[str, Any],
+    now: str,
+) -> tuple[Plan, Observed]:
+    """Observe and plan. Where the plan would run a completed stage again because the watch shows no pod of
+    its Job (`Plan.unconfirmed`), the run's pods are listed from the API server and the run planned again
+    with them: the pod watch may lag behind the Job watch, and only the server can say the pod is gone."""
+    spec = with_operator_defaults(body.get("spec"), state.defaults)
+    generation = body["metadata"].get("generation")
+    observed = await with_canary_figures(observe(key, state, indices), ref, spec, known, now)
+    plan = plan_run(ref, generation, spec, dict(known), observed, now)
+    if plan.unconfirmed:
+        listed = await _listed_pods(state, ref, plan.unconfirmed)
+        observed = dataclasses.replace(observed, jobs=observe(key, state, indices, listed).jobs)
+        plan = plan_run(ref, generation, spec, dict(known), observed, now)
+    return plan, observed
+
+
+async def _listed_pods(state: ReconcileState, ref: RunRef, jobs: tuple[str, ...]) -> dict[str, list[Any]]:
+    """The run's stage pods as the API server lists them, for each of `jobs` (observe_job matches them)."""
+    run = names.run_label(ref.name)
     try:
-        _post_events(body, plan)
-    except LookupError:  # outside kopf's handler context (no event queue): the log says it instead
-        meta = body["metadata"]
-        logger.info("%s/%s is %s (no Event posted)", meta["namespace"], meta["name"], plan.phase.value)
+        found = await state.kube.list_objects(
+            f"/api/v1/namespaces/{ref.namespace}/pods", f"{names.LABEL_RUN}={run}"
+        )
+    except ApiError as err:
+        raise kopf_error(state, err) from err
+    # the selector again here: a server (or a mock) that ignores it returns every pod of the namespace
+    pods = [slim_pod(p) for p in found if (p["metadata"].get("labels") or {}).get(names.LABEL_RUN) == run]
+    return {job: pods for job in jobs}
 
 
-def _post_events(body: Mapping[str, Any], plan: Plan) -> None:
-    target = kopf.Body(cast(kopf.RawBody, dict(body)))
-    known = plan.previous  # the status as last written, read once by the planner
-    before = blocked_pods(known)
-    for stage, why in blocked_pods(plan.status).items():
-        earlier = before.get(stage)
-        if earlier is None or earlier.reason != why.reason:
-            kopf.warn(target, reason="PodNotRunning", message=f"stage {stage}: {why.message}"[:1000])
-    for reason, message in progress_news(known, plan.status, dict(plan.finished)):
-        kopf.info(target, reason=reason, message=message[:1000])
-    if (security := pod_security_news(known, plan.status)) is not None:
-        kopf.warn(target, reason=BELOW_RESTRICTED, message=security[:1000])
-    for warning, reason, message in canary_news(known, plan.status):
-        (kopf.warn if warning else kopf.info)(target, reason=reason, message=message[:1000])
-    if "phase" in known.model_fields_set and known.phase == plan.phase:
-        return
-    failed = next((c for c in plan.status.conditions if c.type == ConditionType.FAILED), None)
-    if failed is not None and failed.status == "True":
-        detail = failed.message
-    else:
-        detail = plan.status.current_stage or ""
-    if plan.phase in (RunPhase.FAILED, RunPhase.INVALID):
-        kopf.warn(target, reason=plan.phase.value, message=detail[:1000])
-    else:
-        kopf.info(target, reason=plan.phase.value, message=f"stage {detail}" if detail else "")
+async def _confirm(state: ReconcileState, ref: RunRef) -> dict[str, Any]:
+    """The run as the API server has it, read before children are written from the watch cache's copy:
+    `RunGone` where it was deleted (or deleted and created again under its name: a new uid)."""
+    try:
+        current = await state.kube.get_run(ref.namespace, ref.name)
+    except ApiError as err:
+        if err.not_found:  # NotServed is not: a restarted API server says nothing of the run
+            raise RunGone(str(err)) from err
+        raise kopf_error(state, err) from err
+    if ref.uid and current["metadata"].get("uid") != ref.uid:
+        raise RunGone(f"run {ref.namespace}/{ref.name} was deleted and created again (a new uid)")
+    return current
 
 
 async def reconcile(
-    body: Mapping[str, Any], state: ReconcileState, logger: Any, indices: Mapping[str, Any]
+    body: Mapping[str, Any],
+    state: ReconcileState,
+    logger: Any,
+    indices: Mapping[str, Any],
+    confirmed: bool = True,
 ) -> None:
-    """Plan one run from its observed children, carry out the plan, write status once if it changed."""
+    """Plan one run from its observed children, carry out the plan, write status once if it changed.
+
+    `confirmed`: `body` is the API server's word (a run's own event, a read); False for the watch cache's
+    copy (the `eagle3_runs` index), which may be a run deleted while a watch was away or an older spec:
+    the run is then read from the server before any child is written (`_confirm`)."""
+    meta = body["metadata"]
+    key = run_key(meta["namespace"], names.run_label(meta["name"]))
+    async with state.locks.setdefault(key, asyncio.Lock()):
+        await reconcile_locked(body, state, logger, indices, confirmed)
+
+
+async def reconcile_locked(
+    body: Mapping[str, Any],
+    state: ReconcileState,
+    logger: Any,
+    indices: Mapping[str, Any],
+    confirmed: bool,
+) -> None:
+    """`reconcile`, its caller holding the run's lock."""
     meta = body["metadata"]
     ref = RunRef(meta["name"], meta["namespace"], meta.get("uid", ""))
     key = run_key(ref.namespace, names.run_label(ref.name))
-    async with state.locks.setdefault(key, asyncio.Lock()):
-        started = time.perf_counter()
-        try:
-            known = await _known_status(state, key, ref, body)
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            observed = observe(key, state, indices)
-            spec = with_operator_defaults(body.get("spec"), state.defaults)
-            observed = await with_canary_figures(observed, ref, spec, known, now)
-            plan = plan_run(ref, meta.get("generation"), spec, known, observed, now)
-            await carry_out(state, ref, key, known, plan, logger)
-        except RunGone as gone:
-            logger.info("run %s/%s is gone; forgetting it: %s", ref.namespace, ref.name, gone)
-            forget_run(state, ref.namespace, ref.name, ref.uid)
-            return
-        if ref.uid and ref.uid in state.gone:
-            return  # forgotten while this reconcile awaited the API server (the re-list's sweep): keep it so
-        state.statuses[key] = (ref.uid, plan.status.document())
-        announce(body, plan)
-        state.metrics.observe(run_report(ref, plan, observed.jobs, time.time()))
-        state.metrics.reconciles.labels("ok").inc()  # last: a scrape that sees it sees the run's series
-        state.metrics.latency.observe(time.perf_counter() - started)
+    started = time.perf_counter()
+    try:
+        known = await _known_status(state, key, ref, body)
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        plan, observed = await _plan(state, ref, key, body, known, indices, now)
+        if plan.actions and not confirmed:
+            current = await _confirm(state, ref)
+            if current["metadata"].get("deletionTimestamp"):
+                return  # being deleted: its children go with it
+            if current["metadata"].get("generation") != meta.get("generation"):
+                body, meta = current, current["metadata"]  # the watch has not delivered the newer spec yet
+                plan, observed = await _plan(state, ref, key, body, known, indices, now)
+        await carry_out(state, ref, key, known, plan, logger)
+    except RunGone as gone:
+        logger.info("run %s/%s is gone; forgetting it: %s", ref.namespace, ref.name, gone)
+        forget_run(state, ref.namespace, ref.name, ref.uid)
+        return
+    if ref.uid and ref.uid in state.gone:
+        return  # forgotten while this reconcile awaited the API server (the re-list's sweep): keep it so
+    state.statuses[key] = (ref.uid, plan.status.document())
+    announce(body, plan)
+    state.metrics.observe(run_report(ref, plan, observed.jobs, time.time()))
+    state.metrics.reconciles.labels("ok").inc()  # last: a scrape that sees it sees the run's series
+    state.metrics.latency.observe(time.perf_counter() - started)
     if plan.problems:
         raise kopf.PermanentError("invalid spec: " + "; ".join(plan.problems))
-
-
-async def reconcile_current(
-    indexed: Mapping[str, Any], state: ReconcileState, logger: Any, indices: Mapping[str, Any]
-) -> None:
-    """Reconcile a run reached through kopf's `eagle3_runs` index (a child's event, the resync) from the run
-    as the API server has it now, never from the index's copy.
-
-    kopf drops an index entry only on a DELETED event: after a watch re-list, a run deleted meanwhile stays
-    in the index for good, and acting on it would create Jobs owned by a uid that no longer exists (the
-    garbage collector deletes them, this would create them again). An old copy would also hide a newer spec
-    or status (a Job deleted to retry). Cost: one GET per child event and per run per resync round (at 500
-    runs and a 60 s resync about 8 GETs a second), which is acceptable; a run found gone is remembered by
-    uid, so its stale entry costs nothing afterwards.
-    """
-    meta = indexed["metadata"]
-    namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
-    if uid and uid in state.gone:
-        return
-    try:
-        current = await state.kube.get_run(namespace, name)
-    except ApiError as err:
-        if not err.not_found:  # NotServed too: a restarted API server's 404 before it loaded the CRD
-            raise kopf_error(state, err) from err
-        logger.info(
-            "run %s/%s is gone (HTTP 404); forgetting it and creating nothing for it", namespace, name
-        )
-        forget_run(state, namespace, name, uid)
-        return
-    current_uid = current["metadata"].get("uid")
-    if uid and current_uid != uid:
-        state.gone.add(uid)  # deleted and created again under the same name: reconcile the new one
-    if not current["metadata"].get("deletionTimestamp"):
-        await reconcile(current, state, logger, indices)
-
-
-async def sweep_ghosts(
-    state: ReconcileState, indices: Mapping[str, Any], logger: Any
-) -> list[dict[str, Any]]:
-    """Re-list what kopf's indexes (`indices`: eagle3_runs and the children's) hold and remember the entries
-    of objects deleted unseen as gone (relist.py); a run among them is forgotten. Returns the runs the list
-    holds that the index never saw (slim bodies), for the resync to reconcile. A failed list skips this
-    sweep (the next resync round tries again): a partial listing would take live objects for deleted."""
-    served = {k: v for k, v in indices.items() if state.serves(k)}
-    try:
-        relisted = await list_ghosts(state.kube, served, state.namespaces)
-    except ApiError as err:
-        logger.warning("re-listing the runs and their children failed (the next round retries): %s", err)
-        return []
-    ghosts, held = relisted.ghosts, relisted.held
-    gone: set[str] = state.gone
-    new = ghosts - gone
-    for key in list(indices["eagle3_runs"]):
-        for run in list(indices["eagle3_runs"].get(key, [])):
-            meta = run["metadata"]
-            if meta.get("uid") in new:
-                logger.info("run %s/%s was deleted unseen; forgetting it", meta["namespace"], meta["name"])
-                forget_run(state, meta["namespace"], meta["name"], meta["uid"])
-    if new:
-        logger.warning(
-            "%d objects were deleted while a watch was away (kopf's indexes still held them); ignoring them",
-            len(new),
-        )
-    back = gone & relisted.listed  # taken for deleted (a 404 of a run's own call), yet listed: it is there
-    if back:
-        logger.warning(
-            "%d objects taken for deleted are listed by the API server; reconciling them again", len(back)
-        )
-    gone.intersection_update(held)  # uids no index holds any more need no remembering
-    gone.difference_update(back)
-    gone.update(ghosts)
-    return relisted.unseen_runs

@@ -38,6 +38,8 @@ class JobView:
     failure_message: str | None = None
     termination: Termination | None = None
     pods_seen: int = 0
+    # its pods were read from the API server, not only from the watch: none seen then means none are there
+    pods_listed: bool = False
     blocked_by: BlockedBy | None = None
     pod_ip: str | None = None  # of its running pod (node 0's): where its progress metrics are served
 
@@ -240,8 +242,11 @@ def _spec_configmap(job: Mapping[str, Any]) -> str | None:
     return None
 
 
-def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()) -> JobView:
-    """Summarise a stage Job and the pods it ran (matched by the Job's stage/hash/attempt labels)."""
+def observe_job(
+    job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = (), listed: bool = False
+) -> JobView:
+    """Summarise a stage Job and the pods it ran (matched by the Job's stage/hash/attempt labels); `listed`:
+    `pods` holds what the API server listed for it, not only what the watch delivered."""
     meta = job.get("metadata") or {}
     job_labels = meta.get("labels") or {}
     status = job.get("status") or {}
@@ -273,6 +278,7 @@ def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]] = ()) 
         failure_message=(failed or {}).get("message"),
         termination=terms[-1] if terms else None,
         pods_seen=len(mine),
+        pods_listed=listed,
         blocked_by=blocked_by(mine),
         pod_ip=running_pod_ip(first or mine),
     )

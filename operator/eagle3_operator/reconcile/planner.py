@@ -68,6 +68,8 @@ class Plan:
     problems: tuple[str, ...] = ()
     spec: Eagle3RunSpec | None = None  # the validated spec (None when invalid)
     previous: Eagle3RunStatus = field(default_factory=Eagle3RunStatus)  # the status planned from, as read
+    # completed Jobs the watch shows no pod of: their pods are to be listed from the server, then re-planned
+    unconfirmed: tuple[str, ...] = ()
 
 
 def previous_status(document: dict[str, Any] | None) -> Eagle3RunStatus:
@@ -344,4 +346,5 @@ def plan_run(
         finished=tuple(progress.finished),
         spec=spec,
         previous=previous,
+        unconfirmed=tuple(progress.unconfirmed),
     )

@@ -9,6 +9,8 @@ GPUs, once the stage finished, failed for good, or is skipped or reused. Each be
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,13 +30,22 @@ LIVE = (StagePhase.PENDING, StagePhase.RUNNING)
 
 @dataclass(frozen=True)
 class Component:
-    """The producers or the Mooncake master: their Deployment as wanted and as observed."""
+    """The producers or the Mooncake master: their Deployment as wanted and as observed. The wanted objects
+    are built when first asked for: most reconciles of most runs (offline, or not training) never do."""
 
     stage: str
     name: str
-    desired: dict[str, Any]
-    service: dict[str, Any]
+    build: Callable[[], dict[str, Any]]
+    build_service: Callable[[], dict[str, Any]]
     observed: DeploymentView | None
+
+    @functools.cached_property
+    def desired(self) -> dict[str, Any]:
+        return self.build()
+
+    @functools.cached_property
+    def service(self) -> dict[str, Any]:
+        return self.build_service()
 
     def current(self, train_hash: str) -> DeploymentView | None:
         """The observed Deployment if it serves `train_hash`."""
@@ -51,15 +62,15 @@ def _components(
     producers = Component(
         names.PRODUCERS_STAGE,
         names.producers_name(ref.name),
-        build_producers(ref, spec, train_hash, configmap),
-        build_producers_service(ref),
+        functools.partial(build_producers, ref, spec, train_hash, configmap),
+        functools.partial(build_producers_service, ref),
         observed.workloads.get(names.PRODUCERS_STAGE),
     )
     master = Component(
         names.MOONCAKE_STAGE,
         names.mooncake_name(ref.name),
-        build_mooncake_master(ref, spec, train_hash),
-        build_mooncake_service(ref),
+        functools.partial(build_mooncake_master, ref, spec, train_hash),
+        functools.partial(build_mooncake_service, ref),
         observed.workloads.get(names.MOONCAKE_STAGE),
     )
     return [producers, master]

@@ -37,8 +37,8 @@ def walk_reviewed(
     training = [p for p in plans if p.stage != Stage.VERIFY]
     check = [p for p in plans if p.stage == Stage.VERIFY]
     return (
-        walk_stages(ref, spec, training, previous, jobs, spec_configmap, live),
-        walk_stages(ref, spec, check, previous, jobs, spec_configmap, live),
+        walk_stages(ref, spec, training, previous, jobs, spec_configmap, live, plans),
+        walk_stages(ref, spec, check, previous, jobs, spec_configmap, live, plans),
     )
 
 
@@ -56,6 +56,7 @@ def with_check(training: Progress, check: Progress) -> Progress:
         stalled=at.stalled,
         suspended=training.suspended or check.suspended,
         gate=training.gate,
+        unconfirmed=training.unconfirmed + check.unconfirmed,
     )
 
 

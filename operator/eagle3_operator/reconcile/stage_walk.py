@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -39,6 +39,8 @@ class Progress:
     stalled: BlockedBy | None = None  # why the pod of the stage at `blocked_at` does not run
     suspended: bool = False
     gate: GateVerdict | None = None  # once evaluate has succeeded
+    # completed Jobs with no pod in the watch's view: the executor lists their pods before a re-run
+    unconfirmed: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -94,6 +96,7 @@ class Walk:
     spec_configmap: str
     live: Mapping[str, StageProgress] = field(default_factory=dict)  # by JobView.progress_key
     progress: Progress = field(default_factory=Progress)
+    every: Sequence[StagePlan] = ()  # all the spec's stage plans (the estimates' input), not only the walk's
 
     def run(self, plan: StagePlan) -> bool:
         """Record the stage's status; True when the walk may go on to the next stage."""
@@ -158,6 +161,8 @@ class Walk:
             # its pods are gone (pod GC, eviction); the result was recorded
             result = parse_result(plan.stage, remembered.result)
         if result is None and not (message or "").strip() and latest.attempt < MAX_RESULT_ATTEMPT:
+            if latest.pods_seen == 0 and not latest.pods_listed:
+                return self._unconfirmed(plan, latest, base)
             return self._reread(plan, latest)
         document = result.document() if result is not None else None
         lost = None if result is not None or (message or "").strip() else _lost_result(latest)
@@ -168,6 +173,18 @@ class Walk:
         if remembered is None or remembered.phase != StagePhase.SUCCEEDED:
             self.progress.finished.append((stage, _seconds(latest.start_time, latest.completion_time)))
         return self._gate(_evaluated(result)) if plan.stage == Stage.EVALUATE else True
+
+    def _unconfirmed(self, plan: StagePlan, latest: JobView, base: StageStatus) -> bool:
+        """A completed Job whose pod the watch has not shown: the pod watch may lag behind the Job watch (a
+        second Job for the stage would then run for nothing), so the server is asked for its pods first."""
+        stage = plan.stage.value
+        waiting = base.model_copy(
+            update={"phase": StagePhase.RUNNING, "message": "waiting for the stage's result"}
+        )
+        self.progress.stages[stage] = waiting
+        self.progress.blocked_at = stage
+        self.progress.unconfirmed.append(latest.name)
+        return False
 
     def _reread(self, plan: StagePlan, latest: JobView) -> bool:
         """A completed Job whose result is lost (its pod gone before it was read, nothing recorded): run the
@@ -212,7 +229,8 @@ class Walk:
         results (exact by now): why the stage must not start, or None."""
         size = requested_bytes(self.spec)
         where = f"the artifacts volume (spec.storage.artifacts.size {self.spec.storage.artifacts.size})"
-        return too_small(self.spec, estimates_from_stages(self.spec, self.progress.stages), size, where)
+        estimates = estimates_from_stages(self.spec, self.progress.stages, self.every or None)
+        return too_small(self.spec, estimates, size, where)
 
     def _failed(self, plan: StagePlan, job: JobView, base: StageStatus) -> bool:
         stage = plan.stage.value
@@ -274,10 +292,12 @@ def walk_stages(
     jobs: tuple[JobView, ...],
     spec_configmap: str,
     live: Mapping[str, StageProgress] | None = None,
+    every: Sequence[StagePlan] | None = None,
 ) -> Progress:
     """Walk the stages in order, stopping at the first one that is not done; `live` holds the progress
-    read from the running stages' pods (by JobView.progress_key)."""
-    walk = Walk(ref, spec, previous, jobs, spec_configmap, dict(live or {}))
+    read from the running stages' pods (by JobView.progress_key); `every`: all the spec's stage plans, where
+    `plans` are some of them."""
+    walk = Walk(ref, spec, previous, jobs, spec_configmap, dict(live or {}), every=every or plans)
     for plan in plans:  # every stage, not only those the walk reaches: an edit upstream stops it early
         walk._delete_stale(plan)
     for plan in plans:

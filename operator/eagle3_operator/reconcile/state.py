@@ -5,6 +5,9 @@ One object, made at startup (eagle3_operator.state) and held in kopf's memo: kop
 object's shallow copy of the operator's memo, so everything that changes lives in this object, which every
 copy shares. Its fields:
 - `locks`: one reconcile of a run at a time;
+- `queued`: runs with a reconcile waiting for its lock that has not read the indexes yet (it covers every
+  request made meanwhile: trigger.py);
+- `versions`: the resourceVersion of each child whose event was handled (a replay of it is no news);
 - `statuses`: the status this process last wrote for a run (with the run's uid), newer than kopf's body;
 - `pending`: the children it created that the watches have not shown yet (PENDING_SECONDS in executor.py);
 - `gone`: uids of runs and children found deleted (their stale index entries are skipped);
@@ -49,6 +52,8 @@ class ReconcileState:
     pod_monitors: bool = False  # the cluster serves PodMonitors (the Prometheus operator's CRD)
     disruption_budgets: bool = False  # the cluster serves policy/v1 PodDisruptionBudgets
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    queued: set[Key] = field(default_factory=set)
+    versions: dict[str, str] = field(default_factory=dict)
     statuses: dict[Key, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     pending: dict[Key, dict[tuple[str, str], Created]] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)

@@ -139,10 +139,12 @@ class World:
 
     # --- the planner's view -------------------------------------------------------------------------
 
-    def observed(self) -> Observed:
+    def observed(self, listed: tuple[str, ...] = ()) -> Observed:
+        """The children as the watch shows them; the Jobs named in `listed` with their pods as the API
+        server lists them (the executor's answer to a plan's `unconfirmed`: here the same pods)."""
         pods = list(self.pods.values())
         return Observed(
-            jobs=tuple(observe_job(job, pods) for job in self.jobs.values()),
+            jobs=tuple(observe_job(job, pods, listed=name in listed) for name, job in self.jobs.items()),
             deployment=observe_deployment(self.deployment) if self.deployment is not None else None,
             objects=frozenset(self.objects),
             spec_hashes={
@@ -165,10 +167,14 @@ class World:
         )
 
     def plan(self, now: str | None = None) -> Plan:
-        """Plan once against the current children and status, changing nothing."""
-        return plan_run(
-            self.ref, self.generation, self.spec, self.status, self.observed(), now or ts(self.clock)
-        )
+        """Plan against the current children and status, changing nothing; as the executor, once more with
+        the API server's pods of the Jobs the first plan could not confirm."""
+        at = now or ts(self.clock)
+        plan = plan_run(self.ref, self.generation, self.spec, self.status, self.observed(), at)
+        if plan.unconfirmed:
+            observed = self.observed(listed=plan.unconfirmed)
+            plan = plan_run(self.ref, self.generation, self.spec, self.status, observed, at)
+        return plan
 
     def step(self, now: str | None = None) -> Plan:
         """Plan, apply every action and keep the new status (what one reconcile does)."""

@@ -755,6 +755,37 @@ def test_a_lost_result_of_any_stage_reruns_it_before_the_next_stage_starts() -> 
     assert plan.status.document()["stages"]["prepare"]["phase"] == "Pending"
 
 
+def test_a_completed_job_the_watch_shows_no_pod_of_is_confirmed_with_the_server_before_a_rerun() -> None:
+    """Issue 40: the pod watch may lag behind the Job watch. A completed Job whose pod the watch has not shown
+    is not re-run on that view alone: the plan names it (the executor lists the run's pods) and starts
+    nothing; with the server's listing, a pod that is there is read, and only a pod that is gone re-runs."""
+    world = World(tiny())
+    world.step()
+    job = world.succeed("prepare")
+    pod = world.pods.pop(job["metadata"]["name"])  # not in the watch's view yet
+    watched = plan_run(world.ref, world.generation, world.spec, world.status, world.observed(), ts(1))
+    assert watched.unconfirmed == (job["metadata"]["name"],)
+    assert not creates(watched, "Job"), "no second Job for the stage on the watch's word alone"
+    prepare = watched.status.document()["stages"]["prepare"]
+    assert (prepare["phase"], prepare["message"]) == ("Running", "waiting for the stage's result")
+    world.pods[job["metadata"]["name"]] = pod  # the server's listing has it
+    listed = world.observed(listed=watched.unconfirmed)
+    plan = plan_run(world.ref, world.generation, world.spec, world.status, listed, ts(1))
+    assert plan.unconfirmed == ()
+    assert plan.status.document()["stages"]["prepare"]["result"] == fake_result("prepare")
+    assert [stage_of(j) for j in creates(plan, "Job")] == ["extract"]
+    del world.pods[job["metadata"]["name"]]  # the server's listing has no pod either: it is gone
+    gone = plan_run(
+        world.ref,
+        world.generation,
+        world.spec,
+        world.status,
+        world.observed(listed=watched.unconfirmed),
+        ts(1),
+    )
+    assert keys(gone) == [("create", "Job", job_name(world.spec, "prepare", 1))]
+
+
 def test_deleting_a_job_remembered_as_succeeded_without_a_result_starts_the_next_attempt() -> None:
     """A status written by an operator that took a lost result for a success: deleting the Job retries."""
     world = gated(1.5)
