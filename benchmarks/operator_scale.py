@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import sys
 import tempfile
 import time
@@ -161,6 +162,7 @@ class Figures:
     status_writes: int = 0  # the operator's status PATCHes over the round
     progress_writes: int = 0  # of which while every run's stage reported progress
     progress_window_s: float = 0.0
+    load_average: list[float] = field(default_factory=list)  # 1, 5, 15 min at the end of the round
 
 
 async def quiet(probe: Probe, seconds: float, timeout: float) -> None:
@@ -310,15 +312,16 @@ async def measure(
         reconcile_seconds=reconciles.get("seconds", math.nan), operator_log_lines=len(oplog.lines),
         operator_log_warnings=oplog.warnings,
         status_writes=sample.requests.get(STATUS_WRITES, 0), progress_writes=driven.progress_writes,
-        progress_window_s=driven.progress_window_s,
+        progress_window_s=driven.progress_window_s, load_average=list(os.getloadavg()),
     )  # fmt: skip
 
 
 HEADER = (
     "| runs | wall s | create s | first Job p50 / p99 / max s | transition p50 / p99 / max s "
     "| operator requests | operator CPU s (first / transition) | mock+load CPU s "
-    "| operator RSS start / peak MB | status writes per run (round / progress window) |\n"
-    "|---:|---:|---:|---|---|---:|---|---:|---|---|"
+    "| operator RSS start / peak MB | status writes per run (round / progress window) "
+    "| runs with two Job names for a stage | load average (1 / 5 min) |\n"
+    "|---:|---:|---:|---|---|---:|---|---:|---|---|---:|---|"
 )
 
 
@@ -334,7 +337,8 @@ def row(f: Figures) -> str:
         f"| {f.bench_cpu_s:.1f} "
         f"| {f.operator_rss_start_mb:.0f} / {f.operator_peak_rss_mb:.0f} "
         f"| {f.status_writes / f.runs:.2f} / {f.progress_writes / f.runs:.2f} "
-        f"in {f.progress_window_s:.0f} s |"
+        f"in {f.progress_window_s:.0f} s | {f.duplicate_jobs} "
+        f"| {f.load_average[0]:.1f} / {f.load_average[1]:.1f} |"
     )
 
 
@@ -375,17 +379,19 @@ async def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--watch-seconds", type=int,
-        help="the operator's watch timeout (its --watch-seconds; default: the operator's own, 8). kmock "
-        "ignores the timeout and replays every object at each connect: 0 keeps each watch open, as the tests "
-        "run the operator against the mock, so no replay happens",
+        help="the operator's watch timeout (its --watch-seconds). Default: the operator's own (8) against a "
+        "real API server; 0 against the mock, as the tests run the operator there: kmock ignores the timeout "
+        "and replays every object at each connect, so a bounded watch re-lists everything every ~10 s, which "
+        "no real server does (--watch-seconds 8 measures that stress)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.server == "apiserver":
         import scale_apiserver  # imports the test suite's server helpers; only wanted here
 
-        mode = Mode(scale_apiserver.HEADER, await scale_apiserver.start(), scale_apiserver.row)
-    else:
         watch = () if args.watch_seconds is None else ("--watch-seconds", str(args.watch_seconds))
+        mode = Mode(scale_apiserver.HEADER, await scale_apiserver.start(watch), scale_apiserver.row)
+    else:
+        watch = ("--watch-seconds", str(0 if args.watch_seconds is None else args.watch_seconds))
         mode = Mode(HEADER, measure_mock(args.progress_window, watch), row)
     results = []
     print(mode.header, flush=True)

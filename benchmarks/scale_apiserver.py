@@ -12,7 +12,9 @@ so this process watches Jobs and pods in the namespace and timestamps each event
   controller's reaction (pod Succeeded, then Job Complete), shown apart: patch to the Job's Complete event,
   and that event to the extract Job's;
 * CPU seconds and resident memory (VmRSS now, VmHWM peak since start) of the operator and of the server's
-  processes, this process's CPU.
+  processes, this process's CPU;
+* the operator's requests, by kind, from the API server's audit log of the operator's user (the server is
+  started with one: tests/operator/apiserver.py, audit_flags).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The server's processes, by the name the kernel gives them (15 characters at most).
 SERVER = {"kube-apiserver": "apiserver", "etcd": "etcd", "kube-controller": "controller-manager"}
 QUIET_CPU = 0.05  # CPU seconds per QUIET_SECONDS under which a process counts as quiet
+AUDIT_FLUSH_SECONDS = 2.0  # the audit log's batches are written within a second (apiserver.audit_flags)
 
 
 def server_pids() -> dict[str, int]:
@@ -161,8 +165,31 @@ def memory(pids: dict[str, int]) -> dict[str, tuple[int, int]]:
     return {name: (proc_status_kb(pid, "VmRSS"), proc_status_kb(pid, "VmHWM")) for name, pid in pids.items()}
 
 
-async def run_round(access: ServerAccess, cluster: Cluster, n: int, timeout: float, log: Path) -> Sample:
-    """A fresh operator in the cluster's namespace; N runs driven through their first transition."""
+def audit_offset(path: Path | None) -> int:
+    return path.stat().st_size if path is not None and path.exists() else 0
+
+
+def audited(path: Path | None, since: int) -> Counter[str]:
+    """The operator's requests the API server's audit log recorded from byte `since` on, by kind (`get
+    eagle3runs`, `patch eagle3runs/status`, `watch jobs`...)."""
+    counts: Counter[str] = Counter()
+    if path is None or not path.exists():
+        return counts
+    with path.open("rb") as lines:
+        lines.seek(since)
+        for line in lines:
+            event = json.loads(line)
+            ref = event.get("objectRef") or {}
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            counts[f"{event['verb']} {ref.get('resource', event.get('requestURI', '-'))}{sub}"] += 1
+    return counts
+
+
+async def run_round(
+    access: ServerAccess, cluster: Cluster, n: int, timeout: float, log: Path, extra: tuple[str, ...] = ()
+) -> Sample:
+    """A fresh operator in the cluster's namespace; N runs driven through their first transition; what the
+    operator sent meanwhile, from the server's audit log."""
     seen, pids = Seen(), server_pids()
     token = access.operator_token or access.token or ""
     async with (
@@ -170,22 +197,25 @@ async def run_round(access: ServerAccess, cluster: Cluster, n: int, timeout: flo
         watching(cluster, "v1", "pods", seen.pod, seen),
     ):
         before = await namespaced_watches(cluster)
-        args = ("--token", token, "--namespace", cluster.ns)
+        args = ("--token", token, "--namespace", cluster.ns, *extra)
         async with operator_process(access.url, log, *args) as proc:
             await operator_watching(cluster, before, 30)
             await quiet([proc.pid], 30)
             pids["operator"] = proc.pid
             rss_start = proc_status_kb(proc.pid, "VmRSS")
+            since = audit_offset(access.audit_log)
             started = time.monotonic()
             runs = [f"bench-{i:04d}" for i in range(n)]
             driven = await drive(cluster, seen, runs, timeout, pids)
             wall = time.monotonic() - started
             mem = memory(pids)
+            await asyncio.sleep(AUDIT_FLUSH_SECONDS)  # the server writes its audit events in batches
+            requests = audited(access.audit_log, since)
     return Sample(
         n=n, wall_s=wall, created=driven.created, completed=driven.completed, create_s=driven.create_s,
         cpu=driven.cpu, rss_start_kb=rss_start, memory_kb=mem, jobs=seen.jobs, complete=seen.complete,
         prepare=seen.prepare, job_names=seen.job_names, load=os.getloadavg(),
-        watch_restarts=sum(seen.restarts.values()),
+        watch_restarts=sum(seen.restarts.values()), requests=dict(requests),
     )  # fmt: skip
 
 
@@ -204,7 +234,9 @@ async def drop_namespace(access: ServerAccess, cluster: Cluster, timeout: float 
     logger.warning("namespace %s: objects left after %.0f s", cluster.ns, timeout)
 
 
-async def measure(access: ServerAccess, n: int, timeout: float, log: Path, index: int) -> ServerFigures:
+async def measure(
+    access: ServerAccess, n: int, timeout: float, log: Path, index: int, extra: tuple[str, ...] = ()
+) -> ServerFigures:
     """One round: a fresh namespace and a fresh operator on the running server, N runs."""
     async with aiohttp.ClientSession(
         headers={"User-Agent": USER_AGENT},
@@ -214,7 +246,7 @@ async def measure(access: ServerAccess, n: int, timeout: float, log: Path, index
         cluster = Cluster(session, access.url, namespace=f"bench-{os.getpid()}-{index}", token=access.token)
         await access.create_namespace(cluster, cluster.ns)
         try:
-            sample = await run_round(access, cluster, n, timeout, log)
+            sample = await run_round(access, cluster, n, timeout, log, extra)
         except Exception:
             with contextlib.suppress(Exception):  # the round's error is the one to see
                 await drop_namespace(access, cluster, 10)
@@ -241,21 +273,24 @@ def keep_server_logs(source: Path | None, target: Path) -> None:
         logger.error("%s (kept in %s):\n  %s", path.name, target, "\n  ".join(line[:300] for line in tail))
 
 
-async def start() -> Callable[[int, float, Path, int], Awaitable[ServerFigures]]:
-    """Start the server (stopped when this process exits); a round on it, for operator_scale.main."""
+async def start(
+    operator_args: tuple[str, ...] = (),
+) -> Callable[[int, float, Path, int], Awaitable[ServerFigures]]:
+    """Start the server (stopped when this process exits); a round on it, for operator_scale.main, with the
+    operator started with `operator_args` (operator_child.py's options) besides its token and namespace."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from tests.operator.apiserver import start_server
+    from tests.operator.apiserver import OPERATOR_USER, start_server
 
     began = time.monotonic()
-    access = await asyncio.to_thread(start_server)
+    access = await asyncio.to_thread(start_server, [OPERATOR_USER])
     logger.info("kube-apiserver at %s, started in %.0f s", access.url, time.monotonic() - began)
 
     logs = server_logs()
 
     async def one(n: int, timeout: float, log: Path, index: int) -> ServerFigures:
         try:
-            return await measure(access, n, timeout, log, index)
+            return await measure(access, n, timeout, log, index, operator_args)
         except Exception:
             keep_server_logs(logs, log.parent / "server-logs")
             raise

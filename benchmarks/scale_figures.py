@@ -30,6 +30,7 @@ class Sample:
     job_names: dict[tuple[str, str], set[str]]
     load: tuple[float, float, float]  # the machine's load average at the end of the round
     watch_restarts: int  # this process's watches resumed: the events they missed were timestamped late
+    requests: dict[str, int]  # the operator's requests over the round by kind (`get eagle3runs`), audited
 
 
 @dataclass
@@ -59,6 +60,8 @@ class ServerFigures:
     operator_log_warnings: list[str]
     load_average: list[float]  # 1, 5, 15 minutes, at the end of the round (the machine is shared)
     watch_restarts: int
+    requests_by_kind: dict[str, int]  # the operator's, over the round, from the server's audit log
+    operator_requests: int  # of them, all but watches
 
 
 def stats(values: list[float]) -> list[float]:
@@ -92,7 +95,8 @@ def figures(s: Sample, oplog: OperatorLog) -> ServerFigures:
         reconciles_error=int(oplog.reconciles.get("error", 0)),
         reconcile_seconds=oplog.reconciles.get("seconds", math.nan),
         operator_log_lines=len(oplog.lines), operator_log_warnings=oplog.warnings, load_average=list(s.load),
-        watch_restarts=s.watch_restarts,
+        watch_restarts=s.watch_restarts, requests_by_kind=s.requests,
+        operator_requests=sum(n for what, n in s.requests.items() if not what.startswith("watch ")),
     )  # fmt: skip
 
 
@@ -103,8 +107,9 @@ HEADER = (
     "| last first Job s | operator CPU s (to last first Job / until quiet / transition) "
     "| API server / etcd / controller manager / bench CPU s (to last first Job; round) "
     "| operator RSS start / peak MB | API server / etcd RSS MB (end of round; peak since start) "
-    "| load average (1 / 5 min) |\n"
-    "|---:|---:|---:|---|---|---|---|---:|---|---|---|---|---|"
+    "| load average (1 / 5 min) | operator requests per run (of which GETs of runs) "
+    "| API server CPU ms per run (round) |\n"
+    "|---:|---:|---:|---|---|---|---|---:|---|---|---|---|---|---|---:|"
 )
 
 
@@ -131,7 +136,9 @@ def row(f: ServerFigures) -> str:
         f"| {spread3(f.transition_s)} | {spread3(f.job_controller_s)} | {spread3(f.after_complete_s)} "
         f"| {f.burst_s:.1f} | {operator_cpu} | {cpu} "
         f"| {f.operator_rss_start_mb:.0f} / {f.peak_rss_mb.get('operator', math.nan):.0f} | {rss} "
-        f"| {f.load_average[0]:.1f} / {f.load_average[1]:.1f} |"
+        f"| {f.load_average[0]:.1f} / {f.load_average[1]:.1f} "
+        f"| {f.operator_requests / f.runs:.1f} ({f.requests_by_kind.get('get eagle3runs', 0) / f.runs:.2f}) "
+        f"| {1000 * f.cpu_s.get('apiserver', math.nan) / f.runs:.0f} |"
     )
 
 

@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +59,7 @@ class ServerAccess:
     token: str | None
     operator_token: str | None
     control: ServerControl | None = None
+    audit_log: Path | None = None  # start_server(audit_users=...): those users' requests, one JSON line each
 
     async def create_namespace(self, cluster: Cluster, name: str) -> None:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
@@ -257,7 +258,25 @@ class ServerControl:
         self._forker.shutdown(wait=False)
 
 
-def _start(bins: dict[str, str], work: Path) -> ServerControl:
+def audit_flags(work: Path, users: Sequence[str]) -> list[str]:
+    """The API server's audit log of `users`' requests (one event per request, when it completes, without
+    bodies), written within a second: a real server reports no per-client request counts otherwise."""
+    if not users:
+        return []
+    policy = {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "rules": [{"level": "Metadata", "users": list(users)}, {"level": "None"}],
+    }
+    (work / "audit-policy.yaml").write_text(yaml.safe_dump(policy))
+    return [
+        f"--audit-policy-file={work / 'audit-policy.yaml'}", f"--audit-log-path={work / 'audit.log'}",
+        "--audit-log-format=json", "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s",
+    ]  # fmt: skip
+
+
+def _start(bins: dict[str, str], work: Path, audit_users: Sequence[str] = ()) -> ServerControl:
     """Start etcd, the API server and the controller manager (stopped at exit, respawned ones included)."""
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     url = f"https://127.0.0.1:{api_port}"
@@ -279,7 +298,7 @@ def _start(bins: dict[str, str], work: Path) -> ServerControl:
         f"--service-account-signing-key-file={work / 'sa.key'}",
         "--service-account-issuer=https://kubernetes.default.svc", "--api-audiences=https://kubernetes.default.svc",
         "--service-cluster-ip-range=10.96.0.0/16", "--disable-admission-plugins=ServiceAccount",
-        "--insecure-port=0", "--enable-priority-and-fairness=false",
+        "--insecure-port=0", "--enable-priority-and-fairness=false", *audit_flags(work, audit_users),
     ])  # fmt: skip
     _wait_ready(f"{url}/readyz", [etcd, api], logs)
     kubeconfig = write_kubeconfig(work / "kubeconfig", url, ADMIN_TOKEN)
@@ -320,15 +339,17 @@ def _install(url: str) -> None:
     raise RuntimeError(f"CRD {name} not established")
 
 
-def start_server() -> ServerAccess:
-    """Start etcd, kube-apiserver and kube-controller-manager for this test session (stopped at exit)."""
+def start_server(audit_users: Sequence[str] = ()) -> ServerAccess:
+    """Start etcd, kube-apiserver and kube-controller-manager for this test session (stopped at exit);
+    `audit_users` (the benchmark gives OPERATOR_USER): the server logs their requests (`audit_log`)."""
     bins = binaries()
     work = Path(tempfile.mkdtemp(prefix="eagle3-kube-"))
     atexit.register(shutil.rmtree, work, ignore_errors=True)
     _files(work)
-    control = _start(bins, work)
+    control = _start(bins, work, audit_users)
     _install(control.url)
-    return ServerAccess("apiserver", control.url, ADMIN_TOKEN, OPERATOR_TOKEN, control)
+    audit = work / "audit.log" if audit_users else None
+    return ServerAccess("apiserver", control.url, ADMIN_TOKEN, OPERATOR_TOKEN, control, audit)
 
 
 def external_cluster(kubeconfig: str | None) -> ServerAccess | None:
