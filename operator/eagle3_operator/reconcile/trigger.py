@@ -1,11 +1,11 @@
-"""What starts a reconcile from outside a run's own events: a child's event, the resync, live progress.
+"""What starts a reconcile, and which events are worth one: a run's own, a child's, the resync, live progress.
 
-A run's own events (kopf's create, update and resume handlers) carry the API server's body and reconcile
-from it. Everything else reconciles the run from kopf's `eagle3_runs` index, the watch cache, with no read
-of the server: the executor reads the run only before it writes a child (executor._confirm), which is where
-a run deleted while a watch was away, or a spec newer than the cache's, would do harm. So the operator's
-requests grow with what it writes, not with the events it sees (issue 40: a GET per child event and per run
-per resync round was 143 requests per run at 500 runs, and grew with the number of runs).
+A run's own event (handlers.run_event) carries the API server's body and reconciles from it. Everything else
+reconciles the run from kopf's `eagle3_runs` index, the watch cache, with no read of the server: the executor
+reads the run only before it writes a child (executor._confirm), which is where a run deleted while a watch
+was away, or a spec newer than the cache's, would do harm. So the operator's requests grow with what it
+writes, not with the events it sees (issue 40: a GET per child event and per run per resync round was 143
+requests per run at 500 runs, and grew with the number of runs).
 
 Two more guards keep events from multiplying into reconciles:
 - an event that brings the planner nothing new is no news (`run_news`, `child_news`): a version already
