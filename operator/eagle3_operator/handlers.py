@@ -192,6 +192,9 @@ async def _resync_round(state: OperatorState, kwargs: Mapping[str, Any]) -> None
         for body in unseen
     ]
     for what, call in rounds:
+        if not await peering.acting(state.peering):
+            logger.info("the resync round stops: kopf paused this operator (a peer took over)")
+            return
         try:
             await _in_handler_context(state, call())
         except (kopf.TemporaryError, kopf.PermanentError) as err:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -14,6 +14,7 @@ import kopf
 import eagle3_operator.handlers  # noqa: F401  (registers the handlers)
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
 from eagle3_contract.api.defaults import OperatorDefaults
+from eagle3_operator import kopf_pause
 from eagle3_operator.k8s import PEERING_API, TOTAL_SECONDS, ApiError, ApiUnreachable, Kube, NoCredentials
 from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.peering import (
@@ -116,7 +117,7 @@ async def operate(options: dict[str, Any], namespaces: list[str], lifetime: int)
         peered = await peering_options(memo, namespaces, options.get("settings"), lifetime)
         started = loop.time()
         try:
-            return await kopf.operator(**(options | peered))
+            return await kopf_pause.operator(options | peered, _follow(memo.get("peering")))
         except Exception as err:
             if not unserved(err):
                 raise
@@ -138,6 +139,12 @@ async def operate(options: dict[str, Any], namespaces: list[str], lifetime: int)
         )
         await asyncio.sleep(delay)
         await wait_served(memo.kube, namespace, SERVED_PATIENCE_SECONDS)
+
+
+def _follow(gate: Peering | None) -> Callable[[Any], None]:
+    """What to do with kopf's pause state once kopf's tasks exist: the gate follows it (peered), or nothing
+    (standalone: kopf never pauses)."""
+    return gate.follow if gate is not None else lambda _toggles: None
 
 
 def unserved(err: BaseException) -> bool:

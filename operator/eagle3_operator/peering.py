@@ -9,12 +9,15 @@ the work while a rolling update's new pod waits), and a tie is resolved by a re-
 A standby takes over when the active one leaves: at once after a graceful stop (kopf deletes its record),
 `lifetime` seconds after its last keep-alive when it was killed.
 
-kopf pauses only its own handlers. The operator's background tasks (the periodic resync, the live progress
-reads) ask `acting(gate)` before each round: kopf's rule, applied to the peering object as it is now.
+kopf pauses only its own handlers. The operator's other parts (the periodic resync, the live progress reads,
+the retries, /healthz) ask the gate, which answers with kopf's own decision (kopf_pause): one source of truth
+for "am I active". The peering object is read only to say why kopf pauses this operator, and to re-draw a tie
+(kopf pauses every operator of a tied priority, for ever).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -28,6 +31,7 @@ from typing import Any
 import kopf
 
 from eagle3_operator.k8s import ApiError, Kube
+from eagle3_operator.kopf_pause import PauseState
 
 logger = logging.getLogger(__name__)
 
@@ -117,15 +121,20 @@ class Standing:
     above: tuple[str, ...] = ()  # live peers of a higher priority
     tied: tuple[str, ...] = ()  # live peers of the same priority (kopf pauses all of them)
     missing: bool = False  # no peering object: kopf's mandatory peering keeps the operator paused
+    starting: bool = False  # kopf has not decided yet (it starts a peered operator paused)
 
     def __str__(self) -> str:
+        if self.starting:
+            return "starting: kopf's peering has not decided yet (no handler runs until it has)"
         if self.missing:
             return f"standby: the peering object {PEERING_NAME} is missing"
         if self.active:
             return "active"
         if self.above:
             return f"standby behind {', '.join(self.above)}"
-        return f"standby: same priority as {', '.join(self.tied)}"
+        if self.tied:
+            return f"standby: same priority as {', '.join(self.tied)}"
+        return "standby: paused by kopf's peering"
 
 
 def standing(found: Iterable[Peer], me: str, priority: int, now: datetime) -> Standing:
@@ -149,8 +158,9 @@ def redrawn(priority: int, rng: random.Random | None = None) -> int:
 
 
 class Peering:
-    """This operator's standing among its peers, read from the peering objects it writes its keep-alives to
-    (each watched namespace's KopfPeering, or the ClusterKopfPeering): active only where it is in all."""
+    """This operator's standing among its peers: kopf's decision (`kopf`, given once kopf's tasks exist:
+    kopf_pause), explained from the peering objects it writes its keep-alives to (each watched namespace's
+    KopfPeering, or the ClusterKopfPeering)."""
 
     def __init__(
         self, kube: Kube, settings: kopf.OperatorSettings, me: str, namespaces: Sequence[str] = ()
@@ -158,6 +168,16 @@ class Peering:
         self.kube, self.settings, self.me = kube, settings, me
         self.where: list[str | None] = list(namespaces) or [None]
         self.last: Standing | None = None
+        self.kopf: PauseState | None = None
+
+    def follow(self, toggles: Any) -> None:
+        """kopf's pause decision for this operator's peering objects (kopf_pause.operator's ToggleSet)."""
+        self.kopf = PauseState(toggles, str(self.settings.peering.name), self.where)
+
+    def decided(self) -> bool | None:
+        """kopf's decision: True active, False paused, None not decided yet (or kopf not started)."""
+        paused = self.kopf.paused() if self.kopf is not None else None
+        return None if paused is None else not paused
 
     @property
     def priority(self) -> int:
@@ -175,18 +195,29 @@ class Peering:
                 logger.info("created the %s %s%s", kind, f"{namespace}/" if namespace else "", PEERING_NAME)
 
     async def active(self) -> bool:
-        """Whether this operator is the active one now; a tie it must yield is re-drawn first. When the API
-        server does not answer, the last known standing holds (a standby at first)."""
-        try:
-            now = await self._standing()
-        # the server unreachable or refusing, or a record kopf did not write
-        except (ApiError, ValueError, TypeError) as err:
-            logger.warning("could not read the peering object (the last standing holds): %s", err)
-            return bool(self.last and self.last.active)
+        """Whether this operator is the active one now: kopf's decision. While kopf pauses it, the peering
+        objects are read for the reason, and a tie this operator must yield is re-drawn."""
+        decided = self.decided()
+        if decided:
+            now = Standing(active=True)
+        elif decided is None:
+            now = Standing(active=False, starting=True)
+        else:
+            now = await self._why_paused()
         if self.last is None or str(now) != str(self.last):
             logger.info("this operator (%s, priority %s) is %s", self.me, self.priority, now)
         self.last = now
         return now.active
+
+    async def _why_paused(self) -> Standing:
+        """Who outranks this operator, as the peering objects say now; kopf's pause stands whatever they say
+        (its decision may rest on an event this read does not see yet)."""
+        try:
+            found = await self._standing()
+        except (ApiError, ValueError, TypeError) as err:  # unreachable, refused, a record kopf did not write
+            logger.warning("could not read the peering object to say why kopf pauses this operator: %s", err)
+            return Standing(active=False)
+        return dataclasses.replace(found, active=False)
 
     async def _standing(self) -> Standing:
         standings = [await self._standing_in(namespace) for namespace in self.where]
@@ -225,14 +256,15 @@ class Peering:
             await self.kube.peering("patch", namespace, PEERING_NAME, {"status": {self.me: record}})
 
     def probe(self) -> dict[str, Any]:
-        """What kopf's health endpoint shows of the peering (the last standing read)."""
-        role = "unknown" if self.last is None else ("active" if self.last.active else "standby")
+        """What kopf's health endpoint shows of the peering: kopf's decision as it is now."""
+        decided = self.decided()
+        role = "starting" if decided is None else ("active" if decided else "standby")
         return {"identity": self.me, "priority": self.priority, "role": role}
 
 
 async def acting(gate: Peering | None) -> bool:
     """Whether the operator's own background tasks may act: always without peering (`gate` None: standalone),
-    else only while this operator is the active one."""
+    else only while kopf runs this operator's handlers."""
     return True if gate is None else await gate.active()
 
 

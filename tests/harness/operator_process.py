@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -68,6 +69,16 @@ class OperatorProcess:
                 await resp.read()
                 return resp.status
         except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    async def probes(self, timeout: float = 2.0) -> dict[str, Any] | None:
+        """What /healthz answers (kopf's probes by id: `peering`, `resync`), or None if nothing answers."""
+        try:
+            url = f"http://127.0.0.1:{self.health_port}/healthz"
+            async with self._http.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                found: dict[str, Any] = await resp.json(content_type=None)
+                return found
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
     async def metrics(self, timeout: float = 5.0) -> str:

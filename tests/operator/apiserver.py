@@ -69,10 +69,19 @@ class ServerAccess:
         await cluster._call("DELETE", f"{self.url}/api/v1/namespaces/{name}")
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now and not handed out before by this process: the kernel may give a port it
+    freed again, and processes started together (an operator's health and metrics ports) would collide."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def binaries() -> dict[str, str]:

@@ -37,6 +37,12 @@ RECONCILED = 'eagle3_operator_reconciles_total{result="ok"}'
 # hand-over is would be a benchmark's figure, never a test's assertion).
 RESUME_BOUND_S = 120
 LONG_LIFETIME_S = 3 * RESUME_BOUND_S  # a standby that waited for this record to expire would be too late
+# Pairs of operators started together (issue 41: 4 of 15 pairs had both active); EAGLE3_PEERING_PAIRS=20 for
+# the issue's measurement. PAIRS_AT_ONCE pairs start at the same time, each in a namespace of its own.
+PAIRS = int(os.environ.get("EAGLE3_PEERING_PAIRS", "8"))
+PAIRS_AT_ONCE = 4
+WATCHED_S = 5.0  # how long both roles are sampled once one operator is active
+SAMPLE_S = 0.2
 
 
 @dataclass
@@ -109,7 +115,14 @@ async def role(op: OperatorProcess, wanted: str, timeout: float = 30) -> None:
 
 def _last_role(op: OperatorProcess) -> str | None:
     lines = [line for line in op.log().splitlines() if f"this operator ({identity(op)}" in line]
-    return ("active" if lines[-1].rstrip().endswith(" is active") else "standby") if lines else None
+    return _role_of(lines[-1]) if lines else None
+
+
+def _role_of(line: str) -> str:
+    """The role a line `this operator (...) is ...` gives: active, standby, or starting (not decided yet)."""
+    if line.rstrip().endswith(" is active"):
+        return "active"
+    return "standby" if " is standby" in line else "starting"
 
 
 async def reconciles(op: OperatorProcess) -> float:
@@ -226,3 +239,69 @@ async def test_operators_of_the_same_priority_resolve_the_tie_and_one_acts(place
         assert await reconciles(second) == 0, "the re-drawn operator acted"
         assert_no_forbidden_calls(one, two)
     assert_each_job_created_once(place, ("prepare",))
+
+
+async def _roles(ops: tuple[OperatorProcess, ...]) -> tuple[str | None, ...]:
+    answers = await asyncio.gather(*(op.probes() for op in ops))
+    return tuple(((a or {}).get("peering") or {}).get("role") for a in answers)
+
+
+async def _started_together(
+    place: Place, tmp_path: Path, index: int, spawning: asyncio.Lock
+) -> dict[str, Any]:
+    """Two operators for a namespace of their own, spawned back to back (default priorities: start order);
+    the roles /healthz reports, sampled until one is active and for WATCHED_S after."""
+    namespace, work = f"{place.namespace}-t{index}", tmp_path / f"pair-{index}"
+    work.mkdir()
+    cluster = Cluster(place.cluster.session, place.access.url, namespace=namespace, token=place.access.token)
+    await place.access.create_namespace(cluster, namespace)
+    token = place.access.operator_token or ""
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            spawned, ops = [], []
+            async with spawning:  # the two spawns of a pair back to back, no other pair's in between
+                for _ in range(2):
+                    ops.append(
+                        await stack.enter_async_context(
+                            operator_process(place.access.url, token, namespace, work, wait_ready=False)
+                        )
+                    )
+                    spawned.append(asyncio.get_running_loop().time())
+            await asyncio.gather(*(op.ready(timeout=RESUME_BOUND_S) for op in ops))
+            samples: list[tuple[str | None, ...]] = []
+
+            async def one_active() -> bool | None:
+                samples.append(await _roles(tuple(ops)))
+                return True if samples[-1].count("active") == 1 else None
+
+            await eventually(one_active, timeout=RESUME_BOUND_S, what=f"one active operator in {namespace}")
+            end = asyncio.get_running_loop().time() + WATCHED_S
+            while asyncio.get_running_loop().time() < end:
+                samples.append(await _roles(tuple(ops)))
+                await asyncio.sleep(SAMPLE_S)
+            logged = [_last_role_of(op) for op in ops]
+            return {"gap_s": spawned[1] - spawned[0], "samples": samples, "logged": logged}
+    finally:
+        await place.access.delete_namespace(cluster, namespace)
+
+
+def _last_role_of(op: OperatorProcess) -> str | None:
+    lines = [line for line in op.log().splitlines() if "this operator (" in line]
+    return _role_of(lines[-1]) if lines else None
+
+
+async def test_operators_started_together_are_never_both_active(place, tmp_path):
+    """Issue 41: two operators started within 100 ms must never both act or report active, not even before
+    either keep-alive is written. kopf pauses one at once; every component follows kopf's decision (the
+    resync, the progress reads, the retries and /healthz ask kopf's own pause state, not a second reading of
+    the peering object)."""
+    results, spawning = [], asyncio.Lock()
+    for first in range(0, PAIRS, PAIRS_AT_ONCE):
+        indexes = range(first, min(first + PAIRS_AT_ONCE, PAIRS))
+        results += await asyncio.gather(*(_started_together(place, tmp_path, i, spawning) for i in indexes))
+    assert all(r["gap_s"] < 0.1 for r in results), [round(r["gap_s"], 3) for r in results]
+    both = [i for i, r in enumerate(results) if any(s.count("active") > 1 for s in r["samples"])]
+    assert not both, f"both active in pairs {both} of {len(results)}: {[results[i]['samples'] for i in both]}"
+    last = [r["samples"][-1] for r in results]
+    assert all(s.count("active") == 1 and s.count("standby") == 1 for s in last), last
+    assert all(sorted(r["logged"]) == ["active", "standby"] for r in results), [r["logged"] for r in results]

@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 import pytest
-from kopf._cogs.aiokits.aiotoggles import Toggle
+from kopf._cogs.aiokits.aiotoggles import Toggle, ToggleSet
 from kopf._cogs.structs.references import Resource
 from kopf._core.engines.peering import process_peering_event
 
@@ -180,12 +180,22 @@ class FakeKube:
 
 def gate(kube: FakeKube, me: str, priority: int, namespaces: tuple[str, ...] = ("ns",)) -> Peering:
     settings = kopf.OperatorSettings()
+    settings.peering.name = PEERING_NAME
     settings.peering.priority, settings.peering.lifetime = priority, 30
     return Peering(kube, settings, me, namespaces)
 
 
 def live(priority: int) -> dict[str, Any]:
     return record(priority, seen=datetime.now(UTC))
+
+
+async def kopf_decides(g: Peering, **paused: bool) -> dict[str, Toggle]:
+    """kopf's own pause state for the gate to follow: a ToggleSet as kopf makes it (`any`), with a toggle per
+    peering object named as kopf names them (`eagle3-operator@<namespace>`), on where kopf pauses."""
+    toggles = ToggleSet(any)
+    await toggles.make_toggle(False, name="peering CRD is missing")
+    g.follow(toggles)
+    return {ns: await toggles.make_toggle(on, name=f"{PEERING_NAME}@{ns}") for ns, on in paused.items()}
 
 
 async def test_the_gate_creates_the_missing_peering_objects_only():
@@ -203,51 +213,80 @@ async def test_the_gate_creates_the_missing_peering_objects_only():
     assert cluster.objects[None]["kind"] == "ClusterKopfPeering"
 
 
-async def test_the_gate_is_active_only_where_no_live_peer_ranks_higher_in_any_namespace():
-    kube = FakeKube({"a": {"status": {"other": live(1)}}, "b": {"status": {"other": live(9)}}})
+async def test_the_gate_is_a_standby_until_kopf_has_decided_for_every_peering_object():
+    """Issue 41: two operators that read the peering object before either keep-alive both took themselves for
+    active. Before kopf has made its decision for each peering object, nothing acts, whatever the object
+    says (here: nobody else in it), and no request is made."""
+    kube = FakeKube({"a": {"status": {}}, "b": {"status": {}}})
     g = gate(kube, "me", 5, ("a", "b"))
+    assert not await g.active() and g.probe()["role"] == "starting"  # kopf's tasks not even started
+    await kopf_decides(g, a=False)  # kopf has decided for one of the two objects only
+    assert not await g.active() and g.probe()["role"] == "starting"
+    assert not kube.calls
+
+
+async def test_the_gate_follows_kopfs_pause_at_once_both_ways():
+    kube = FakeKube({"a": {"status": {"other": live(9)}}, "b": {"status": {}}})
+    g = gate(kube, "me", 5, ("a", "b"))
+    toggles = await kopf_decides(g, a=True, b=False)
     assert not await g.active()
     assert g.probe() == {"identity": "me", "priority": 5, "role": "standby"}
-    kube.objects["b"]["status"]["other"] = live(4)
-    assert await g.active()
-    assert g.probe()["role"] == "active"
+    assert str(g.last) == "standby behind other"  # the reason, from the peering object
+    await toggles["a"].turn_to(False)  # kopf resumes the operator: at once, no read needed
+    calls = len(kube.calls)
+    assert await g.active() and g.probe()["role"] == "active" and len(kube.calls) == calls
+    await toggles["b"].turn_to(True)  # and pauses it again after it was active: at once too
+    assert g.probe()["role"] == "standby" and not await g.active()
+
+
+async def test_kopfs_pause_stands_even_where_the_peering_object_shows_nobody_above():
+    """kopf may pause on an event a later read does not show yet (or an earlier one): its word counts."""
+    g = gate(FakeKube({"ns": {"status": {"lower": live(1)}}}), "me", 5)
+    await kopf_decides(g, ns=True)
+    assert not await g.active() and str(g.last) == "standby: paused by kopf's peering"
 
 
 async def test_without_its_peering_object_the_operator_stands_by_as_kopf_does():
-    assert not await gate(FakeKube({}), "me", 5).active()
+    g = gate(FakeKube({}), "me", 5)
+    await kopf_decides(g, ns=True)  # kopf's peering is mandatory: paused until the object says otherwise
+    assert not await g.active() and g.last is not None and g.last.missing
 
 
 async def test_a_tied_operator_whose_identity_sorts_last_re_draws_publishes_it_and_stands_by():
     kube = FakeKube({"ns": {"status": {"pod-a/1": live(7)}}})
     loser = gate(kube, "pod-b/1", 7)
+    await kopf_decides(loser, ns=True)  # kopf pauses every operator of a tied priority
     assert not await loser.active()
     assert loser.priority < 7 and loser.settings.peering.priority == loser.priority  # kopf's keep-alives too
     patches = [body for verb, _, body in kube.calls if verb == "patch"]
     assert patches and patches[0]["status"]["pod-b/1"]["priority"] == loser.priority
-    assert await gate(kube, "pod-a/1", 7).active()  # the peer, reading the published record, goes on
 
 
 async def test_the_operator_whose_identity_sorts_first_keeps_its_priority_on_a_tie():
     kube = FakeKube({"ns": {"status": {"pod-b/1": live(7)}}})
     keeper = gate(kube, "pod-a/1", 7)
+    await kopf_decides(keeper, ns=True)
     assert not await keeper.active()  # paused until the peer's re-draw arrives
     assert keeper.priority == 7 and not [c for c in kube.calls if c[0] == "patch"]
 
 
-async def test_when_the_server_does_not_answer_the_last_standing_holds():
+async def test_when_the_server_does_not_answer_kopfs_decision_still_holds():
     kube = FakeKube({"ns": {"status": {}}})
     g = gate(kube, "me", 5)
-    assert await g.active()
+    toggles = await kopf_decides(g, ns=False)
     kube.fail = ApiError(503, "get", "kopfpeerings.kopf.dev ns/eagle3-operator", "unavailable")
-    assert await g.active()
-    fresh = gate(kube, "me", 5)
-    assert not await fresh.active()  # never read: a standby
+    assert await g.active()  # kopf's decision needs no read
+    await toggles["ns"].turn_to(True)
+    assert not await g.active()  # paused: the reason cannot be read, the pause stands
 
 
-async def test_the_background_tasks_act_without_peering_and_follow_the_gate_with_it():
+async def test_the_background_tasks_act_without_peering_and_follow_kopf_with_it():
     assert await peering.acting(None)
-    kube = FakeKube({"ns": {"status": {"boss": live(9)}}})
-    assert not await peering.acting(gate(kube, "me", 5))
+    g = gate(FakeKube({"ns": {"status": {"boss": live(9)}}}), "me", 5)
+    toggles = await kopf_decides(g, ns=True)
+    assert not await peering.acting(g)
+    await toggles["ns"].turn_to(False)
+    assert await peering.acting(g)
 
 
 def test_the_rbac_rules_let_the_operator_peer_and_grant_no_lease():

@@ -1,0 +1,67 @@
+"""kopf's own answer to "is this operator paused", for the operator's parts that are not kopf handlers.
+
+kopf pauses its handlers while a live peer outranks this operator (kopf._core.engines.peering). Its decision
+is a ToggleSet that `kopf.spawn_tasks` makes and keeps to itself: kopf 1.45 has no public accessor. The
+resync, the live progress reads, the retries and /healthz must follow that decision, not a second reading of
+the peering object. Issue 41 found two operators started within 85 ms that both read the object before either
+keep-alive was written; both took themselves for active for 30 s while kopf paused one.
+
+`operator` runs kopf as `kopf.operator` does (spawn_tasks, then run_tasks) and hands the ToggleSet over as
+soon as the tasks exist. `pause_state` finds it: it is the `operator_paused` argument of kopf's "daemon
+killer" root task, which every kopf operator spawns.
+
+A fenced workaround around kopf==1.45.2 (pyproject.toml). `pause_state` fails loudly, naming the pin, where
+another kopf moved it. Remove it when kopf exposes its pause state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+import kopf
+
+KOPF_PIN = "kopf==1.45.2"
+TASK = "daemon killer"  # kopf._core.reactor.running.spawn_tasks: daemons.daemon_killer(operator_paused=...)
+
+
+class PauseState:
+    """kopf's pause decision, read-only. kopf starts a peered operator paused (its peering is mandatory),
+    and decides per peering object as the object's events arrive; before it has made the toggle of every
+    peering object named in `scopes`, the decision is not made yet (None)."""
+
+    def __init__(self, toggles: Any, peering_name: str, scopes: Iterable[str | None]) -> None:
+        self._toggles = toggles
+        self._names = {f"{peering_name}@{scope}" for scope in scopes}
+
+    def paused(self) -> bool | None:
+        """True: kopf pauses the operator's handlers; False: it runs them; None: not decided yet."""
+        names = {toggle.name for toggle in self._toggles}
+        if not self._names <= names:
+            return None
+        return bool(self._toggles.is_on())
+
+
+def pause_state(tasks: Collection[asyncio.Task[Any]]) -> Any:
+    """kopf's `operator_paused` ToggleSet among the root tasks `kopf.spawn_tasks` returned."""
+    task = next((t for t in tasks if t.get_name() == TASK), None)
+    guarded = task.get_coro() if task is not None else None
+    frame = getattr(guarded, "cr_frame", None)
+    inner = frame.f_locals.get("coro") if frame is not None else None  # aiotasks.guard(coro=...)
+    inner_frame = getattr(inner, "cr_frame", None)
+    toggles = inner_frame.f_locals.get("operator_paused") if inner_frame is not None else None
+    if not (hasattr(toggles, "is_on") and hasattr(toggles, "__iter__")):
+        raise RuntimeError(
+            f"kopf's pause state was not found among its tasks (the {TASK!r} task's operator_paused): this "
+            f"operator is built against {KOPF_PIN}; install that version"
+        )
+    return toggles
+
+
+async def operator(options: dict[str, Any], paused: Callable[[Any], None]) -> None:
+    """`kopf.operator(**options)`, calling `paused(ToggleSet)` once kopf's tasks exist (before they run)."""
+    existing = set(asyncio.all_tasks())
+    tasks = await kopf.spawn_tasks(**options)
+    paused(pause_state(tasks))
+    await kopf.run_tasks(tasks, ignored=existing)
