@@ -8,6 +8,9 @@ peering). Tests fail when any differs.
 The CRDs, the Eagle3Run CRD and kopf's peering CRDs alike, are templates (templates/crds.yaml renders every
 document of files/crds/), so that `helm upgrade` upgrades them (`crds.install`, kept on uninstall with
 `crds.keep`); the chart has no crds/ directory, which Helm would install once and never upgrade.
+files/crds-no-cel/ holds the Eagle3Run CRD without its CEL rules (`eagle3 crd --no-cel`): the template takes
+it on a cluster older than 1.25, whose API server refuses `x-kubernetes-validations` (the operator checks the
+same rules itself there).
 
 python -m devtools.chart            # rewrite the chart's copies
 python -m devtools.chart --check    # exit 1 naming the stale files
@@ -22,11 +25,13 @@ from typing import Any
 import yaml
 
 from devtools.generated import Generator, Render
+from eagle3_contract.api.crd import render_crd_yaml
 from eagle3_operator import rbac
 
 CHART_DIR = "charts/eagle3-operator"
 MAKE_TARGET = "make chart"
 RBAC_PATH = f"{CHART_DIR}/files/rbac-rules.yaml"
+NO_CEL_CRD_PATH = f"{CHART_DIR}/files/crds-no-cel/eagle3runs.eagle3.dev.yaml"  # for clusters before 1.25
 
 # chart path -> the committed file it copies byte for byte
 CRD_TEMPLATE_SOURCES = f"{CHART_DIR}/files/crds"  # templates/crds.yaml renders every file in it
@@ -96,6 +101,7 @@ GENERATOR = Generator(
     outputs={
         **{target: _copy(source) for target, source in COPIES.items()},
         RBAC_PATH: lambda _root: render_rbac(),
+        NO_CEL_CRD_PATH: lambda _root: render_crd_yaml(cel=False),
     },
     prog="python -m devtools.chart",
     doc=__doc__,

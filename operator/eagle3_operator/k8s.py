@@ -341,6 +341,24 @@ class Kube:
             if not token:
                 return found
 
+    async def version(self) -> dict[str, Any] | None:
+        """The API server's `GET /version` (gitVersion, major, minor), or None where it does not answer it."""
+        call = self.api.call_api(
+            "/version",
+            "GET",
+            _preload_content=False,
+            auth_settings=["BearerToken"],
+            _request_timeout=self.timeout,
+        )
+        try:
+            status, text = await self._send("get", "/version", call)
+        except (ApiUnreachable, client.ApiException):
+            return None
+        if status != 200:
+            return None
+        found: dict[str, Any] = json.loads(text)
+        return found
+
     async def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the cluster serves a resource (for optional integrations such as PodMonitor)."""
         call = self.api.call_api(

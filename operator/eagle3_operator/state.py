@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +26,11 @@ from eagle3_operator.k8s import TOTAL_SECONDS, Kube
 from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.peering import Peering
 from eagle3_operator.reconcile.executor import serves_disruption_budgets
+from eagle3_operator.reconcile.server_features import server_features
 from eagle3_operator.reconcile.state import Key, ReconcileState
 
 RESYNC_SECONDS = 60.0
+logger = logging.getLogger(__name__)
 MEMO_KEY = "state"
 
 
@@ -60,8 +63,12 @@ class OperatorState:
         if kube is None:
             kube = await Kube.connect(api_seconds)
         reader: stage_metrics.Reader | None = memo.get("progress_reader")
+        features = server_features(await kube.version())
+        for fallback in features.fallbacks():
+            logger.warning("Kubernetes %s: %s", features.version or "of an unknown version", fallback)
         reconcile = ReconcileState(
             kube=kube,
+            features=features,
             metrics=memo.get("metrics") or OperatorMetrics(),
             defaults=memo.get("defaults") or OperatorDefaults(),
             namespaces=tuple(memo.get("namespaces") or ()),

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from eagle3_cli.main import parser as cli_parser
+from eagle3_contract.api.crd import build_crd
 from eagle3_contract.api.spec import DEFAULT_PIPELINE_IMAGE
 from eagle3_operator import rbac
 from eagle3_operator.observability.alerts import build_prometheus_rule
@@ -250,9 +251,25 @@ def test_the_crds_are_templates_not_in_crds(helm: Path, rendered: Rendered) -> N
         assert of_kind(docs, "CustomResourceDefinition") == []
 
 
-def test_kubernetes_older_than_1_29_is_refused(helm: Path) -> None:
-    result = run(helm, "template", RELEASE, str(CHART), "--kube-version", "1.28.0")
-    assert result.returncode != 0 and "chart requires kubeVersion: >=1.29.0-0" in result.stderr
+def test_kubernetes_older_than_1_20_is_refused(helm: Path) -> None:
+    result = run(helm, "template", RELEASE, str(CHART), "--kube-version", "1.19.16")
+    assert result.returncode != 0 and "chart requires kubeVersion: >=1.20.0-0" in result.stderr
+
+
+def test_older_clusters_get_the_crd_without_cel_and_a_v1beta1_budget(helm: Path) -> None:
+    """1.20 refuses x-kubernetes-validations and serves no policy/v1: the chart renders the CRD without its
+    CEL rules (the operator checks them itself there) and a policy/v1beta1 PodDisruptionBudget."""
+    committed = committed_crds()[CRD_NAME]
+    for version, cel, budget in (("1.20.2", False, "policy/v1beta1"), ("1.24.0", False, "policy/v1"),
+                                 ("1.25.0", True, "policy/v1"), ("1.31.0", True, "policy/v1")):  # fmt: skip
+        docs = template(helm, kube_version=version)
+        crd = eagle3_crd(docs)
+        assert ("x-kubernetes-validations" in json.dumps(crd)) is cel, version
+        if cel:
+            assert crd["spec"] == committed["spec"], version
+        else:
+            assert crd["spec"] == json.loads(json.dumps(build_crd(cel=False)["spec"])), version
+        assert only(docs, "PodDisruptionBudget")["apiVersion"] == budget, version
 
 
 def test_notes_name_the_watched_namespaces(helm: Path) -> None:

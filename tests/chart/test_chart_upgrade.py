@@ -7,10 +7,10 @@ with crds.install=false.
 
 One API server for this module (tests/operator/apiserver.py), started here rather than shared with
 tests/operator: the chart owns the cluster-wide CRDs, so the server's pre-installed ones are deleted before
-each test. The server is Kubernetes 1.20, so the chart under test is a copy with two changes: kubeVersion
-admits 1.20, and the CRD is the one without CEL rules (1.20 rejects x-kubernetes-validations, as
-tests/operator installs it); podDisruptionBudget is off (1.20 serves no policy/v1). No pod runs: the test
-server has no kubelet.
+each test. The server is Kubernetes 1.20: the chart renders its CRD without CEL rules there
+(files/crds-no-cel/) and a policy/v1beta1 PodDisruptionBudget; the chart under test is a copy whose version
+and (with `marker`) CRD differ. No pod runs: the test server has no kubelet (tests/cluster installs the chart
+on a real node).
 """
 
 from __future__ import annotations
@@ -106,13 +106,14 @@ def chart_copy(where: Path, version: str, marker: bool, earlier: bool = False) -
         (chart / "crds").mkdir()
         (chart / "files" / "crds" / "kopf-peering.yaml").rename(chart / "crds" / "kopf-peering.yaml")
     meta = yaml.safe_load((chart / "Chart.yaml").read_text())
-    meta |= {"version": version, "kubeVersion": ">=1.20.0-0"}
+    meta |= {"version": version}
     (chart / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
-    definition = build_crd(cel=False)
-    if marker:
+    if marker:  # in the CRD a 1.20 server gets: the one without CEL rules
+        definition = build_crd(cel=False)
         schema = definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
         schema["properties"][MARKER] = {"type": "string", "description": "added by the chart upgrade test"}
-    (chart / "files" / "crds" / f"{CRD_NAME}.yaml").write_text(yaml.safe_dump(definition, sort_keys=False))
+        path = chart / "files" / "crds-no-cel" / f"{CRD_NAME}.yaml"
+        path.write_text(yaml.safe_dump(definition, sort_keys=False))
     return chart
 
 
@@ -145,7 +146,6 @@ class Helm:
     ) -> list[str]:
         """The arguments of `helm install|upgrade` of `release` with `sets` (its namespace created on
         install)."""
-        sets = ("podDisruptionBudget.enabled=false", *sets)
         args = [verb, release, str(chart), "--namespace", namespace, *(a for s in sets for a in ("--set", s))]
         return [*args, *(["--create-namespace"] if verb == "install" else [])]
 

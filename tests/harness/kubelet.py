@@ -74,9 +74,16 @@ class Kubelet:
         }
         await self._patch_pod(pod, "Succeeded" if exit_code == 0 else "Failed", {"terminated": ended}, False)
 
+    async def _job(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The Job as the server has it now; None once it is deleted."""
+        found = await self.cluster.list_objects("batch/v1", "jobs")
+        return next((j for j in found if j["metadata"]["name"] == job["metadata"]["name"]), None)
+
     async def _job_condition(self, job: dict[str, Any], kind: str) -> None:
         async def check() -> bool:
-            body = await self.cluster.get("batch/v1", "jobs", job["metadata"]["name"])
+            body = await self._job(job)
+            if body is None:
+                return kind == "Failed"  # the operator failed it itself (a server without podFailurePolicy)
             conditions = (body.get("status") or {}).get("conditions") or []
             return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
 
@@ -117,7 +124,9 @@ class Kubelet:
         """Whether the Job controller starts no further pod: the backoff limit is spent, or it is failing."""
 
         async def settled() -> tuple[bool] | None:
-            body = await self.cluster.get("batch/v1", "jobs", job["metadata"]["name"])
+            body = await self._job(job)
+            if body is None:
+                return (True,)  # the operator deleted it: it failed the Job itself (no podFailurePolicy)
             status = body.get("status") or {}
             failing = any(
                 c.get("type") in ("Failed", "FailureTarget") and c.get("status") == "True"

@@ -96,6 +96,9 @@ async def test_a_reconcile_whose_write_stalls_is_retried_and_releases_the_runs_l
 
 
 class _Serves:
+    async def version(self) -> dict | None:
+        return None
+
     async def serves(self, group: str, version: str, plural: str) -> bool:
         return False
 

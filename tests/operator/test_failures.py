@@ -145,6 +145,41 @@ async def test_out_of_memory_in_extraction_retries_with_half_the_token_budget(ba
     assert sample("eagle3_operator_stage_failures_total", labels | {"reason": "Error"}) == 0
 
 
+async def test_on_a_server_without_pod_failure_policy_the_first_out_of_memory_exit_retries_at_half(backend):
+    """Kubernetes 1.20 drops the Job's podFailurePolicy: its Job controller would start the same attempt again
+    (backoffLimit 2: three pods at the same token budget). The operator fails the Job at the first exit 86."""
+    if not backend.real:
+        pytest.skip("the mock plays no Job controller; the server of the apiserver tier is Kubernetes 1.20")
+    cluster, player = backend.cluster, backend.player
+    async with backend.operator():
+        await cluster.apply_run("tiny", tiny(extraction={"tokenBudget": 1024}))
+        await complete(cluster, player, "tiny", ("prepare",))
+        first = await wait_job(cluster, "tiny", "extract")
+        assert (
+            "podFailurePolicy"
+            not in (await cluster.get("batch/v1", "jobs", first["metadata"]["name"]))["spec"]
+        )
+        await player.fail_pod(first, "CUDA out of memory", 0, exit_code=OOM_EXIT_CODE)
+
+        async def retried() -> dict | None:
+            jobs = [j for j in await cluster.jobs("tiny", "extract") if j["metadata"]["name"].endswith("-r1")]
+            return jobs[0] if jobs else None
+
+        second = await eventually(retried, what="the next extract attempt")
+
+        async def first_gone() -> bool:
+            names = [j["metadata"]["name"] for j in await cluster.jobs("tiny", "extract")]
+            return first["metadata"]["name"] not in names
+
+        await eventually(first_gone, what="the first extract Job deleted")
+        st = await status(cluster, "tiny")
+    assert second["metadata"]["name"] == first["metadata"]["name"] + "-r1"
+    assert second["metadata"]["annotations"]["eagle3.dev/token-budget"] == "512"
+    assert (
+        "ran out of memory at a token budget of 1024; retrying with 512" in st["stages"]["extract"]["message"]
+    )
+
+
 async def test_out_of_memory_at_the_smallest_budget_fails_with_advice(backend):
     cluster, player = backend.cluster, backend.player
     # Already at dataset.maxSequenceLength: nothing to halve. backoffLimit 0: a real Job controller waits

@@ -120,6 +120,7 @@ def observe(
         workloads=workloads,
         workload_blocked_by=workloads_blocked_by(pods),
         progress=dict(state.progress.get(key) or {}),
+        features=state.features,
     )
 
 

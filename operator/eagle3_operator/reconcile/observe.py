@@ -9,6 +9,7 @@ from typing import Any
 from eagle3_contract.api.status import BlockedBy, StagePhase, StageProgress, TrackFigures
 from eagle3_contract.policy import is_out_of_memory, policy_exit_code
 from eagle3_operator.builders import names
+from eagle3_operator.reconcile.server_features import ServerFeatures
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class Observed:
     workload_blocked_by: Mapping[str, BlockedBy] = field(default_factory=dict)
     # the live progress of running stage attempts, by JobView.progress_key (stage_metrics.py)
     progress: Mapping[str, StageProgress] = field(default_factory=dict)
+    features: ServerFeatures = field(default_factory=ServerFeatures)  # what the server's Jobs can do
     canary: DeploymentView | None = None  # serving.canary's Deployment
     canary_figures: CanaryFigures | None = None  # read while a canary is observed (None: not read)
 

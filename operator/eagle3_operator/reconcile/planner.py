@@ -70,6 +70,8 @@ class Plan:
     previous: Eagle3RunStatus = field(default_factory=Eagle3RunStatus)  # the status planned from, as read
     # completed Jobs the watch shows no pod of: their pods are to be listed from the server, then re-planned
     unconfirmed: tuple[str, ...] = ()
+    # Jobs this plan fails (and deletes) itself, where the server ignores their podFailurePolicy
+    failed_here: tuple[str, ...] = ()
 
 
 def previous_status(document: dict[str, Any] | None) -> Eagle3RunStatus:
@@ -274,11 +276,25 @@ def plan_run(
     check: Progress | None = None  # reviewed: the verify stage's walk, apart from the training stages'
     if reviewed(spec):
         progress, check = walk_reviewed(
-            ref, spec, stage_plans, previous.stages, observed.jobs, configmap, observed.progress
+            ref,
+            spec,
+            stage_plans,
+            previous.stages,
+            observed.jobs,
+            configmap,
+            observed.progress,
+            observed.features,
         )
     else:
         progress = walk_stages(
-            ref, spec, list(stage_plans), previous.stages, observed.jobs, configmap, observed.progress
+            ref,
+            spec,
+            list(stage_plans),
+            previous.stages,
+            observed.jobs,
+            configmap,
+            observed.progress,
+            features=observed.features,
         )
     # online: the producers first (they may hold the train Job back), then the Services of multi-node Jobs
     online_actions, producers = plan_producers(
@@ -347,4 +363,5 @@ def plan_run(
         spec=spec,
         previous=previous,
         unconfirmed=tuple(progress.unconfirmed),
+        failed_here=tuple(progress.failed_here),
     )

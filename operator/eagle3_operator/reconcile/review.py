@@ -17,6 +17,7 @@ from eagle3_contract.api.status import Checkpoint, StagePhase, StageProgress, St
 from eagle3_contract.stages import Stage, StagePlan
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import JobView
+from eagle3_operator.reconcile.server_features import ServerFeatures
 from eagle3_operator.reconcile.stage_walk import Progress, walk_stages
 
 
@@ -32,13 +33,14 @@ def walk_reviewed(
     jobs: tuple[JobView, ...],
     spec_configmap: str,
     live: Mapping[str, StageProgress],
+    features: ServerFeatures,
 ) -> tuple[Progress, Progress]:
     """(the training stages' walk, the verify stage's walk): neither waits for the other."""
     training = [p for p in plans if p.stage != Stage.VERIFY]
     check = [p for p in plans if p.stage == Stage.VERIFY]
     return (
-        walk_stages(ref, spec, training, previous, jobs, spec_configmap, live, plans),
-        walk_stages(ref, spec, check, previous, jobs, spec_configmap, live, plans),
+        walk_stages(ref, spec, training, previous, jobs, spec_configmap, live, plans, features),
+        walk_stages(ref, spec, check, previous, jobs, spec_configmap, live, plans, features),
     )
 
 
@@ -57,6 +59,7 @@ def with_check(training: Progress, check: Progress) -> Progress:
         suspended=training.suspended or check.suspended,
         gate=training.gate,
         unconfirmed=training.unconfirmed + check.unconfirmed,
+        failed_here=training.failed_here + check.failed_here,
     )
 
 

@@ -7,6 +7,7 @@ processed); `OperatorMetrics` (metrics.py) turns them into Prometheus series and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -60,7 +61,10 @@ def run_report(ref: RunRef, plan: Plan, jobs: tuple[JobView, ...], now: float) -
         now=now,
         model=plan.spec.verifier.model if plan.spec is not None else None,
         deadlines=deadlines,
-        jobs=jobs,
+        # a Job the plan failed itself (the server ignores its podFailurePolicy) counts as failed now
+        jobs=tuple(
+            dataclasses.replace(j, phase=StagePhase.FAILED) if j.name in plan.failed_here else j for j in jobs
+        ),
         created=created,
         finished=plan.finished,
     )

@@ -15,10 +15,12 @@ from eagle3_contract.reasons import OUT_OF_MEMORY, STORAGE_TOO_SMALL
 from eagle3_contract.results import EvaluateResult, StageResult, parse_message, parse_result, stage_error
 from eagle3_contract.stages import Stage, StagePlan
 from eagle3_contract.storage import requested_bytes, too_small
-from eagle3_operator.builders.job import build_job
+from eagle3_operator.builders.job import build_job, fail_fast_exit_codes
 from eagle3_operator.builders.names import RunRef
+from eagle3_operator.builders.training import train_nodes
 from eagle3_operator.reconcile.actions import Action, object_ref
 from eagle3_operator.reconcile.observe import JobView
+from eagle3_operator.reconcile.server_features import UNSUPPORTED_BY_CLUSTER, ServerFeatures
 from eagle3_operator.reconcile.verification import check_failure
 
 # A completed Job whose result cannot be read is re-run (the program finds its output complete on the volume
@@ -41,6 +43,8 @@ class Progress:
     gate: GateVerdict | None = None  # once evaluate has succeeded
     # completed Jobs with no pod in the watch's view: the executor lists their pods before a re-run
     unconfirmed: list[str] = field(default_factory=list)
+    # Jobs failed (and deleted) here, as their podFailurePolicy would have failed them (server_features.py)
+    failed_here: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -97,6 +101,7 @@ class Walk:
     live: Mapping[str, StageProgress] = field(default_factory=dict)  # by JobView.progress_key
     progress: Progress = field(default_factory=Progress)
     every: Sequence[StagePlan] = ()  # all the spec's stage plans (the estimates' input), not only the walk's
+    features: ServerFeatures = field(default_factory=ServerFeatures)
 
     def run(self, plan: StagePlan) -> bool:
         """Record the stage's status; True when the walk may go on to the next stage."""
@@ -142,6 +147,13 @@ class Walk:
             base = base.model_copy(
                 update={"phase": StagePhase.RUNNING, "message": "waiting for the stage's result"}
             )
+        if base.phase in (StagePhase.PENDING, StagePhase.RUNNING) and self._fails_fast(plan, latest):
+            # the server ignores podFailurePolicy: fail the Job here, as its FailJob rule would have
+            self.progress.actions.append(
+                Action("delete", object_ref("batch/v1", "Job", latest.name, self.ref))
+            )
+            self.progress.failed_here.append(latest.name)
+            base = base.model_copy(update={"phase": StagePhase.FAILED})
         if base.phase == StagePhase.SUCCEEDED:
             return self._succeeded(plan, latest, base, remembered)
         if base.phase == StagePhase.FAILED:
@@ -173,6 +185,14 @@ class Walk:
         if remembered is None or remembered.phase != StagePhase.SUCCEEDED:
             self.progress.finished.append((stage, _seconds(latest.start_time, latest.completion_time)))
         return self._gate(_evaluated(result)) if plan.stage == Stage.EVALUATE else True
+
+    def _fails_fast(self, plan: StagePlan, job: JobView) -> bool:
+        """Whether a pod of a Job that has not failed ended with an exit code its podFailurePolicy fails the
+        Job at (out of memory, a failed check), on a server that ignores the policy."""
+        term = job.termination
+        if self.features.pod_failure_policy or term is None or term.exit_code is None:
+            return False
+        return term.exit_code in fail_fast_exit_codes(plan)
 
     def _unconfirmed(self, plan: StagePlan, latest: JobView, base: StageStatus) -> bool:
         """A completed Job whose pod the watch has not shown: the pod watch may lag behind the Job watch (a
@@ -214,6 +234,18 @@ class Walk:
                 token_budget=budget, message=short,
             )  # fmt: skip
             self.progress.failed = (STORAGE_TOO_SMALL, f"stage {stage}: {short}")
+            return False
+        if train_nodes(self.spec, plan) > 1 and not self.features.indexed_jobs:
+            nodes, version = self.spec.training.nodes, self.features.version or "older"
+            message = (
+                f"training.nodes {nodes} needs Indexed Jobs (Kubernetes 1.22 or newer); this cluster is "
+                f"{version}: set training.nodes to 1 or use a newer cluster"
+            )
+            self.progress.stages[stage] = StageStatus(
+                phase=StagePhase.PENDING, hash=plan.hash, output_dir=plan.output_dir, attempts=attempt,
+                token_budget=budget, message=message,
+            )  # fmt: skip
+            self.progress.failed = (UNSUPPORTED_BY_CLUSTER, f"stage {stage}: {message}")
             return False
         job = build_job(self.ref, self.spec, plan, attempt, budget, self.spec_configmap)
         self.progress.actions.append(Action("create", job))
@@ -293,11 +325,15 @@ def walk_stages(
     spec_configmap: str,
     live: Mapping[str, StageProgress] | None = None,
     every: Sequence[StagePlan] | None = None,
+    features: ServerFeatures | None = None,
 ) -> Progress:
     """Walk the stages in order, stopping at the first one that is not done; `live` holds the progress
     read from the running stages' pods (by JobView.progress_key); `every`: all the spec's stage plans, where
     `plans` are some of them."""
-    walk = Walk(ref, spec, previous, jobs, spec_configmap, dict(live or {}), every=every or plans)
+    walk = Walk(
+        ref, spec, previous, jobs, spec_configmap, dict(live or {}), every=every or plans,
+        features=features or ServerFeatures(),
+    )  # fmt: skip
     for plan in plans:  # every stage, not only those the walk reaches: an edit upstream stops it early
         walk._delete_stale(plan)
     for plan in plans:

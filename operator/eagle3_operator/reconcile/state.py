@@ -27,6 +27,7 @@ from eagle3_contract.api.defaults import OperatorDefaults
 from eagle3_contract.api.status import StageProgress
 from eagle3_operator.k8s import Kube
 from eagle3_operator.reconcile.run_report import RunReport
+from eagle3_operator.reconcile.server_features import ServerFeatures
 
 Key = tuple[str, str]  # a run in every index: its namespace and its `eagle3.dev/run` label
 Created = tuple[float, dict[str, Any]]  # when a child was created (monotonic), and its body
@@ -51,6 +52,7 @@ class ReconcileState:
     namespaces: tuple[str, ...] = ()  # watched namespaces; () for the whole cluster
     pod_monitors: bool = False  # the cluster serves PodMonitors (the Prometheus operator's CRD)
     disruption_budgets: bool = False  # the cluster serves policy/v1 PodDisruptionBudgets
+    features: ServerFeatures = field(default_factory=ServerFeatures)  # what the server's version offers Jobs
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     queued: set[Key] = field(default_factory=set)
     versions: dict[str, str] = field(default_factory=dict)

@@ -29,6 +29,7 @@ from eagle3_operator.reconcile.observe import (
     workloads_blocked_by,
 )
 from eagle3_operator.reconcile.planner import Plan, plan_run
+from eagle3_operator.reconcile.server_features import ServerFeatures
 from tests import tiny_spec
 from tests.harness.results import fake_result
 from tests.tiny_spec import apply_merge_patch
@@ -136,6 +137,7 @@ class World:
     disruption_budgets_served: bool = False
     clock: float = 0.0
     progress: dict[str, StageProgress] = field(default_factory=dict)  # live, by JobView.progress_key
+    features: ServerFeatures = field(default_factory=ServerFeatures)  # what the API server's version offers
 
     # --- the planner's view -------------------------------------------------------------------------
 
@@ -164,6 +166,7 @@ class World:
             canary=canary_deployment(self.workloads.values()),
             workload_blocked_by=workloads_blocked_by(pods),
             progress=dict(self.progress),
+            features=self.features,
         )
 
     def plan(self, now: str | None = None) -> Plan:
