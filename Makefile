@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo operator-demo test check lint typecheck unit operator apiserver pipeline kube vllm mooncake prometheus helm chart observability examples observability-tier dashboard-png crds gpu bench clean
+.PHONY: demo operator-demo test check lint typecheck unit operator apiserver pipeline kube vllm mooncake prometheus helm chart observability examples observability-tier dashboard-png crds gpu bench images clean
 
 # speculators is installed without its declared torchvision/torchaudio (CUDA builds that break the CPU torch);
 # torch==2.13.0 first, so pip takes the local CPU wheel instead of a CUDA build.
@@ -65,7 +65,12 @@ helm:
 chart: $(STAMP)
 	$(PY) -m devtools.chart
 
-## kube: build kube-apiserver and kube-controller-manager once per machine (cached outside the repo)
+## images: build the operator image and the pipeline's CPU image from images/ (docker, else buildah; cached by
+## content outside the repo; the GPU image is not built here): scripts/build-images.sh, docs/images.md
+images:
+	bash scripts/build-images.sh
+
+## kube: build Kubernetes 1.20 (API server, controller manager, scheduler, kubelet, kube-proxy) once per machine (cached outside the repo)
 kube:
 	bash scripts/build-kube.sh
 
