@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo operator-demo test check lint typecheck unit operator apiserver pipeline kube vllm mooncake prometheus helm chart observability examples observability-tier dashboard-png crds gpu bench images clean
+.PHONY: demo operator-demo test check lint typecheck unit operator apiserver pipeline kube vllm mooncake prometheus helm chart observability examples observability-tier dashboard-png crds gpu bench images clean cluster cluster-images node-down
 
 # speculators is installed without its declared torchvision/torchaudio (CUDA builds that break the CPU torch);
 # torch==2.13.0 first, so pip takes the local CPU wheel instead of a CUDA build.
@@ -33,7 +33,7 @@ TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 ## test: lint, types, and every test tier that can run here (what CI runs; about 25 minutes on 2 cores)
-test: $(STAMP) lint typecheck kube vllm mooncake prometheus helm
+test: $(STAMP) lint typecheck kube vllm mooncake prometheus helm cluster-images
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25
 
 ## check: the edit-test loop: lint, types, the unit tests and the operator on the API mock (minutes, warm)
@@ -69,6 +69,20 @@ chart: $(STAMP)
 ## content outside the repo; the GPU image is not built here): scripts/build-images.sh, docs/images.md
 images:
 	bash scripts/build-images.sh
+
+## cluster: the real-node tier alone (tests/cluster: root, Linux, cgroup v1): a one-node Kubernetes 1.20 cluster
+## (scripts/node.sh), the images, helm install, the tiny run in pods, its faults; docs/real-node.md
+cluster: $(STAMP) kube helm prometheus images
+	$(PY) -m pytest -q -p no:cacheprovider -m cluster tests/cluster --durations=10
+
+# make test builds the images where the real-node tier can run (it says why not elsewhere: the tier then skips,
+# or fails under CI=true); the first build prints its time
+cluster-images: $(STAMP) kube
+	@if $(PY) -m tests.cluster.node --missing; then bash scripts/build-images.sh; fi
+
+## node-down: stop the one-node cluster a killed test session left up, and restore the host (idempotent)
+node-down:
+	bash scripts/node.sh down
 
 ## kube: build Kubernetes 1.20 (API server, controller manager, scheduler, kubelet, kube-proxy) once per machine (cached outside the repo)
 kube:

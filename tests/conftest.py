@@ -4,6 +4,7 @@ Most of the suite waits rather than computes (the operator on the API mock and o
 vLLM servers starting, Prometheus scraping), so two workers on two cores finish it in far less time than one.
 Each test gets an xdist group, and a group runs on one worker, in order:
 - every test marked `apiserver` is in one group, so the session starts one kube-apiserver, not one per worker;
+- every test marked `cluster` is in one group too: one real node (tests/cluster) for all of them;
 - every other test is grouped with its module, so a module-scoped fixture (the tiny pipeline's run, the
   Prometheus tier's stack, a vLLM server) is set up once.
 
@@ -34,8 +35,10 @@ if TYPE_CHECKING:
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 APISERVER_GROUP = "apiserver"
+CLUSTER_GROUP = "cluster"  # the real node's tests (tests/cluster): one node for all of them
 # The longest groups, measured with `--durations` (docs/benchmarks.md, "The suite's time"): started first.
 FIRST = (
+    CLUSTER_GROUP,
     "tests/pipeline/test_main_job.py",
     APISERVER_GROUP,
     "tests/observability/test_prometheus_tier.py",
@@ -54,6 +57,8 @@ def xdist_group(item: pytest.Item) -> str:
     """The group an item runs in: the API server's, else its module's."""
     if item.get_closest_marker("apiserver") is not None:
         return APISERVER_GROUP
+    if item.get_closest_marker("cluster") is not None:
+        return CLUSTER_GROUP
     return item.nodeid.split("::", 1)[0]
 
 

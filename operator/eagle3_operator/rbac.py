@@ -15,7 +15,8 @@ READ = ["get", "list", "watch"]
 RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": READ},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch", "update"]},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": [*READ, "create", "delete"]},
+    # patch: a stage Job failed for good on a server without podFailurePolicy is stopped (parallelism 0)
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": [*READ, "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": READ},
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": [*READ, "create", "patch", "delete"]},
     {

@@ -124,12 +124,18 @@ class PrometheusServer:
             "--log.level=warn",
         ]
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            self.process = subprocess.Popen(
+                self.command(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
         try:
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
+
+    def command(self, argv: list[str]) -> list[str]:
+        """The command line that starts `argv` (a subclass may wrap it)."""
+        return argv
 
     @property
     def config_file(self) -> Path:

@@ -38,6 +38,8 @@ class JobView:
     failure_reason: str | None = None
     failure_message: str | None = None
     termination: Termination | None = None
+    # parallelism 0: stopped by the operator after a failure that no retry of the Job can mend (stage_walk)
+    stopped: bool = False
     pods_seen: int = 0
     # its pods were read from the API server, not only from the watch: none seen then means none are there
     pods_listed: bool = False
@@ -279,6 +281,7 @@ def observe_job(
         failure_reason=(failed or {}).get("reason"),
         failure_message=(failed or {}).get("message"),
         termination=terms[-1] if terms else None,
+        stopped=(job.get("spec") or {}).get("parallelism") == 0,
         pods_seen=len(mine),
         pods_listed=listed,
         blocked_by=blocked_by(mine),

@@ -23,6 +23,8 @@ from eagle3_operator.reconcile.observe import JobView
 from eagle3_operator.reconcile.server_features import UNSUPPORTED_BY_CLUSTER, ServerFeatures
 from eagle3_operator.reconcile.verification import check_failure
 
+OOM_KILLED = "OOMKilled"  # a container's termination reason when the kernel killed it at its memory limit
+
 # A completed Job whose result cannot be read is re-run (the program finds its output complete on the volume
 # and reports its result again in seconds) until the stage's attempt number reaches this: past it, something
 # keeps eating termination messages, and the stage is recorded without a result, with a message saying so.
@@ -148,11 +150,7 @@ class Walk:
                 update={"phase": StagePhase.RUNNING, "message": "waiting for the stage's result"}
             )
         if base.phase in (StagePhase.PENDING, StagePhase.RUNNING) and self._fails_fast(plan, latest):
-            # the server ignores podFailurePolicy: fail the Job here, as its FailJob rule would have
-            self.progress.actions.append(
-                Action("delete", object_ref("batch/v1", "Job", latest.name, self.ref))
-            )
-            self.progress.failed_here.append(latest.name)
+            self._fail_here(plan, latest)
             base = base.model_copy(update={"phase": StagePhase.FAILED})
         if base.phase == StagePhase.SUCCEEDED:
             return self._succeeded(plan, latest, base, remembered)
@@ -187,12 +185,32 @@ class Walk:
         return self._gate(_evaluated(result)) if plan.stage == Stage.EVALUATE else True
 
     def _fails_fast(self, plan: StagePlan, job: JobView) -> bool:
-        """Whether a pod of a Job that has not failed ended with an exit code its podFailurePolicy fails the
-        Job at (out of memory, a failed check), on a server that ignores the policy."""
+        """Whether a pod of a Job that has not failed ended so that running the same attempt again is
+        pointless: killed by the kernel for its memory limit (OOMKilled) in a stage retried at half the
+        budget (on every server: the Job controller would run the same budget into the same limit
+        backoffLimit times), or with an exit code its podFailurePolicy fails the Job at (out of memory, a
+        failed check) on a server that ignores the policy."""
         term = job.termination
-        if self.features.pod_failure_policy or term is None or term.exit_code is None:
+        if term is None:
+            return False
+        if plan.retries_oom and term.reason == OOM_KILLED:
+            return True
+        if self.features.pod_failure_policy or term.exit_code is None:
             return False
         return term.exit_code in fail_fast_exit_codes(plan)
+
+    def _fail_here(self, plan: StagePlan, job: JobView) -> None:
+        """Fail the Job here, as its FailJob rule would have (the Job controller would run it again). Deleted
+        when a next attempt follows (at half the budget); else stopped (parallelism 0) and kept, with its
+        pods, as the failure's record: a deleted Job would read as one to run again."""
+        budget = job.token_budget or plan.token_budget
+        retries = plan.retries_oom and job.out_of_memory
+        if retries and next_token_budget(budget, self.spec.dataset.max_sequence_length) is not None:
+            self.progress.actions.append(Action("delete", object_ref("batch/v1", "Job", job.name, self.ref)))
+        elif not job.stopped:
+            stop = object_ref("batch/v1", "Job", job.name, self.ref) | {"spec": {"parallelism": 0}}
+            self.progress.actions.append(Action("patch", stop))
+        self.progress.failed_here.append(job.name)
 
     def _unconfirmed(self, plan: StagePlan, latest: JobView, base: StageStatus) -> bool:
         """A completed Job whose pod the watch has not shown: the pod watch may lag behind the Job watch (a

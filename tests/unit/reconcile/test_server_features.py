@@ -65,6 +65,55 @@ def test_without_pod_failure_policy_an_out_of_memory_exit_fails_the_job_here_and
     assert [j.phase for j in report.jobs if j.name == first["metadata"]["name"]] == [StagePhase.FAILED]
 
 
+def killed_at_the_memory_limit(world: World, stage: str) -> dict[str, Any]:
+    job = world.start(stage)
+    ended = {"terminated": terminated(137, "OOMKilled", None, ts(world.clock))}
+    world.pods[job["metadata"]["name"]] = pod_of(job, "a", ended, "Failed")
+    return job
+
+
+def test_a_pod_killed_at_its_memory_limit_is_retried_at_half_at_once_on_any_server():
+    """The kernel's kill (OOMKilled, exit 137) is no exit code a podFailurePolicy can tell from another
+    SIGKILL: the operator fails the Job itself, on a new server too, rather than let the Job controller run
+    the same budget into the same limit backoffLimit times."""
+    for features in (KUBE_1_20, ServerFeatures()):
+        world = World(tiny(extraction={"tokenBudget": 1024}), features=features)
+        world.run_to("extract")
+        first = killed_at_the_memory_limit(world, "extract")
+        plan = world.plan()
+        retry = names.job_name(RUN.name, "extract", first["metadata"]["labels"][names.LABEL_HASH], 1)
+        assert keys(plan) == [("delete", "Job", first["metadata"]["name"]), ("create", "Job", retry)]
+        [job] = creates(plan, "Job")
+        assert job["metadata"]["annotations"][names.ANNOTATION_TOKEN_BUDGET] == "512"
+
+
+def test_out_of_memory_at_the_smallest_budget_stops_the_job_and_keeps_it_as_the_record():
+    """No next attempt: the Job is stopped (parallelism 0), not deleted, so its pods stay as the failure's
+    record and the walk does not read a missing Job as one to run again (found on a real node: a deleted
+    last attempt was started again, 22 times)."""
+    spec = tiny(extraction={"tokenBudget": 512}, dataset={"maxSequenceLength": 512})
+    world = World(spec, features=KUBE_1_20)
+    world.run_to("extract")
+    job = killed_at_the_memory_limit(world, "extract")
+    plan = world.plan()
+    assert keys(plan) == [("patch", "Job", job["metadata"]["name"])]
+    [patch] = [a.body for a in plan.actions]
+    assert patch["spec"] == {"parallelism": 0}
+    failed = condition_of(plan.status.document(), "Failed")
+    assert failed["reason"] == "OutOfMemory" and "even at a token budget of 512" in failed["message"]
+    world.jobs[job["metadata"]["name"]]["spec"]["parallelism"] = 0  # the patch applied
+    again = world.plan()
+    assert again.actions == ()
+    assert condition_of(again.status.document(), "Failed")["reason"] == "OutOfMemory"
+
+
+def test_a_stage_not_retried_at_half_is_left_to_the_backoff_limit_when_killed_at_its_memory_limit():
+    world = World(tiny(), features=KUBE_1_20)
+    world.run_to("prepare")
+    killed_at_the_memory_limit(world, "prepare")
+    assert world.plan().actions == ()
+
+
 def test_with_pod_failure_policy_the_same_exit_is_the_job_controllers_to_handle():
     world = World(tiny(extraction={"tokenBudget": 1024}))
     world.run_to("extract")
@@ -89,7 +138,7 @@ def test_without_pod_failure_policy_a_failed_check_fails_the_run_at_once():
     refused = {"error": "sha256 differs", "reason": "ChecksumMismatch", "path": "export/3f0c2a9d41be"}
     job = ended_while_running(world, "verify", CHECK_FAILED_EXIT_CODE, json.dumps(refused))
     plan = world.plan()
-    assert ("delete", "Job", job["metadata"]["name"]) in keys(plan)
+    assert keys(plan) == [("patch", "Job", job["metadata"]["name"])]  # stopped and kept: no second run
     assert condition_of(plan.status.document(), "Failed")["reason"] == "ChecksumMismatch"
 
 

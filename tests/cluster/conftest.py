@@ -1,0 +1,50 @@
+"""The one real node of the tier (scripts/node.sh), shared by its modules (one xdist group).
+
+The session takes the host's state before `up` and, at its end, stops the node and compares: a difference is
+an error of the session, naming what was left behind. Where the node cannot run (not Linux, not root, no
+writable cgroup v1, no Kubernetes binaries) the tier is skipped with the reason; with CI=true that is a
+failure instead, so CI never passes without it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import node
+
+
+@dataclass
+class Node:
+    kubeconfig: Path
+    before: node.HostSnapshot
+    cold_start_s: float
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Node]:
+    missing = node.missing_requirements()
+    if missing:
+        message = "the real-node tier (tests/cluster) needs " + "; ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " (CI=true: this tier may not be skipped)")
+        pytest.skip(message)
+    if node.is_up() or node.STATE.exists():
+        node.down()  # a node a killed session left behind
+    before = node.snapshot_host()
+    started = time.monotonic()
+    kubeconfig = node.up()
+    cold = time.monotonic() - started
+    print(f"\n[cluster] the node: cold start {cold:.1f} s")
+    try:
+        yield Node(kubeconfig, before, cold)
+    finally:
+        node.down()
+        left = node.diff_host(before, node.snapshot_host())
+        if left:
+            pytest.fail("scripts/node.sh down left the host changed:\n  " + "\n  ".join(left))
