@@ -1,7 +1,9 @@
-"""The one real node of the tier (scripts/node.sh), shared by its modules (one xdist group).
+"""The real node of the tier (scripts/node.sh), one per module (the modules run one after another in one
+xdist group: a node costs 20-23 s to start, and stopping it after each module frees the cores and memory its
+pods hold for the tiers that run beside it).
 
-The session takes the host's state before `up` and, at its end, stops the node and compares: a difference is
-an error of the session, naming what was left behind. Where the node cannot run (not Linux, not root, no
+Each module takes the host's state before `up` and, at its end, stops the node and compares: a difference is
+an error of the module, naming what was left behind. Where the node cannot run (not Linux, not root, no
 writable cgroup v1, no Kubernetes binaries) the tier is skipped with the reason; with CI=true that is a
 failure instead, so CI never passes without it.
 """
@@ -26,7 +28,7 @@ class Node:
     cold_start_s: float
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster() -> Iterator[Node]:
     missing = node.missing_requirements()
     if missing:

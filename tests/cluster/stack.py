@@ -124,6 +124,14 @@ def fill_models(volume: str) -> None:
     subprocess.run(["chmod", "-R", "a+rwX", str(target)], check=True)
 
 
+def artifacts_dir(namespace: str) -> Path:
+    """Where the run's artifacts volume lies on the host: the PersistentVolume its claim (the one that is not
+    tiny-models) was bound to by the controller (any free 5Gi volume)."""
+    claims = node.kubectl_json("get", "pvc", "-n", namespace)["items"]
+    [volume] = [c["spec"]["volumeName"] for c in claims if c["metadata"]["name"] != "tiny-models"]
+    return VOLUMES / str(volume)
+
+
 def models_claim(namespace: str) -> dict[str, Any]:
     """examples/tiny/models-job.yaml's PersistentVolumeClaim, as the example has it."""
     [claim] = [
@@ -141,7 +149,9 @@ def tier_run(name: str, **changes: Any) -> dict[str, Any]:
     run["metadata"]["name"] = name
     spec = run["spec"]
     spec["evaluation"] = {"prompts": 8, "numSpeculativeTokens": 3, "minAcceptanceLength": 1.2}
-    spec["serving"] = {**spec["serving"], "speculationLength": "fixed"}
+    # a CPU server's default requests (4 CPUs) would never schedule on the tier's 2-CPU node
+    resources = {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+    spec["serving"] = {**spec["serving"], "speculationLength": "fixed", "resources": resources}
     _merge(spec, changes)
     return dict(run)
 

@@ -43,8 +43,7 @@ class Probed:
 
 @pytest.fixture(scope="module")
 def cluster(cluster: Node) -> Probed:
-    """The session's node (tests/cluster/conftest.py), the probe image loaded and the namespace made. It is
-    up: a module before this one may have stopped it (test_down_restores_the_host does, last here)."""
+    """The module's node (tests/cluster/conftest.py), the probe image loaded and the namespace made."""
     kubeconfig = node.up()
     probe = node.probe_image()
     node.kubectl("create", "namespace", NS)
@@ -291,7 +290,7 @@ def test_up_again_is_a_no_op(cluster: Probed) -> None:
 
 def test_down_restores_the_host(cluster: Probed) -> None:
     """Last in the module: with pods still running, `down` gives the host back as it was before `up` (the
-    session checks the same once more at its end, after the modules that follow started the node again)."""
+    module's fixture checks the same once more when it stops the node, a no-op by then)."""
     node.create(pod("left-running", cluster.probe, ["sleep", "600"]))
     node.wait_pod(NS, "left-running", phases=("Running",))
     during = node.snapshot_host()

@@ -96,9 +96,8 @@ def _faults(journey: Journey) -> Any:
 @pytest.fixture(scope="module")
 def installed(cluster: Node) -> Iterator[stack.Images]:
     """The chart installed with the built images, the volumes and the namespace of the tiny run, on the
-    session's node (up again if a module before this one stopped it)."""
+    module's node."""
     helm = helm_or_skip()
-    node.up()
     images = stack.built_images()
     stack.helm_install(helm, images)
     node.kubectl("create", "namespace", NS)
@@ -190,7 +189,7 @@ def test_a_stage_pod_deleted_mid_stage_is_replaced_and_the_stage_completes(journ
     train = journey.status["stages"]["train"]
     assert train["phase"] == "Succeeded" and train["attempts"] == 1  # the same Job: no new attempt
     checkpoint = journey.status["checkpoint"]
-    draft = stack.VOLUMES / "e2e-artifacts" / checkpoint["path"]
+    draft = stack.artifacts_dir(NS) / checkpoint["path"]
     assert any(draft.glob("*.safetensors")), sorted(p.name for p in draft.iterdir())
 
 
@@ -266,7 +265,7 @@ def test_kubectl_get_e3r_shows_ready(journey: Journey) -> None:
 
 def test_a_tampered_draft_is_refused_by_check_draft(journey: Journey) -> None:
     serving = _serving(journey)
-    draft = stack.VOLUMES / "e2e-artifacts" / journey.status["checkpoint"]["path"]
+    draft = stack.artifacts_dir(NS) / journey.status["checkpoint"]["path"]
     [weights] = sorted(draft.glob("*.safetensors"))[:1]
     with weights.open("ab") as f:
         f.write(b"tampered")
@@ -335,7 +334,9 @@ def test_a_stage_killed_at_its_memory_limit_halves_its_budget_then_names_the_rea
     killed = [
         t for p in stack.pods(namespace, **{stack.LABEL_STAGE: "extract"}) for t in stack.last_terminated(p)
     ]
-    assert killed and all(t["reason"] == "OOMKilled" and t["exitCode"] == 137 for t in killed), killed
+    # (the Job controller may have started another pod before the stop: killed by it, also exit 137)
+    assert any(t["reason"] == "OOMKilled" for t in killed), killed
+    assert all(t["exitCode"] == 137 for t in killed), killed
     # nothing earlier was lost: prepare's output is complete on the volume
     assert status["stages"]["prepare"]["phase"] == "Succeeded"
 

@@ -82,8 +82,9 @@ class Kubelet:
     async def _job_condition(self, job: dict[str, Any], kind: str) -> None:
         async def check() -> bool:
             body = await self._job(job)
-            if body is None:
-                return kind == "Failed"  # the operator failed it itself (a server without podFailurePolicy)
+            if body is None or _stopped(body):
+                # the operator failed it itself (a server without podFailurePolicy): deleted, or stopped
+                return kind == "Failed"
             conditions = (body.get("status") or {}).get("conditions") or []
             return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
 
@@ -125,8 +126,10 @@ class Kubelet:
 
         async def settled() -> tuple[bool] | None:
             body = await self._job(job)
-            if body is None:
-                return (True,)  # the operator deleted it: it failed the Job itself (no podFailurePolicy)
+            if body is None or _stopped(body):
+                return (
+                    True,
+                )  # the operator deleted or stopped it: it failed the Job itself (no podFailurePolicy)
             status = body.get("status") or {}
             failing = any(
                 c.get("type") in ("Failed", "FailureTarget") and c.get("status") == "True"
@@ -164,3 +167,8 @@ class Kubelet:
         """Mark the Deployment's pods Running and Ready."""
         for pod in await self._serving_pods(deployment):
             await self._patch_pod(pod, "Running", {"running": {"startedAt": now()}}, True)
+
+
+def _stopped(job: dict[str, Any]) -> bool:
+    """Stopped by the operator (parallelism 0) after a failure it will not retry: no further pod starts."""
+    return (job.get("spec") or {}).get("parallelism") == 0

@@ -199,6 +199,19 @@ class Walk:
             return False
         return term.exit_code in fail_fast_exit_codes(plan)
 
+    def _held(
+        self, plan: StagePlan, attempt: int, budget: int | None, message: str, failed: str | None = None
+    ) -> bool:
+        """The stage does not start (Pending, saying why); with `failed`, the run fails for that reason."""
+        stage = plan.stage.value
+        self.progress.stages[stage] = StageStatus(
+            phase=StagePhase.PENDING, hash=plan.hash, output_dir=plan.output_dir, attempts=attempt,
+            token_budget=budget, message=message,
+        )  # fmt: skip
+        if failed is not None:
+            self.progress.failed = (failed, f"stage {stage}: {message}")
+        return False
+
     def _fail_here(self, plan: StagePlan, job: JobView) -> None:
         """Fail the Job here, as its FailJob rule would have (the Job controller would run it again). Deleted
         when a next attempt follows (at half the budget); else stopped (parallelism 0) and kept, with its
@@ -241,30 +254,16 @@ class Walk:
         self.progress.blocked_at = stage
         if self.spec.suspend:
             self.progress.suspended = True
-            self.progress.stages[stage] = StageStatus(
-                phase=StagePhase.PENDING, hash=plan.hash, output_dir=plan.output_dir, attempts=attempt,
-                token_budget=budget, message="spec.suspend is true: no new Jobs are created",
-            )  # fmt: skip
-            return False
+            return self._held(plan, attempt, budget, "spec.suspend is true: no new Jobs are created")
         if plan.stage == Stage.EXTRACT and (short := self._storage_shortfall()) is not None:
-            self.progress.stages[stage] = StageStatus(
-                phase=StagePhase.PENDING, hash=plan.hash, output_dir=plan.output_dir, attempts=attempt,
-                token_budget=budget, message=short,
-            )  # fmt: skip
-            self.progress.failed = (STORAGE_TOO_SMALL, f"stage {stage}: {short}")
-            return False
+            return self._held(plan, attempt, budget, short, failed=STORAGE_TOO_SMALL)
         if train_nodes(self.spec, plan) > 1 and not self.features.indexed_jobs:
             nodes, version = self.spec.training.nodes, self.features.version or "older"
             message = (
                 f"training.nodes {nodes} needs Indexed Jobs (Kubernetes 1.22 or newer); this cluster is "
                 f"{version}: set training.nodes to 1 or use a newer cluster"
             )
-            self.progress.stages[stage] = StageStatus(
-                phase=StagePhase.PENDING, hash=plan.hash, output_dir=plan.output_dir, attempts=attempt,
-                token_budget=budget, message=message,
-            )  # fmt: skip
-            self.progress.failed = (UNSUPPORTED_BY_CLUSTER, f"stage {stage}: {message}")
-            return False
+            return self._held(plan, attempt, budget, message, failed=UNSUPPORTED_BY_CLUSTER)
         job = build_job(self.ref, self.spec, plan, attempt, budget, self.spec_configmap)
         self.progress.actions.append(Action("create", job))
         self.progress.stages[stage] = StageStatus(
