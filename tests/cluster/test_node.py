@@ -226,7 +226,6 @@ def test_nothing_leaves_the_machine(cluster: Probed) -> None:
     gateway = uplink_gateway()
     forwarded = counter("filter", "E3NODE-FWD", "10.236.0.0/16")
     host_net = counter("filter", "E3NODE-OUT", "cgroup kubepods")
-    started = time.monotonic()
     phase, out = run_pod(
         pod(
             "escape",
@@ -244,7 +243,6 @@ def test_nothing_leaves_the_machine(cluster: Probed) -> None:
     assert states == {"c0": 2, "c1": 2, "c2": 1}, out  # connects time out (dropped); no DNS outside
     assert out["c0"].startswith("timeout") and out["c1"].startswith("timeout"), out
     assert counter("filter", "E3NODE-FWD", "10.236.0.0/16") > forwarded
-    assert time.monotonic() - started < 60
 
     # a host-network pod's traffic is not forwarded: the cgroup rule refuses it at once
     phase, out = run_pod(
