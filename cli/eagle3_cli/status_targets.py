@@ -128,7 +128,7 @@ def cluster_reader(name: str, namespace: str | None, kubeconfig: str | None, not
     """The Eagle3Run `name` in the cluster (in `namespace`, else the kubeconfig context's); with `note`, a run
     with no stage observed yet says whether an operator is running."""
     from eagle3_operator.commands import cluster_status_reader, operator_presence
-    from eagle3_operator.k8s import current_namespace
+    from eagle3_operator.credentials import current_namespace
 
     where = namespace or current_namespace(kubeconfig)
     read = cluster_status_reader(name, where, kubeconfig)

@@ -59,7 +59,8 @@ def _read_run(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
     from eagle3_contract.api.manifest import ManifestError, manifest_documents, parse_documents
-    from eagle3_operator.k8s import current_namespace, get_run
+    from eagle3_operator.credentials import current_namespace
+    from eagle3_operator.k8s import get_run
     from eagle3_operator.promote import PromotionError, select_run
 
     if args.from_file:  # the manifest reader every command uses (eagle3_contract.api.manifest)
@@ -88,7 +89,8 @@ def cluster_status_reader(
     `Eagle3Run NAMESPACE/NAME`; RuntimeError with what to do when it cannot."""
     import asyncio
 
-    from eagle3_operator.k8s import ApiError, ApiUnreachable, NoCredentials, get_run
+    from eagle3_operator.credentials import NoCredentials
+    from eagle3_operator.k8s import ApiError, ApiUnreachable, get_run
 
     what = f"Eagle3Run {namespace}/{name}"
 

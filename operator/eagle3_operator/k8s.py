@@ -14,11 +14,11 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
+from eagle3_operator.credentials import NoCredentials, in_a_pod, kubeconfig_files, kubeconfig_found
 
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # (apiVersion, kind) -> (API class, method suffix) of kubernetes_asyncio's typed APIs.
 TYPED: dict[tuple[str, str], tuple[type[Any], str]] = {
     ("batch/v1", "Job"): (client.BatchV1Api, "namespaced_job"),
@@ -90,31 +90,6 @@ class ApiUnreachable(ApiError):
         return True
 
 
-class NoCredentials(Exception):
-    """Neither a pod's service account nor a usable kubeconfig, in one line; `missing`: no kubeconfig file at
-    all (each command adds what to do instead)."""
-
-    def __init__(self, message: str, missing: bool = False) -> None:
-        super().__init__(message)
-        self.missing = missing
-
-
-def in_a_pod() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-
-
-def kubeconfig_files(kubeconfig: str | None = None) -> list[str]:
-    """The kubeconfig files a `kubectl` here would read: `kubeconfig` (its --kubeconfig), else $KUBECONFIG's,
-    else ~/.kube/config."""
-    listed = [p for p in (kubeconfig or os.environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
-    return listed or [os.path.expanduser("~/.kube/config")]
-
-
-def _kubeconfig_found(kubeconfig: str | None) -> bool:
-    """Whether a kubeconfig file exists (kubernetes_asyncio warns on each look that finds none)."""
-    return any(os.path.isfile(os.path.expanduser(f)) for f in kubeconfig_files(kubeconfig))
-
-
 class Kube:
     """Creates, patches and deletes children, and writes Eagle3Run status. Responses are not deserialised."""
 
@@ -159,7 +134,7 @@ class Kube:
         kubeconfig file that exists, parses and names a current context."""
         pod = kubeconfig is None and in_a_pod()
         files = ", ".join(kubeconfig_files(kubeconfig))
-        if not pod and not _kubeconfig_found(kubeconfig):
+        if not pod and not kubeconfig_found(kubeconfig):
             raise NoCredentials(f"no kubeconfig: {files} does not exist", missing=True)
         where = "the pod's service account" if pod else f"kubeconfig {files}"
         try:
@@ -301,6 +276,29 @@ class Kube:
         result: dict[str, Any] = json.loads(text)
         return result
 
+    async def lease(
+        self, verb: str, namespace: str, name: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """`get`, `create` or `replace` the coordination.k8s.io/v1 Lease `name` (eagle3_operator.lease); a
+        replace is a compare-and-swap on the resourceVersion in `body`. None when a `get` finds none, or a
+        `create` or `replace` lost to another writer (HTTP 409: it exists already, or changed since read)."""
+        api = self._typed.setdefault(client.CoordinationV1Api, client.CoordinationV1Api(self.api))
+        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout}
+        if verb == "get":
+            call = api.read_namespaced_lease(name, namespace, **options)
+        elif verb == "create":
+            call = api.create_namespaced_lease(namespace, body, **options)
+        else:
+            call = api.replace_namespaced_lease(name, namespace, body, **options)
+        what = f"leases.coordination.k8s.io {namespace}/{name}"
+        status, text = await self._send(verb, what, call)
+        if (verb, status) in (("get", 404), ("create", 409), ("replace", 409)):
+            return None
+        if status >= 300:
+            raise ApiError(status, verb, what, text)
+        result: dict[str, Any] = json.loads(text)
+        return result
+
     async def list_uids(self, path: str, label_selector: str | None = None) -> set[str]:
         """The uids of the objects a collection `path` (e.g. /apis/batch/v1/namespaces/ns/jobs) holds now."""
         return {meta["uid"] for meta in await self.list_metadata(path, label_selector)}
@@ -376,22 +374,6 @@ class Kube:
             return False
         resources = json.loads(text).get("resources", [])
         return any(r.get("name") == plural for r in resources)
-
-
-def current_namespace(kubeconfig: str | None = None) -> str:
-    """The namespace a `kubectl` here would use: the pod's own in a cluster (unless `kubeconfig` is given),
-    else the kubeconfig context's; "default" without either."""
-    if kubeconfig is None and in_a_pod() and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
-        with open(SERVICE_ACCOUNT_NAMESPACE) as f:
-            return f.read().strip() or "default"
-    if not _kubeconfig_found(kubeconfig):
-        return "default"
-    try:
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig or os.environ.get("KUBECONFIG"))
-    except (OSError, ValueError, yaml.YAMLError, config.ConfigException):
-        return "default"
-    namespace = ((active or {}).get("context") or {}).get("namespace")
-    return str(namespace) if namespace else "default"
 
 
 async def get_run(namespace: str, name: str, kubeconfig: str | None = None) -> dict[str, Any]:

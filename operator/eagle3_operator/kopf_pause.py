@@ -6,8 +6,9 @@ resync, the live progress reads, the retries and /healthz must follow that decis
 the peering object. Issue 41 found two operators started within 85 ms that both read the object before either
 keep-alive was written; both took themselves for active for 30 s while kopf paused one.
 
-`operator` runs kopf as `kopf.operator` does (spawn_tasks, then run_tasks) and hands the ToggleSet over as
-soon as the tasks exist. `pause_state` finds it: it is the `operator_paused` argument of kopf's "daemon
+`operator` runs kopf as `kopf.operator` does (spawn_tasks, then run_tasks), inside a context that gets the
+ToggleSet as soon as the tasks exist: the gate follows it, and adds the Lease's own toggle to it
+(eagle3_operator.lease), so that kopf's handlers wait for the Lease too. `pause_state` finds it: it is the `operator_paused` argument of kopf's "daemon
 killer" root task, which every kopf operator spawns.
 
 A fenced workaround around kopf==1.45.2 (pyproject.toml). `pause_state` fails loudly, naming the pin, where
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import kopf
@@ -35,12 +37,13 @@ class PauseState:
         self._toggles = toggles
         self._names = {f"{peering_name}@{scope}" for scope in scopes}
 
-    def paused(self) -> bool | None:
-        """True: kopf pauses the operator's handlers; False: it runs them; None: not decided yet."""
+    def paused(self, ignoring: str | None = None) -> bool | None:
+        """True: kopf pauses the operator's handlers; False: it runs them; None: not decided yet. With
+        `ignoring`, as if the toggle of that name were off (kopf's peering alone, without the Lease's)."""
         names = {toggle.name for toggle in self._toggles}
         if not self._names <= names:
             return None
-        return bool(self._toggles.is_on())
+        return any(toggle.is_on() for toggle in self._toggles if ignoring is None or toggle.name != ignoring)
 
 
 def pause_state(tasks: Collection[asyncio.Task[Any]]) -> Any:
@@ -59,9 +62,12 @@ def pause_state(tasks: Collection[asyncio.Task[Any]]) -> Any:
     return toggles
 
 
-async def operator(options: dict[str, Any], paused: Callable[[Any], None]) -> None:
-    """`kopf.operator(**options)`, calling `paused(ToggleSet)` once kopf's tasks exist (before they run)."""
+async def operator(
+    options: dict[str, Any], follow: Callable[[Any], AbstractAsyncContextManager[None]]
+) -> None:
+    """`kopf.operator(**options)`, its tasks run inside `follow(ToggleSet)`, entered once they exist (before
+    they run) and left once they all ended."""
     existing = set(asyncio.all_tasks())
     tasks = await kopf.spawn_tasks(**options)
-    paused(pause_state(tasks))
-    await kopf.run_tasks(tasks, ignored=existing)
+    async with follow(pause_state(tasks)):
+        await kopf.run_tasks(tasks, ignored=existing)

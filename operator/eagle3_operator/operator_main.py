@@ -1,11 +1,13 @@
 """Starting the kopf operator: one process; of several (the chart's replicas) one is active, the others stand
-by (kopf's peering: eagle3_operator.peering)."""
+by (kopf's peering, eagle3_operator.peering, fenced by a Lease, eagle3_operator.lease)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
@@ -15,7 +17,9 @@ import eagle3_operator.handlers  # noqa: F401  (registers the handlers)
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
 from eagle3_contract.api.defaults import OperatorDefaults
 from eagle3_operator import kopf_pause
-from eagle3_operator.k8s import PEERING_API, TOTAL_SECONDS, ApiError, ApiUnreachable, Kube, NoCredentials
+from eagle3_operator.credentials import NoCredentials
+from eagle3_operator.k8s import PEERING_API, TOTAL_SECONDS, ApiError, ApiUnreachable, Kube
+from eagle3_operator.lease import LEASE_NAME, Lease, lease_namespace, lease_seconds
 from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.peering import (
     LIFETIME_SECONDS,
@@ -141,10 +145,15 @@ async def operate(options: dict[str, Any], namespaces: list[str], lifetime: int)
         await wait_served(memo.kube, namespace, SERVED_PATIENCE_SECONDS)
 
 
-def _follow(gate: Peering | None) -> Callable[[Any], None]:
-    """What to do with kopf's pause state once kopf's tasks exist: the gate follows it (peered), or nothing
-    (standalone: kopf never pauses)."""
-    return gate.follow if gate is not None else lambda _toggles: None
+def _follow(gate: Peering | None) -> Callable[[Any], AbstractAsyncContextManager[None]]:
+    """What runs around kopf's tasks with its pause state: the gate follows it and holds the Lease (peered),
+    or nothing (standalone: kopf never pauses)."""
+    return gate.following if gate is not None else _alone
+
+
+@contextlib.asynccontextmanager
+async def _alone(_toggles: Any) -> AsyncIterator[None]:
+    yield
 
 
 def unserved(err: BaseException) -> bool:
@@ -197,7 +206,13 @@ async def peering_options(
     settings.peering.standalone, settings.peering.lifetime = False, lifetime
     priority = memo.get("priority")
     settings.peering.priority = default_priority() if priority is None else int(priority)
-    gate = Peering(memo.kube, settings, identity(), namespaces)
+    me = identity()
+    try:
+        duration = lease_seconds()
+    except ValueError as err:
+        raise StartupError(str(err)) from None
+    lease = Lease(memo.kube, lease_namespace(namespaces), me, duration)
+    gate = Peering(memo.kube, settings, me, namespaces, lease)
     try:
         await gate.ensure()
     except ApiError as err:
@@ -206,13 +221,21 @@ async def peering_options(
             f"get, list, watch, create and patch on {plural}.{PEERING_API[0]} (eagle3_operator/rbac.py, the "
             "chart's RBAC)"
         ) from None
+    try:
+        await memo.kube.lease("get", lease.namespace, LEASE_NAME)
+    except ApiError as err:
+        raise StartupError(
+            f"cannot read the {lease.where} ({err}); the operator's service account needs get, create and "
+            "update on leases.coordination.k8s.io there (eagle3_operator/rbac.py, the chart's RBAC)"
+        ) from None
     memo.peering = gate
     logger.info(
-        "peering in %s %s as %s, priority %s: active unless a live peer ranks higher",
+        "peering in %s %s as %s, priority %s: active unless a live peer ranks higher, once it holds the %s",
         plural,
         PEERING_NAME,
         gate.me,
         gate.priority,
+        lease.where,
     )
     return {"settings": settings, "identity": gate.me}
 

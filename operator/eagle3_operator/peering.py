@@ -9,21 +9,24 @@ the work while a rolling update's new pod waits), and a tie is resolved by a re-
 A standby takes over when the active one leaves: at once after a graceful stop (kopf deletes its record),
 `lifetime` seconds after its last keep-alive when it was killed.
 
-kopf pauses only its own handlers. The operator's other parts (the periodic resync, the live progress reads,
-the retries, /healthz) ask the gate, which answers with kopf's own decision (kopf_pause): one source of truth
-for "am I active". The peering object is read only to say why kopf pauses this operator, and to re-draw a tie
-(kopf pauses every operator of a tied priority, for ever).
+kopf's decision is eventually consistent (each operator decides from the keep-alives it has seen), so it
+is fenced: the operator kopf un-pauses acts only while it holds the Lease (eagle3_operator.lease), a toggle
+in kopf's own pause set. kopf pauses only its own handlers. The operator's other parts (the periodic resync,
+the live progress reads, the retries, /healthz) ask the gate, which answers with that one set (kopf_pause):
+one source of truth for "am I active". The peering object is read only to say why this operator is paused,
+and to re-draw a tie (kopf pauses every operator of a tied priority, for ever).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import random
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,6 +35,7 @@ import kopf
 
 from eagle3_operator.k8s import ApiError, Kube
 from eagle3_operator.kopf_pause import PauseState
+from eagle3_operator.lease import TOGGLE_NAME, Lease
 
 logger = logging.getLogger(__name__)
 
@@ -122,10 +126,15 @@ class Standing:
     tied: tuple[str, ...] = ()  # live peers of the same priority (kopf pauses all of them)
     missing: bool = False  # no peering object: kopf's mandatory peering keeps the operator paused
     starting: bool = False  # kopf has not decided yet (it starts a peered operator paused)
+    lease: str | None = (
+        None  # kopf's peering lets it act, but it does not hold the Lease: where, and who does
+    )
 
     def __str__(self) -> str:
         if self.starting:
             return "starting: kopf's peering has not decided yet (no handler runs until it has)"
+        if self.lease is not None:
+            return f"standby: waiting for the {self.lease}"
         if self.missing:
             return f"standby: the peering object {PEERING_NAME} is missing"
         if self.active:
@@ -163,21 +172,39 @@ class Peering:
     KopfPeering, or the ClusterKopfPeering)."""
 
     def __init__(
-        self, kube: Kube, settings: kopf.OperatorSettings, me: str, namespaces: Sequence[str] = ()
+        self,
+        kube: Kube,
+        settings: kopf.OperatorSettings,
+        me: str,
+        namespaces: Sequence[str],
+        lease: Lease,
     ) -> None:
-        self.kube, self.settings, self.me = kube, settings, me
+        self.kube, self.settings, self.me, self.lease = kube, settings, me, lease
         self.where: list[str | None] = list(namespaces) or [None]
         self.last: Standing | None = None
         self.kopf: PauseState | None = None
 
+    @contextlib.asynccontextmanager
+    async def following(self, toggles: Any) -> AsyncIterator[None]:
+        """kopf's pause decision for this operator's peering objects (kopf_pause.operator's ToggleSet), fenced
+        by the Lease (a toggle of the same set) while kopf runs."""
+        self.follow(toggles)
+        async with self.lease.following(toggles, self.wanted):
+            yield
+
     def follow(self, toggles: Any) -> None:
-        """kopf's pause decision for this operator's peering objects (kopf_pause.operator's ToggleSet)."""
+        """kopf's pause decision for this operator's peering objects (with the Lease's toggle, if any)."""
         self.kopf = PauseState(toggles, str(self.settings.peering.name), self.where)
 
+    def wanted(self) -> bool:
+        """Whether kopf's peering lets this operator act (the Lease aside): it then takes the Lease."""
+        return self.kopf is not None and self.kopf.paused(ignoring=TOGGLE_NAME) is False
+
     def decided(self) -> bool | None:
-        """kopf's decision: True active, False paused, None not decided yet (or kopf not started)."""
+        """The decision: True active (kopf's peering lets it act and it holds the Lease), False paused, None
+        not decided yet (or kopf not started)."""
         paused = self.kopf.paused() if self.kopf is not None else None
-        return None if paused is None else not paused
+        return None if paused is None else not paused and self.lease.held()
 
     @property
     def priority(self) -> int:
@@ -211,7 +238,12 @@ class Peering:
 
     async def _why_paused(self) -> Standing:
         """Who outranks this operator, as the peering objects say now; kopf's pause stands whatever they say
-        (its decision may rest on an event this read does not see yet)."""
+        (its decision may rest on an event this read does not see yet). Where kopf lets it act, the Lease
+        is why it waits."""
+        if self.wanted():
+            holder = self.lease.holder()
+            held_by = f" (held by {holder})" if holder and holder != self.me else ""
+            return Standing(active=False, lease=f"{self.lease.where}{held_by}")
         try:
             found = await self._standing()
         except (ApiError, ValueError, TypeError) as err:  # unreachable, refused, a record kopf did not write
@@ -259,7 +291,8 @@ class Peering:
         """What kopf's health endpoint shows of the peering: kopf's decision as it is now."""
         decided = self.decided()
         role = "starting" if decided is None else ("active" if decided else "standby")
-        return {"identity": self.me, "priority": self.priority, "role": role}
+        lease = {"name": self.lease.where, "holder": self.lease.holder()}
+        return {"identity": self.me, "priority": self.priority, "role": role, "lease": lease}
 
 
 async def acting(gate: Peering | None) -> bool:

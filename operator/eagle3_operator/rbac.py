@@ -43,6 +43,8 @@ RULES: tuple[dict[str, Any], ...] = (
     # creates its peering object (eagle3_operator.peering) where it is missing
     {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"], "verbs": [*READ, "create", "patch"]},
     {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "verbs": [*READ, "create", "patch"]},
+    # the Lease that fences kopf's peering (eagle3_operator.lease): taken and renewed by compare-and-swap
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     # kopf follows CRDs and namespaces to know what it can watch.
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": READ},

@@ -272,9 +272,9 @@ def operator_pods() -> list[dict[str, Any]]:
     return [p for p in found if not p["metadata"].get("deletionTimestamp")]
 
 
-def operator_role(pod: dict[str, Any], port: int = 8080) -> str | None:
-    """What the operator pod's /healthz says it is (active, standby, starting), read from the host through
-    the pod's IP; None while it does not answer."""
+def operator_probe(pod: dict[str, Any], port: int = 8080) -> dict[str, Any] | None:
+    """The peering probe of the operator pod's /healthz (its identity, role, and who holds the Lease), read
+    from the host through the pod's IP; None while it does not answer."""
     ip = pod["status"].get("podIP")
     if not ip:
         return None
@@ -282,7 +282,14 @@ def operator_role(pod: dict[str, Any], port: int = 8080) -> str | None:
         found = httpx.get(f"http://{ip}:{port}/healthz", timeout=3.0).json()
     except (httpx.HTTPError, ValueError):
         return None
-    role: str | None = (found.get("peering") or {}).get("role")
+    probe: dict[str, Any] | None = found.get("peering")
+    return probe
+
+
+def operator_role(pod: dict[str, Any], port: int = 8080) -> str | None:
+    """What the operator pod's /healthz says it is (active, standby, starting); None while it does not
+    answer."""
+    role: str | None = (operator_probe(pod, port) or {}).get("role")
     return role
 
 

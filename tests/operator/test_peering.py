@@ -23,6 +23,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from eagle3_operator.lease import LEASE_ENV, LEASE_NAME
 from eagle3_operator.peering import LIFETIME_ENV, PEERING_NAME
 from tests.harness.cluster import Cluster, eventually
 from tests.harness.kubelet import Kubelet
@@ -53,11 +54,12 @@ class Place:
     namespace: str
     jobs: dict[str, set[str]] = field(default_factory=dict)  # every Job name seen -> its uids
 
-    def operator(self, tmp_path: Path, priority: int, lifetime: int) -> Any:
+    def operator(self, tmp_path: Path, priority: int, lifetime: int, lease: int | None = None) -> Any:
         """`eagle3 operator` for this namespace with the operator's own RBAC token, peering at `priority`."""
         return operator_process(
             self.access.url, self.access.operator_token or "", self.namespace, tmp_path, resync_seconds=1.0,
-            extra_args=["--priority", str(priority)], env={LIFETIME_ENV: str(lifetime), "POD_ID": ""},
+            extra_args=["--priority", str(priority)],
+            env={LIFETIME_ENV: str(lifetime), LEASE_ENV: str(lease or lifetime), "POD_ID": ""},
         )  # fmt: skip
 
     async def watch_jobs(self) -> None:
@@ -66,6 +68,11 @@ class Place:
             for job in await self.cluster.list_objects("batch/v1", "jobs"):
                 self.jobs.setdefault(job["metadata"]["name"], set()).add(job["metadata"]["uid"])
             await asyncio.sleep(0.1)
+
+    async def lease_holder(self, cluster: Cluster | None = None) -> str | None:
+        """Who holds the operators' Lease (eagle3_operator.lease) in `cluster`'s namespace (this one's)."""
+        found = await (cluster or self.cluster).get("coordination.k8s.io/v1", "leases", LEASE_NAME)
+        return (found.get("spec") or {}).get("holderIdentity")
 
     async def peering(self) -> dict[str, Any]:
         found: dict[str, Any] = await self.cluster.get("kopf.dev/v1", "kopfpeerings", PEERING_NAME)
@@ -201,11 +208,13 @@ async def test_a_demoted_operator_stops_acting_and_carries_the_run_on_when_the_a
 
 
 async def test_a_gracefully_stopped_operator_hands_over_at_once(place, tmp_path):
-    """With a lifetime longer than the test waits, a standby waiting for the record to expire would never
-    take over in time: a graceful stop deletes the record, and the standby takes over at once."""
+    """With a lifetime (and a Lease) longer than the test waits, a standby waiting for either to expire would
+    never take over in time: a graceful stop deletes the record and releases the Lease, and the standby takes
+    over at once."""
     cluster, kubelet = place.cluster, place.kubelet
     async with place.operator(tmp_path, priority=200, lifetime=LONG_LIFETIME_S) as active:
         await role(active, "active")
+        assert await place.lease_holder() == identity(active)
         async with place.operator(tmp_path, priority=100, lifetime=LONG_LIFETIME_S) as standby:
             await role(standby, "standby")
             await cluster.apply_run("calm", tiny())
@@ -218,6 +227,7 @@ async def test_a_gracefully_stopped_operator_hands_over_at_once(place, tmp_path)
             await complete(cluster, kubelet, "calm", ("prepare",))
             await job_within(cluster, "calm", "extract", RESUME_BOUND_S)
             await role(standby, "active")
+            assert await place.lease_holder() == identity(standby)  # released, not expired: LONG_LIFETIME_S
             assert_no_forbidden_calls(active, standby)
     assert_each_job_created_once(place, ("prepare", "extract"))
 
@@ -280,7 +290,14 @@ async def _started_together(
                 samples.append(await _roles(tuple(ops)))
                 await asyncio.sleep(SAMPLE_S)
             logged = [_last_role_of(op) for op in ops]
-            return {"gap_s": spawned[1] - spawned[0], "samples": samples, "logged": logged}
+            active = [identity(op) for op, r in zip(ops, samples[-1], strict=True) if r == "active"]
+            holder = await place.lease_holder(cluster)
+            return {
+                "gap_s": spawned[1] - spawned[0],
+                "samples": samples,
+                "logged": logged,
+                "lease": (active, holder),
+            }
     finally:
         await place.access.delete_namespace(cluster, namespace)
 
@@ -310,3 +327,4 @@ async def test_operators_started_together_are_never_both_active(place, tmp_path)
     last = [r["samples"][-1] for r in results]
     assert all(s.count("active") == 1 and s.count("standby") == 1 for s in last), last
     assert all(sorted(r["logged"]) == ["active", "standby"] for r in results), [r["logged"] for r in results]
+    assert all(r["lease"][0] == [r["lease"][1]] for r in results), [r["lease"] for r in results]

@@ -4,6 +4,7 @@ re-draw of a tie, and the gate the background tasks ask (eagle3_operator.peering
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from kopf._core.engines.peering import process_peering_event
 
 from eagle3_operator import peering, rbac
 from eagle3_operator.k8s import ApiError
+from eagle3_operator.lease import LEASE_NAME, Lease
 from eagle3_operator.peering import (
     PEERING_NAME,
     TAIL,
@@ -178,11 +180,16 @@ class FakeKube:
         return self.objects[namespace]
 
 
-def gate(kube: FakeKube, me: str, priority: int, namespaces: tuple[str, ...] = ("ns",)) -> Peering:
+def gate(
+    kube: FakeKube, me: str, priority: int, namespaces: tuple[str, ...] = ("ns",), holds: bool = True
+) -> Peering:
+    """The gate, holding its Lease unless `holds` is False (the Lease's rounds: tests/unit/test_lease.py)."""
     settings = kopf.OperatorSettings()
     settings.peering.name = PEERING_NAME
     settings.peering.priority, settings.peering.lifetime = priority, 30
-    return Peering(kube, settings, me, namespaces)
+    lease = Lease(kube, namespaces[0] if namespaces else "default", me)  # type: ignore[arg-type]
+    lease.valid_until = math.inf if holds else None
+    return Peering(kube, settings, me, namespaces, lease)  # type: ignore[arg-type]
 
 
 def live(priority: int) -> dict[str, Any]:
@@ -230,13 +237,27 @@ async def test_the_gate_follows_kopfs_pause_at_once_both_ways():
     g = gate(kube, "me", 5, ("a", "b"))
     toggles = await kopf_decides(g, a=True, b=False)
     assert not await g.active()
-    assert g.probe() == {"identity": "me", "priority": 5, "role": "standby"}
+    lease = {"name": f"Lease a/{LEASE_NAME}", "holder": None}
+    assert g.probe() == {"identity": "me", "priority": 5, "role": "standby", "lease": lease}
     assert str(g.last) == "standby behind other"  # the reason, from the peering object
     await toggles["a"].turn_to(False)  # kopf resumes the operator: at once, no read needed
     calls = len(kube.calls)
     assert await g.active() and g.probe()["role"] == "active" and len(kube.calls) == calls
     await toggles["b"].turn_to(True)  # and pauses it again after it was active: at once too
     assert g.probe()["role"] == "standby" and not await g.active()
+
+
+async def test_where_kopf_lets_it_act_it_still_waits_for_the_lease_and_says_so():
+    """Issue 41: kopf's decision is eventually consistent; the Lease makes it exclusive."""
+    kube = FakeKube({"ns": {"status": {}}})
+    g = gate(kube, "me", 5, holds=False)
+    await kopf_decides(g, ns=False)
+    assert g.wanted() and not await g.active() and g.probe()["role"] == "standby"
+    assert str(g.last) == f"standby: waiting for the Lease ns/{LEASE_NAME}"
+    g.lease.valid_until = math.inf
+    assert await g.active() and g.probe()["role"] == "active"
+    g.lease.valid_until = 0.0  # the hold ran out (no renewal within the deadline): at once, not next round
+    assert not await g.active()
 
 
 async def test_kopfs_pause_stands_even_where_the_peering_object_shows_nobody_above():
@@ -289,7 +310,7 @@ async def test_the_background_tasks_act_without_peering_and_follow_kopf_with_it(
     assert await peering.acting(g)
 
 
-def test_the_rbac_rules_let_the_operator_peer_and_grant_no_lease():
+def test_the_rbac_rules_let_the_operator_peer_and_hold_its_lease():
     def verbs(group: str, resource: str) -> set[str]:
         return {
             verb
@@ -300,7 +321,7 @@ def test_the_rbac_rules_let_the_operator_peer_and_grant_no_lease():
 
     for plural in ("kopfpeerings", "clusterkopfpeerings"):  # kopf watches and patches, the operator creates
         assert {"get", "list", "watch", "create", "patch"} <= verbs("kopf.dev", plural)
-    assert not verbs("coordination.k8s.io", "leases")
+    assert verbs("coordination.k8s.io", "leases") == {"get", "create", "update"}  # no list, watch or delete
 
 
 # What `eagle3 status` says of a run no operator has begun: whether one runs (peering.presence).
