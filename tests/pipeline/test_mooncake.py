@@ -295,6 +295,8 @@ def test_vllm_cpu_produces_samples_the_trainer_reads(producer: Producer, trainer
     from speculators.data_generation.offline import check_hidden_states
     from speculators.data_generation.vllm_client import generate_hidden_states
 
+    from eagle3_pipeline.local.producers import log_tail
+
     rng = random.Random(3)
     rows = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 7, 64, 300, 12, 33)]
     client = openai.Client(base_url=producer.base_url, api_key="unused")
@@ -305,7 +307,10 @@ def test_vllm_cpu_produces_samples_the_trainer_reads(producer: Producer, trainer
         return handle, params, time.monotonic() - started
 
     with ThreadPoolExecutor(max_workers=3) as pool:  # requests in flight together: the writer threads
-        answers = list(pool.map(produce, rows))
+        try:
+            answers = list(pool.map(produce, rows))
+        except openai.APIError as err:  # the server's own account of it (e.g. its engine process died)
+            raise AssertionError(f"{err}; eagle3 produce's log ends:\n{log_tail(producer.log)}") from err
     samples = []
     for row, (handle, params, request_s) in zip(rows, answers, strict=True):
         assert params["handle"] == handle and params["metadata"]["num_tokens"] == len(row)
