@@ -8,8 +8,8 @@ keep-alive was written; both took themselves for active for 30 s while kopf paus
 
 `operator` runs kopf as `kopf.operator` does (spawn_tasks, then run_tasks), inside a context that gets the
 ToggleSet as soon as the tasks exist: the gate follows it, and adds the Lease's own toggle to it
-(eagle3_operator.lease), so that kopf's handlers wait for the Lease too. `pause_state` finds it: it is the `operator_paused` argument of kopf's "daemon
-killer" root task, which every kopf operator spawns.
+(eagle3_operator.lease), so that kopf's handlers wait for the Lease too. `pause_state` finds it: it is the
+`operator_paused` argument of kopf's "daemon killer" root task, which every kopf operator spawns.
 
 A fenced workaround around kopf==1.45.2 (pyproject.toml). `pause_state` fails loudly, naming the pin, where
 another kopf moved it. Remove it when kopf exposes its pause state.
