@@ -19,6 +19,7 @@ import codecs
 import gzip
 import hashlib
 import importlib
+import io
 import logging
 import zlib
 from collections.abc import Iterator
@@ -234,11 +235,20 @@ def _open_zstd(path: Path) -> IO[bytes]:
 
 
 def _json_lines(f: IO[bytes], prefix: str) -> Iterator[tuple[str, Any]]:
-    for number, line in enumerate(f, 1):
+    for number, line in enumerate(_lines(f), 1):
         if number == 1 and line.startswith(codecs.BOM_UTF8):
             line = line[len(codecs.BOM_UTF8) :]
         if line.strip():
             yield f"{prefix}{number}", json_row(line, f"line {number}")
+
+
+def _lines(f: IO[bytes]) -> Iterator[bytes]:
+    """The lines of a JSON Lines file, whichever of LF, CR LF or a lone CR (classic Mac OS, some exports)
+    ends them: JSON text holds no raw line end (one inside a string is escaped), so each is a row boundary.
+    As bytes, so that a row that is not UTF-8 stays that row's problem: latin-1 maps every byte to one
+    character and back, and the text layer's universal newlines find the ends."""
+    for line in io.TextIOWrapper(f, encoding="latin-1", newline=None):
+        yield line.encode("latin-1")
 
 
 def _json_file_rows(path: Path, data: bytes, prefix: str) -> Iterator[tuple[str, Any]]:
@@ -253,7 +263,7 @@ def _json_file_rows(path: Path, data: bytes, prefix: str) -> Iterator[tuple[str,
         yield f"{prefix}1", document
         return
     if isinstance(document, RowError) or not isinstance(document, dict):
-        for number, line in enumerate(data.split(b"\n"), 1):  # JSON Lines (or broken: counted row by row)
+        for number, line in enumerate(data.splitlines(), 1):  # JSON Lines (LF, CR LF or CR) or broken
             if line.strip():
                 yield f"{prefix}{number}", json_row(line, f"line {number}")
         return
