@@ -202,7 +202,7 @@ def _run_locked(stage: str, ctx: StageContext[StageParams, StageTuning]) -> int:
             return _oom(stage, ctx, f"{type(exc).__name__}: {exc}")
         # unexpected: keep the work directory so a retry resumes, and say what happened where Kubernetes looks
         logger.exception("stage %s failed", stage)
-        return _fail(f"stage {stage}: {type(exc).__name__}: {exc} (finished work is kept for the retry)")
+        return _fail(f"stage {stage}: {_described(exc)} (finished work is kept for the retry)")
     return _succeed(result)
 
 
@@ -251,6 +251,16 @@ def _succeed(result: dict[str, Any]) -> int:
     sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def _described(exc: BaseException) -> str:
+    """An unexpected exception in one line, with the one that caused it where a library wrapped it (datasets'
+    DatasetGenerationError says only "An error occurred while generating the dataset")."""
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and (cause.__cause__ or cause.__context__) is not None:
+        cause = cause.__cause__ or cause.__context__
+    return text if cause is None else f"{text}, caused by {type(cause).__name__}: {cause}"
 
 
 def _fail(message: str, code: int = STAGE_ERROR_EXIT_CODE, detail: dict[str, Any] | None = None) -> int:

@@ -149,15 +149,28 @@ def test_a_template_failing_on_a_prefix_falls_back_to_the_turns_text() -> None:
     assert masked_text(chat.tokenizer, out.input_ids, out.loss_mask) == "hello world<|im_end|>"
 
 
-def test_any_exception_while_tokenizing_is_a_row_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bug_while_tokenizing_is_raised_and_a_template_refusal_is_a_row_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 42: a bug in this code (here: an IndexError from the offsets) fails the stage; the template's
+    own refusal of a conversation (jinja2's TemplateError) is that row's skip."""
+    from jinja2 import TemplateError
+
     from eagle3_pipeline.data import masking
 
     def broken(*args: Any) -> Any:
         raise IndexError("offset out of range")
 
-    monkeypatch.setattr(masking, "tokenize_with_mask", broken)
     chat = ChatTemplate(make_tokenizer(TEMPLATES["chatml"]))
+    with monkeypatch.context() as patched:
+        patched.setattr(masking, "tokenize_with_mask", broken)
+        with pytest.raises(IndexError, match="offset out of range"):
+            tokenize_conversation(chat, CONVERSATION[1:3])
+
+    def refusing(messages: Any, generation_prompt: bool = False) -> str:
+        raise TemplateError("Conversation roles must alternate user/assistant/user/assistant/...")
+
+    monkeypatch.setattr(chat, "render", refusing)
     with pytest.raises(RowError) as caught:
         tokenize_conversation(chat, CONVERSATION[1:3])
-    assert caught.value.reason == "error"
-    assert str(caught.value) == "IndexError: offset out of range"
+    assert caught.value.reason == "template_error" and "must alternate" in str(caught.value)

@@ -113,22 +113,40 @@ def test_an_assistant_first_row_is_trained_not_fatal(tmp_path: Path, verifier: P
     assert result["samples"] == 7 and result["skippedTotal"] == 0
 
 
-def test_any_per_row_failure_is_a_counted_skip(
-    tmp_path: Path, verifier: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "where",
+    ["eagle3_pipeline.data.prepared.tokenize_conversation", "eagle3_pipeline.data.conversations.normalize"],
+)
+def test_a_bug_in_a_row_parser_fails_the_stage_with_its_traceback_not_a_skip(
+    tmp_path: Path,
+    verifier: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
 ) -> None:
-    from eagle3_pipeline.data.masking import tokenize_conversation as real
+    """Issue 42: a regression that broke every multi-turn row became "skipped" rows, and the default
+    maxSkippedFraction of 0.5 let it pass. Only the documented row problems (RowError) are skips."""
+    module, name = where.rsplit(".", 1)
+    real = getattr(__import__(module, fromlist=[name]), name)
 
-    def flaky(template: Any, messages: list[Any], loss_on_reasoning: bool = True) -> Any:
-        if "count 3" in messages[0]["content"]:
-            raise ZeroDivisionError("a bug in a template filter")
-        return real(template, messages, loss_on_reasoning)
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        if "count 3" in json.dumps(args[1] if name == "tokenize_conversation" else args[0]):
+            raise ZeroDivisionError("a bug in the project's own row code")
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr("eagle3_pipeline.data.prepared.tokenize_conversation", flaky)
+    monkeypatch.setattr(where, broken)
     code, out = prepare(tmp_path, verifier, [sharegpt(i) for i in range(6)])
-    assert code == 0
-    result = result_of(out)
-    assert result["samples"] == 5 and result["skipped"] == {"error": 1}
-    assert result["skippedExamples"]["error"] == ["s3: ZeroDivisionError: a bug in a template filter"]
+    assert code == 1 and not (out / "result.json").exists()
+    failed = [r for r in caplog.records if r.getMessage() == "stage prepare failed"]
+    assert failed and failed[0].exc_info is not None
+    chain, exc = [], failed[0].exc_info[1]  # the logged traceback: the bug, also where a library wraps it
+    while exc is not None:
+        chain.append(type(exc))
+        exc = exc.__cause__ or exc.__context__
+    assert ZeroDivisionError in chain
+    said = capsys.readouterr().err
+    assert "ZeroDivisionError: a bug in the project's own row code" in said
 
 
 def test_a_missing_dataset_fails_naming_it_and_leaves_nothing(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from eagle3_pipeline.runtime.errors import StageError
@@ -161,7 +161,7 @@ def check_file(path: Path, seq_len: int, layout: Layout) -> str | None:
             tokens = f.get_slice(TOKEN_IDS).get_shape()
             hidden = f.get_slice(HIDDEN_STATES)
             shape, dtype = hidden.get_shape(), hidden.get_dtype()
-    except Exception as exc:  # safetensors raises its own error types for every kind of damage
+    except (SafetensorError, OSError, ValueError) as exc:  # safetensors' error for every kind of damage
         return f"unreadable: {exc}"
     expected = [seq_len, layout.num_layers, layout.hidden_size]
     if list(tokens) != [seq_len]:

@@ -12,12 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2 import TemplateError
+
 from eagle3_pipeline.data.conversations import Message, RowError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _SENTINEL = "\x00EAGLE3-SENTINEL\x00"
 
 Span = tuple[int, int]
+# How a chat template refuses a conversation: jinja's TemplateError (a template's own `raise_exception` too),
+# and transformers' ValueError. These are the row's problem; anything else raised while rendering is a bug.
+TEMPLATE_REFUSALS = (TemplateError, ValueError)
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ def _prefix(template: ChatTemplate, before: list[Message]) -> str | None:
         return None
     try:
         return template.render(before, generation_prompt=True)
-    except Exception:  # the template's own refusal of a prefix: locate the turn by its text instead
+    except TEMPLATE_REFUSALS:  # the template's own refusal of a prefix: locate the turn by its text instead
         return None
 
 
@@ -150,14 +155,10 @@ def tokenize_conversation(
 ) -> Tokenized:
     """Input ids and loss mask (1 on assistant tokens, their end-of-turn marker included).
 
-    Whatever goes wrong with one conversation is a RowError (a counted skip), never the stage's failure.
+    A conversation the template refuses, or that has nothing to train on, is a RowError (a counted skip);
+    any other exception is a bug and fails the stage.
     """
-    try:
-        return _tokenize(template, messages, loss_on_reasoning)
-    except RowError:
-        raise
-    except Exception as exc:  # a tokenizer's or template's own bug on this row
-        raise RowError("error", f"{type(exc).__name__}: {exc}") from None
+    return _tokenize(template, messages, loss_on_reasoning)
 
 
 def _tokenize(template: ChatTemplate, messages: list[Message], loss_on_reasoning: bool) -> Tokenized:
@@ -165,7 +166,7 @@ def _tokenize(template: ChatTemplate, messages: list[Message], loss_on_reasoning
         raise RowError("no_assistant_turn", "no assistant turn to train on")
     try:
         text = template.render(messages)
-    except Exception as exc:  # jinja's TemplateError, or the template's own raise_exception
+    except TEMPLATE_REFUSALS as exc:
         raise RowError("template_error", f"the chat template refused it: {exc}") from None
     spans = assistant_spans(template, messages, text, loss_on_reasoning)
     out = tokenize_with_mask(template.tokenizer, text, spans)

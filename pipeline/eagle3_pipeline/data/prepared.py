@@ -130,12 +130,9 @@ def _tokenized(
     limit = tokenizing.max_sequence_length
     try:
         tokenized = tokenize_conversation(template, conv["messages"], tokenizing.loss_on_reasoning)
-    except RowError as exc:
+    except RowError as exc:  # the row's own problem (a bug of this code raises on: the stage fails)
         skips.add(exc.reason, conv["id"], str(exc))
         return None, exc.reason
-    except Exception as exc:  # one row's failure, whatever raised it, never costs the other rows
-        skips.add("error", conv["id"], f"{type(exc).__name__}: {exc}")
-        return None, "error"
     if len(tokenized.input_ids) > limit:
         skips.add("too_long", conv["id"], f"{len(tokenized.input_ids)} tokens > {limit}")
         return None, "too_long"
