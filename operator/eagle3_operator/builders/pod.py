@@ -215,9 +215,12 @@ def with_user_env(spec: Eagle3RunSpec, own: Iterable[Mapping[str, Any]]) -> list
     return [dict(v) for v in own if v["name"] not in taken] + user
 
 
-def _finish_container(spec: Eagle3RunSpec, container: dict[str, Any]) -> dict[str, Any]:
+def _finish_container(
+    spec: Eagle3RunSpec, container: dict[str, Any], user_env: bool = True
+) -> dict[str, Any]:
     out = dict(container)
-    variables = with_user_env(spec, container.get("env") or [])
+    own = container.get("env") or []
+    variables = with_user_env(spec, own) if user_env else [dict(v) for v in own]
     if variables:
         out["env"] = variables
     out["securityContext"] = merged_context(
@@ -240,14 +243,15 @@ def merged_context(defaults: Mapping[str, Any], given: Mapping[str, Any] | None)
 
 
 def customise(spec: Eagle3RunSpec, shape: PodShape, pod: dict[str, Any]) -> dict[str, Any]:
-    """`pod` (containers, init containers, volumes) with spec.pod applied: every container's extra env and
-    securityContext, the pod's securityContext, service account, pull secrets, priority class and
+    """`pod` (containers, init containers, volumes) with spec.pod applied: the containers' extra env (not
+    the init containers': the operator's own guards, which a PATH or LD_PRELOAD could switch off), every
+    container's securityContext, the pod's securityContext, service account, pull secrets, priority class and
     placement. spec.pod's security contexts are merged over the "restricted" defaults field by field."""
     settings = spec.pod
     out = dict(pod)
     out["containers"] = [_finish_container(spec, c) for c in pod["containers"]]
-    if pod.get("initContainers"):
-        out["initContainers"] = [_finish_container(spec, c) for c in pod["initContainers"]]
+    if pod.get("initContainers"):  # the operator's own guards (check-draft): no user variable reaches them
+        out["initContainers"] = [_finish_container(spec, c, user_env=False) for c in pod["initContainers"]]
     out["securityContext"] = merged_context(RESTRICTED_POD_SECURITY, settings.security_context)
     if settings.service_account_name:
         out["serviceAccountName"] = settings.service_account_name

@@ -28,8 +28,10 @@ PORT = 8000
 PORT_NAME = "http"
 CONTAINER = "vllm"
 DRAFT_CHECK_CONTAINER = "check-draft"
-# `sh -c SCRIPT check-draft SHA256 PATH`: $1 the digest, $2 the weights (no variable of the environment)
-DRAFT_CHECK_SCRIPT = 'echo "$1  $2" | sha256sum -c -'
+# `/bin/sh -c SCRIPT check-draft SHA256 PATH`: $1 the digest, $2 the weights (no variable of the environment;
+# the tools by absolute path: coreutils' sha256sum is /usr/bin/sha256sum in the Debian and Ubuntu images)
+DRAFT_CHECK_SHELL = "/bin/sh"
+DRAFT_CHECK_SCRIPT = 'echo "$1  $2" | /usr/bin/sha256sum -c -'
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 STARTUP_PERIOD_SECONDS = 10
@@ -142,14 +144,15 @@ def draft_check_container(
     The second guard after the verify stage: a draft whose files change on the volume after it was verified
     (or exported) never serves from a new pod; the pods of the previous ReplicaSet keep serving. It runs in
     the vLLM image (pulled for the pod anyway). The digest and the path are the shell's positional
-    arguments, set by the operator: data, not code, and out of reach of spec.pod.env, which every container
-    gets (a user's EAGLE3_DRAFT_SHA256 and EAGLE3_DRAFT_WEIGHTS once made it check /dev/null).
+    arguments, set by the operator: data, not code. spec.pod.env does not reach it (a user's
+    EAGLE3_DRAFT_SHA256 and EAGLE3_DRAFT_WEIGHTS once made it check /dev/null; a PATH or LD_PRELOAD into the
+    artifacts volume could replace sha256sum), and it calls its tools by absolute path.
     """
     weights = f"{draft_path(draft_dir)}/{DRAFT_WEIGHTS}"
     return {
         "name": DRAFT_CHECK_CONTAINER,
         "image": vllm_image(spec),
-        "command": ["sh", "-c", DRAFT_CHECK_SCRIPT, DRAFT_CHECK_CONTAINER, sha256, weights],
+        "command": [DRAFT_CHECK_SHELL, "-c", DRAFT_CHECK_SCRIPT, DRAFT_CHECK_CONTAINER, sha256, weights],
         "volumeMounts": volume_mounts(shape),  # vLLM's: the draft is where vLLM will read it
         "terminationMessagePolicy": "FallbackToLogsOnError",  # sha256sum's "FAILED" line
     }

@@ -68,10 +68,12 @@ def test_pod_settings_reach_every_pod_and_container() -> None:
         assert labels["team"] == "ml" and annotations["owner"] == "ml-platform", name
         # the operator's selector labels win over the user's
         assert labels[names.LABEL_RUN] == "kimi-k2-5" and labels[names.LABEL_STAGE] != "hijack", name
-        for container in containers(template):
+        for container in template["spec"]["containers"]:
             variables = container["env"]
             assert variables[-2:] == POD["env"], (name, container["name"])
             assert [v["name"] for v in variables].count("HF_HOME") == 1, (name, container["name"])
+        for guard in template["spec"].get("initContainers", []):  # the operator's own checks: none of them
+            assert "env" not in guard, (name, guard["name"])
 
 
 def test_the_users_variable_replaces_the_operators_of_the_same_name() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -149,8 +148,9 @@ def test_a_known_digest_is_checked_by_an_init_container_before_vllm_starts() -> 
     [check] = pod["initContainers"]
     assert check["image"] == vllm(deployment)["image"], "the image the pod pulls anyway"
     weights = "/artifacts/export/abc/model.safetensors"
-    assert check["command"] == ["sh", "-c", 'echo "$1  $2" | sha256sum -c -', "check-draft", SHA, weights], (
-        "the values are arguments, not code"
+    script = 'echo "$1  $2" | /usr/bin/sha256sum -c -'
+    assert check["command"] == ["/bin/sh", "-c", script, "check-draft", SHA, weights], (
+        "the values are arguments, not code; the tools by absolute path"
     )
     assert "env" not in check
     mounts = {m["name"]: m for m in check["volumeMounts"]}
@@ -160,35 +160,41 @@ def test_a_known_digest_is_checked_by_an_init_container_before_vllm_starts() -> 
     assert spec_hash_of(other) != spec_hash_of(deployment), "another digest rolls the pods"
 
 
-def test_no_variable_of_spec_pod_env_changes_what_the_draft_check_checks(tmp_path: Path) -> None:
-    """spec.pod.env reaches every container, the check's too: a user's EAGLE3_DRAFT_SHA256 and
-    EAGLE3_DRAFT_WEIGHTS once pointed the check at /dev/null and its digest, so it always passed. The check
-    is run here as the pod would run it, with the merged environment, on a stand-in for the weights."""
+def test_no_variable_of_spec_pod_env_reaches_the_draft_check(tmp_path: Path) -> None:
+    """spec.pod.env once reached every container, the check's too: a user's EAGLE3_DRAFT_SHA256 and
+    EAGLE3_DRAFT_WEIGHTS pointed it at /dev/null, and (issue 42) a PATH or LD_PRELOAD into the artifacts
+    volume could replace sha256sum. The check gets no user variable, and is run here as the pod runs it, with
+    a hostile PATH whose sha256sum always passes, on a stand-in for the weights."""
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"the draft as verified")
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
-    empty = hashlib.sha256(b"").hexdigest()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sha256sum").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "sha256sum").chmod(0o755)
     user = [
-        {"name": "EAGLE3_DRAFT_SHA256", "value": empty},
+        {"name": "EAGLE3_DRAFT_SHA256", "value": hashlib.sha256(b"").hexdigest()},
         {"name": "EAGLE3_DRAFT_WEIGHTS", "value": "/dev/null"},
+        {"name": "PATH", "value": str(fake)},
+        {"name": "LD_PRELOAD", "value": "/artifacts/evil.so"},
     ]
-    # the spec refuses these names now (issue 28, item 7); set past the check, the check still holds
+    # the spec refuses some of these names (issue 28, item 7); set past the check, the check still holds
     variables = [EnvVar.model_validate(v) for v in user]
     spec = kimi_spec().model_copy(update={"pod": kimi_spec().pod.model_copy(update={"env": variables})})
-    [check] = build_deployment(KIMI_RUN, spec, "export/abc", digest)["spec"]["template"]["spec"][
-        "initContainers"
-    ]
-    assert check["env"] == user, "the user's variables are there"
+    pod = build_deployment(KIMI_RUN, spec, "export/abc", digest)["spec"]["template"]["spec"]
+    [check] = pod["initContainers"]
+    assert "env" not in check, "no user variable reaches the check"
+    assert {v["name"] for v in vllm({"spec": {"template": {"spec": pod}}})["env"]} >= {"PATH", "LD_PRELOAD"}
     *argv, path = check["command"]
     assert path == "/artifacts/export/abc/model.safetensors"
-    env = {"PATH": os.environ["PATH"]} | {v["name"]: v["value"] for v in check["env"]}
+    env = {"PATH": str(fake)}  # what an image's PATH could be made: the absolute paths do not look there
 
     def run() -> int:
         return subprocess.run([*argv, str(weights)], env=env, capture_output=True, check=False).returncode
 
     assert run() == 0, "the weights as verified pass"
     weights.write_bytes(b"the draft replaced on the volume")
-    assert run() != 0, "replaced weights fail, whatever the environment says"
+    assert run() != 0, "replaced weights fail, whatever PATH finds"
 
 
 def test_selectors_agree() -> None:
