@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests import tiers
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "eagle3-operator"
@@ -37,9 +38,10 @@ def helm_or_skip() -> Path:
         ["bash", str(ROOT / "scripts" / "install-helm.sh"), "--check"], capture_output=True, text=True
     )
     if check.returncode != 0:
-        pytest.skip(
+        tiers.missing(
+            "Helm",
             "helm is not installed: scripts/install-helm.sh --check says "
-            f"{check.stderr.strip()!r} (run `make helm`; `make test` does)"
+            f"{check.stderr.strip()!r} (run `make helm`; `make test` does)",
         )
     return Path(check.stdout.strip().splitlines()[-1]) / "helm"
 

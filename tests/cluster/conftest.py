@@ -10,7 +10,6 @@ failure instead, so CI never passes without it.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
 from tests.cluster import node
 
 
@@ -32,10 +32,7 @@ class Node:
 def cluster() -> Iterator[Node]:
     missing = node.missing_requirements()
     if missing:
-        message = "the real-node tier (tests/cluster) needs " + "; ".join(missing)
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " (CI=true: this tier may not be skipped)")
-        pytest.skip(message)
+        tiers.missing("real-node", "tests/cluster needs " + "; ".join(missing))
     if node.is_up() or node.STATE.exists():
         node.down()  # a node a killed session left behind
     before = node.snapshot_host()

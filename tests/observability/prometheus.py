@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 
 from eagle3_pipeline.serving.vllm_server import free_port
+from tests import tiers
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = ROOT / "scripts" / "install-prometheus.sh"
@@ -43,9 +43,10 @@ def installed_bin_dir() -> Path | None:
 def prometheus_or_skip() -> Path:
     found = installed_bin_dir()
     if found is None:
-        pytest.skip(
+        tiers.missing(
+            "Prometheus",
             "no Prometheus: run scripts/install-prometheus.sh (make test installs it) "
-            "or set $EAGLE3_PROMETHEUS_BIN"
+            "or set $EAGLE3_PROMETHEUS_BIN",
         )
     return found
 

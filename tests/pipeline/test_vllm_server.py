@@ -32,6 +32,7 @@ from eagle3_pipeline.serving.vllm_server import (
     group_members,
     looks_out_of_memory,
 )
+from tests import tiers
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-vllm-cpu.sh"
@@ -50,8 +51,10 @@ def built_vllm() -> str | None:
 def vllm_or_skip() -> str:
     path = built_vllm()
     if path is None:
-        pytest.skip(
-            "no vLLM CPU environment: run scripts/build-vllm-cpu.sh (make test builds it) or set $EAGLE3_VLLM"
+        tiers.missing(
+            "vLLM CPU",
+            "no vLLM CPU environment: run scripts/build-vllm-cpu.sh (make test builds it) "
+            "or set $EAGLE3_VLLM",
         )
     return path
 
