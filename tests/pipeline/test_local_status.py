@@ -143,3 +143,62 @@ def test_a_check_that_failed_after_an_earlier_pass_shows_the_latest_verdict(tmp_
     assert status.phase == RunPhase.FAILED and status.conditions[0].status == "False"
     record(art, None, {"verify": failed | {"completionTime": "2023-01-01T00:00:00Z"}})  # before the pass
     assert local_status(manifest, art).stages["verify"].phase == StagePhase.SUCCEEDED
+
+
+# Issue 42, item 7: damaged records and results, and a pid that now names another process.
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        '"x"',
+        "{",
+        '{"stages": []}',
+        '{"stages": {"prepare": "Running"}}',
+        '{"pid": "1", "stages": null}',
+    ],
+)
+def test_a_damaged_status_record_is_read_as_far_as_it_is_whole(tmp_path: Path, text: str) -> None:
+    manifest, dirs = manifest_and_dirs(tmp_path)
+    art = tmp_path / "art"
+    complete(art, dirs["prepare"], {"samples": 12})
+    status_file(art, "t").parent.mkdir(parents=True, exist_ok=True)
+    status_file(art, "t").write_text(text)
+    status = local_status(manifest, art)  # no traceback: the stages from their outputs
+    assert status.stages["prepare"].phase == StagePhase.SUCCEEDED
+    assert status.stages["extract"].phase == StagePhase.PENDING
+
+
+@pytest.mark.parametrize(("text", "what"), [("[]", "a JSON list"), ('{"a": ', "not JSON"), ("\xff", "not")])
+def test_a_damaged_result_names_its_file_and_the_fix(tmp_path: Path, text: str, what: str) -> None:
+    manifest, dirs = manifest_and_dirs(tmp_path)
+    art = tmp_path / "art"
+    complete(art, dirs["prepare"], {})
+    path = art / dirs["prepare"] / "result.json"
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError) as caught:  # `eagle3 status` prints a ValueError's message, rc 1
+        local_status(manifest, art)
+    assert str(path) in str(caught.value) and what in str(caught.value)
+    assert f"delete {path.parent}" in str(caught.value)
+
+
+def test_a_recorded_pid_that_another_process_now_has_is_not_the_run() -> None:
+    from eagle3_pipeline.local.status import alive, process_start
+
+    started = process_start(os.getpid())
+    assert started is not None  # Linux: /proc
+    assert alive(os.getpid(), started) and alive(os.getpid())  # an older record without its start: the pid
+    assert not alive(os.getpid(), started + 1)  # the pid is reused by a later process
+    assert not alive(True) and not alive("12") and not alive(-1)
+
+
+def test_the_recorder_writes_when_its_process_started(tmp_path: Path) -> None:
+    from eagle3_pipeline.local.status import StatusRecorder, process_start
+
+    status_file(tmp_path, "t").parent.mkdir(parents=True)
+    recorder = StatusRecorder(status_file(tmp_path, "t"), "t")
+    recorder.stage_started("prepare", "prepare/abc", 1)
+    recorder._write(force=True)
+    written = json.loads(status_file(tmp_path, "t").read_text())
+    assert written["pid"] == os.getpid() and written["pidStart"] == process_start(os.getpid())

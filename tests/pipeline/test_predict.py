@@ -114,3 +114,57 @@ def test_an_acceptance_length_outside_1_to_k_plus_1_is_a_usage_error(
     assert plan_main(str(path), str(tmp_path / "art"), None, None, [2.0, 4.5]) == 2  # k = 3: at most 4
     assert "--acceptance-length 4.5: at most k + 1 = 4" in capsys.readouterr().err
     assert not (tmp_path / "art").exists()  # refused before anything ran
+
+
+def _run_file(tmp_path: Path, **draft: object) -> Path:
+    spec = minimal()
+    spec.setdefault("draft", {}).update(draft)
+    path = tmp_path / "run.yaml"
+    run = {
+        "apiVersion": "eagle3.dev/v1alpha1",
+        "kind": "Eagle3Run",
+        "metadata": {"name": "run"},
+        "spec": spec,
+    }
+    path.write_text(yaml.safe_dump(run))
+    return path
+
+
+@pytest.mark.parametrize("method", ["peagle", "dflash"])
+def test_plan_on_another_draft_method_names_the_method_not_a_field_the_user_never_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], method: str
+) -> None:
+    """Issue 42, item 7: the refusal blamed evaluation.predict, which `eagle3 plan` had set itself."""
+    path = _run_file(tmp_path, method=method)
+    assert plan_main(str(path), str(tmp_path / "art"), None, None, []) == 2
+    err = capsys.readouterr().err
+    assert f"draft.method is {method}" in err and "evaluation.predict" not in err
+    assert not (tmp_path / "art").exists()
+
+
+@pytest.mark.parametrize(
+    ("document", "what"),
+    [
+        ({"concurrencies": "1,2"}, "not a predict result (concurrencies"),
+        ({}, "no table"),
+        ({"concurrencies": [1], "acceptanceLengths": [{"length": 2.0}], "speedup": []}, "does not match"),
+    ],
+)
+def test_a_cached_prediction_of_the_wrong_shape_is_an_error_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], document: dict[str, object], what: str
+) -> None:
+    """Issue 42, item 7: a cached predict result of the wrong type printed an empty table with rc 0."""
+    import json
+
+    from eagle3_contract.stages import Stage, plan_stages
+    from eagle3_pipeline.local.plan import predict_manifest
+
+    path = _run_file(tmp_path)
+    art = tmp_path / "art"
+    predicting = load_manifest(predict_manifest(load_manifest(path), art))
+    plan = next(p for p in plan_stages(predicting.spec) if p.stage is Stage.PREDICT)
+    (art / plan.output_dir).mkdir(parents=True)
+    (art / plan.output_dir / "result.json").write_text(json.dumps(document))
+    assert plan_main(str(path), str(art), None, None, []) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert what in err and "result.json" in err and "delete" in err

@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from eagle3_contract.api.manifest import Manifest, load_manifest
-from eagle3_contract.results import PredictedAcceptance, PredictResult
+from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.results import PredictedAcceptance, PredictResult, check_result, parse_result
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.local.run import (
     LocalOptions,
@@ -25,7 +26,7 @@ from eagle3_pipeline.local.run import (
     run_stage_with_retries,
     stage_env,
 )
-from eagle3_pipeline.runtime.context import is_complete, read_result
+from eagle3_pipeline.runtime.context import RESULT_FILE, is_complete, read_result
 from eagle3_pipeline.stages.predict.prediction import break_even, interpolate, verdict
 
 logger = logging.getLogger(__name__)
@@ -124,8 +125,6 @@ def predict_manifest(manifest: Manifest, artifacts: Path) -> Path:
 
 def run_plan(path: str, artifacts: str | None, models: str | None, vllm: str | None) -> PredictResult:
     """The predict stage of `path` (with evaluation.predict true), run or read from the cache."""
-    from eagle3_contract.results import parse_result
-
     manifest = load_manifest(path)
     root = Path(artifacts) if artifacts else default_artifacts(manifest)
     spec_file = predict_manifest(manifest, root)
@@ -137,9 +136,44 @@ def run_plan(path: str, artifacts: str | None, models: str | None, vllm: str | N
         outcome = run_stage_with_retries(plan, spec_file, options, predicting.spec, stage_env(options))
         if outcome.status != "done":
             raise LocalRunError(f"stage predict failed: {outcome.note}")
-    parsed = parse_result(Stage.PREDICT, read_result(output))
-    assert isinstance(parsed, PredictResult)
+    return cached_prediction(output)
+
+
+def cached_prediction(output: Path) -> PredictResult:
+    """The predict result at `output`, checked: a document of the wrong shape (a field of the wrong type, or
+    no table) is a LocalRunError naming the file, never an empty table and exit code 0."""
+    from pydantic import ValidationError
+
+    path = output / RESULT_FILE
+    fix = f"delete {output} and run `eagle3 plan` again to predict anew"
+    try:
+        parsed = parse_result(Stage.PREDICT, check_result(Stage.PREDICT, read_result(output)))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise LocalRunError(f"{path}: not a predict result ({where}: {first['msg']}); {fix}") from None
+    if not isinstance(parsed, PredictResult) or not (parsed.concurrencies and parsed.acceptance_lengths):
+        raise LocalRunError(f"{path}: a predict result with no table (no concurrencies or lengths); {fix}")
+    if parsed.speedup is None or len(parsed.speedup) != len(parsed.acceptance_lengths):
+        raise LocalRunError(f"{path}: a predict result whose speedup table does not match its lengths; {fix}")
     return parsed
+
+
+def plan_refusal(spec: Eagle3RunSpec) -> str | None:
+    """Why `eagle3 plan` cannot predict this spec's draft (None: it can), in the user's own fields: the plan
+    runs the predict stage, which knows EAGLE-3's published acceptance and step costs only."""
+    if spec.draft.method != "eagle3":
+        return (
+            f"draft.method is {spec.draft.method}: `eagle3 plan` predicts an EAGLE-3 draft's speedup from "
+            "EAGLE-3's published acceptance and step costs, and has no such figures for it; plan with "
+            "draft.method eagle3, or run the pipeline and read evaluate's measured speedup"
+        )
+    if spec.draft.candidates is not None:
+        return (
+            "draft.candidates is set: `eagle3 plan` predicts one EAGLE-3 draft; plan without candidates, "
+            "or run the pipeline, whose evaluate measures each trained candidate"
+        )
+    return None
 
 
 def main(
@@ -150,7 +184,13 @@ def main(
 
     console = Console()
     try:
-        k = load_manifest(path).spec.evaluation.num_speculative_tokens
+        spec = load_manifest(path).spec
+        if unpredictable := plan_refusal(spec):  # before evaluation.predict is set on the user's behalf
+            Console(stderr=True).print(
+                f"[red]error:[/red] {escape(unpredictable)}", highlight=False, soft_wrap=True
+            )
+            return 2
+        k = spec.evaluation.num_speculative_tokens
         beyond = [length for length in lengths if length > k + 1]
         if beyond:  # a usage error, found before any server starts
             Console(stderr=True).print(

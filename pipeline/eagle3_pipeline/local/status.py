@@ -106,7 +106,9 @@ class StatusRecorder(RunObserver):
         if not force and time.monotonic() - self._written < RECORD_EVERY_S:
             return
         self._written = time.monotonic()
-        document: dict[str, Any] = {"run": self.run, "pid": os.getpid() if running else None}
+        pid = os.getpid() if running else None
+        document: dict[str, Any] = {"run": self.run, "pid": pid}
+        document["pidStart"] = process_start(pid) if pid is not None else None
         document["updated"] = _now()
         document |= {"stages": self.stages, "error": self.error}
         try:
@@ -118,24 +120,48 @@ class StatusRecorder(RunObserver):
 
 
 def read_recorded(path: Path) -> dict[str, Any]:
-    """What a StatusRecorder wrote ({} for nothing readable)."""
+    """What a StatusRecorder wrote ({} for nothing readable); a record damaged in part keeps what is whole
+    (its stages that are objects), and says once which file it is."""
     try:
         document = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return {}
-    return document if isinstance(document, dict) else {}
+    except (OSError, ValueError) as exc:
+        logger.warning("%s cannot be read (%s): the stages are shown from their outputs alone", path, exc)
+        return {}
+    if not isinstance(document, dict):
+        logger.warning("%s is not a status record (a JSON %s): ignored", path, type(document).__name__)
+        return {}
+    stages = document.get("stages")
+    kept = {k: v for k, v in stages.items() if isinstance(v, dict)} if isinstance(stages, dict) else {}
+    if kept != stages and stages is not None:
+        logger.warning("%s: part of its stages is not a record (ignored)", path)
+    return document | {"stages": kept}
 
 
-def alive(pid: Any) -> bool:
-    """Whether process `pid` runs (on this machine)."""
-    if not isinstance(pid, int) or pid <= 0:
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc's field 22), or None where there is no /proc:
+    with the pid it tells a run's process from a later one that got the same pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])  # field 22 of the whole line: the 20th after the command's ")"
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid: Any, started: Any = None) -> bool:
+    """Whether process `pid` runs (on this machine) and, where the record says when it started, is that
+    process and not a later one that reused its pid."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    if isinstance(started, int) and (now := process_start(pid)) is not None:
+        return now == started
     return True
 
 
@@ -193,7 +219,7 @@ def local_status(manifest: Manifest, artifacts: Path) -> Eagle3RunStatus:
     """The run's status from its artifacts directory, as an Eagle3Run's (ValueError: a record this version
     cannot read)."""
     recorded = read_recorded(status_file(artifacts, manifest.name))
-    running = alive(recorded.get("pid"))
+    running = alive(recorded.get("pid"), recorded.get("pidStart"))
     stages = {
         plan.stage.value: stage_status(
             plan, artifacts, recorded.get("stages", {}).get(plan.stage.value, {}), running

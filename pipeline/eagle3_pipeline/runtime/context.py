@@ -59,8 +59,27 @@ def is_complete(output: Path) -> bool:
     return (output / RESULT_FILE).is_file()
 
 
+class ResultUnreadable(ValueError):
+    """A stage's result.json that is not a JSON object: the message names the file and how to redo it."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(
+            f"{path}: {what}, not the stage's result; the stage's output is damaged: delete {path.parent} "
+            "and run again to redo that stage"
+        )
+
+
 def read_result(output: Path) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads((output / RESULT_FILE).read_text())
+    """The stage's result.json at `output` (ResultUnreadable where it is no JSON object)."""
+    path = output / RESULT_FILE
+    try:
+        value = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise ResultUnreadable(path, "not UTF-8 text") from None
+    except ValueError as exc:  # json's JSONDecodeError, or an integer too long to convert
+        raise ResultUnreadable(path, f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ResultUnreadable(path, f"a JSON {type(value).__name__}")
     return value
 
 
