@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 
 def positive_seconds(text: str) -> float:
@@ -28,6 +29,27 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
     return value
+
+
+# The largest a --dry-run's stand-in verifier may be: no released transformer comes near (Kimi-K2.5: hidden
+# size 7168, 61 layers), and a typo's extra digits would print estimates in exabytes.
+MAX_HIDDEN_SIZE = 131_072
+MAX_LAYERS = 1024
+
+
+def bounded_int(name: str, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to `high`, the refusal naming `name`."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: {name} is at most {high:,} (no transformer is larger; check the digits)"
+            )
+        return value
+
+    parse.__name__ = name.replace(" ", "_")  # argparse names the type in its message
+    return parse
 
 
 def port(text: str) -> int:

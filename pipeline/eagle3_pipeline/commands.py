@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 
 from eagle3_contract.api.status import Eagle3RunStatus
-from eagle3_contract.cli_types import positive_int
+from eagle3_contract.cli_types import MAX_HIDDEN_SIZE, MAX_LAYERS, bounded_int, positive_int
 from eagle3_contract.stages import ORDER
 
 
@@ -28,6 +28,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run:
         from eagle3_pipeline.local.dry_run import main as dry_run_main
 
+        if args.layers and not args.hidden_size:
+            args.parser.error("--layers sizes a --dry-run's verifier together with --hidden-size: give both")
         shape = (args.hidden_size, args.layers) if args.hidden_size else None
         return dry_run_main(args.file, args.artifacts, args.models, shape)
     if args.hidden_size or args.layers:
@@ -127,12 +129,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     run.add_argument(
         "--hidden-size",
-        type=positive_int,
+        type=bounded_int("hidden size", MAX_HIDDEN_SIZE),
         help="with --dry-run: the verifier's hidden size, where neither its config (a local path, the Hub "
         "cache, the Hub) nor the table of known verifiers has it",
     )
     run.add_argument(
-        "--layers", type=positive_int, help="with --hidden-size: the verifier's number of layers"
+        "--layers",
+        type=bounded_int("layers", MAX_LAYERS),
+        help="with --hidden-size: the verifier's number of layers",
     )
     run.set_defaults(func=_run, parser=run)
     plan = sub.add_parser(

@@ -167,3 +167,21 @@ def test_an_unknown_verifier_is_sized_from_the_command_line(
     with pytest.raises(SystemExit) as refused:
         eagle3_main(["run", manifest, "--hidden-size", "1024"])  # not a dry run
     assert refused.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--layers", "80"], "--layers sizes a --dry-run's verifier together with --hidden-size"),
+        (["--hidden-size", "1000000000000000", "--layers", "80"], "hidden size is at most 131,072"),
+        (["--hidden-size", "8192", "--layers", "100000"], "layers is at most 1,024"),
+    ],
+)
+def test_a_dry_runs_verifier_shape_is_whole_and_plausible(
+    capsys: pytest.CaptureFixture[str], args: list[str], said: str
+) -> None:
+    """Issue 42, item 7: --layers without --hidden-size was ignored with rc 0, and a hidden size of 1e15
+    printed estimates of 1638.4 EB."""
+    with pytest.raises(SystemExit) as exited:
+        eagle3_main(["run", str(EXAMPLE), "--dry-run", *args])
+    assert exited.value.code == 2 and said in capsys.readouterr().err
