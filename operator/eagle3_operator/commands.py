@@ -31,6 +31,7 @@ def _operator(args: argparse.Namespace) -> int:
             image_pull_secrets=tuple(args.image_pull_secret),
             pod_monitor_labels=dict(args.pod_monitor_label),
             prometheus_url=args.prometheus_url,
+            pod_security_minimum_level=args.pod_security_minimum_level,
         ),
         priority=args.priority,
         resync_seconds=args.resync_seconds,
@@ -230,6 +231,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="Prometheus that scrapes the runs' vLLM pods, e.g. "
         "http://prometheus-operated.monitoring.svc:9090: serving.canary reads both tracks' live figures "
         "there unless the run sets serving.canary.prometheusUrl (default $EAGLE3_PROMETHEUS_URL)",
+    )
+    op.add_argument(
+        "--pod-security-minimum-level",
+        choices=["restricted", "baseline", "privileged"],
+        default="restricted",
+        help="refuse a run whose spec.pod takes its pods below this Pod Security level (default restricted): "
+        "the operator's service account creates the pods for whoever may create an Eagle3Run; a cluster "
+        "admin lowers it for the whole operator (the chart's podSecurity.minimumLevel), never a run",
     )
     op.add_argument(
         "--priority",

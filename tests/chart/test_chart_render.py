@@ -63,7 +63,10 @@ def test_the_operator_deployment(rendered: Rendered) -> None:
     cpu = "--pipeline-cpu-image=eagle3-operator/pipeline:0.1.0-cpu"
     vllm = "--vllm-image=vllm/vllm-openai:v0.32.0"  # the vLLM release the pipeline is tested with
     loops = ["--resync-seconds=60", "--api-timeout-seconds=30"]
-    assert c["args"] == ["operator", "--health-port=8080", "--metrics-port=9090", *loops, pipeline, cpu, vllm]
+    floor = "--pod-security-minimum-level=restricted"  # issue 42: below it a run is refused
+    assert c["args"] == [
+        "operator", "--health-port=8080", "--metrics-port=9090", *loops, pipeline, cpu, vllm, floor
+    ]  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
     probe = c["livenessProbe"]
@@ -79,6 +82,7 @@ def test_the_args_are_the_cli_flags_the_operator_reads(rendered: Rendered) -> No
     assert (args.command, args.health_port, args.metrics_port, args.namespace) == ("operator", 8080, 9090, [])
     assert args.pipeline_image == DEFAULT_PIPELINE_IMAGE, "the chart's default is the spec's documented one"
     assert (args.resync_seconds, args.api_timeout_seconds) == (60.0, 30.0)
+    assert args.pod_security_minimum_level == "restricted"
     args = cli_parser().parse_args(container(rendered["watch-namespaces"])["args"])
     assert args.namespace == ["team-a", "team-b"]
     assert (args.resync_seconds, args.api_timeout_seconds) == (120.0, 45.5)

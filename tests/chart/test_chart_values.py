@@ -96,6 +96,10 @@ CASES = {
         ["grafanaDashboard.labelValue=1"],
         "at '/grafanaDashboard/labelValue': got number",
     ),
+    "bad-pod-security-level": (
+        ["podSecurity.minimumLevel=root"],
+        "at '/podSecurity/minimumLevel': value must be one of 'restricted', 'baseline', 'privileged'",
+    ),
 }
 
 

@@ -358,6 +358,7 @@ async def running_operator(
     progress_seconds: float | None = None,
     watch_seconds: int | None = None,
     progress_reader: Any = None,
+    pod_security_minimum_level: str = "restricted",
 ) -> AsyncIterator[kopf.Memo]:
     """The real kopf operator with this project's handlers, in this event loop, against `url`.
 
@@ -380,7 +381,9 @@ async def running_operator(
         metrics=metrics or OperatorMetrics(),
         resync_seconds=resync_seconds,
         progress_seconds=progress_seconds,
-        defaults=OperatorDefaults(pipeline_image=pipeline_image),
+        defaults=OperatorDefaults(
+            pipeline_image=pipeline_image, pod_security_minimum_level=pod_security_minimum_level
+        ),
         namespaces=[namespace] if namespace else [],
         watch_seconds=watch_seconds
         if watch_seconds is not None

@@ -61,6 +61,7 @@ class Backend:
         metrics: OperatorMetrics | None = None,
         pipeline_image: str | None = None,
         progress_seconds: float | None = None,
+        pod_security_minimum_level: str = "restricted",
     ) -> AbstractAsyncContextManager[Any]:
         namespace = self.cluster.ns if self.real else None
         token = self.operator_token or self.token
@@ -71,6 +72,7 @@ class Backend:
             namespace,
             pipeline_image=pipeline_image,
             progress_seconds=progress_seconds,
+            pod_security_minimum_level=pod_security_minimum_level,
         )
 
     def assert_content_types(self) -> None:

@@ -35,15 +35,41 @@ async def test_a_stage_job_carries_the_pod_settings_and_the_restricted_defaults(
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
 
 
-async def test_a_run_below_the_restricted_level_is_warned_and_its_condition_names_the_field(backend):
-    """Issue 28 item 8: a container allowed to escalate its privileges is built as asked, with every other
-    restricted default kept, and the run says so: a Warning Event and the PodSecurity condition, once.
-    (`privileged: true` would do as well, but an API server without --allow-privileged refuses its Job.)"""
+ESCALATING = {"containerSecurityContext": {"allowPrivilegeEscalation": True}}  # "baseline", not "restricted"
+
+
+async def test_a_run_below_the_operators_pod_security_floor_is_refused_naming_the_field(backend):
+    """Issue 42 item 5: the operator's service account creates the run's pods, so by default a spec.pod
+    below "restricted" is refused before anything is created (it was only warned)."""
     cluster = backend.cluster
     async with backend.operator():
-        await cluster.apply_run(
-            "tiny", tiny(pod={"containerSecurityContext": {"allowPrivilegeEscalation": True}})
-        )
+        await cluster.apply_run("tiny", tiny(pod=ESCALATING))
+
+        async def refused():
+            st = await status(cluster, "tiny")
+            found = [
+                c for c in st.get("conditions", []) if c["type"] == "SpecValid" and c["status"] == "False"
+            ]
+            return found[0] if found else None
+
+        cond = await eventually(refused, what="SpecValid False")
+        assert not await cluster.jobs("tiny", "prepare"), "nothing is created for a refused run"
+    assert cond["reason"] == "InvalidSpec"
+    assert "below this operator's minimum 'restricted'" in cond["message"]
+    assert "spec.pod.containerSecurityContext.allowPrivilegeEscalation: must be false" in cond["message"]
+    assert "podSecurity.minimumLevel" in cond["message"]
+
+
+async def test_a_run_below_restricted_under_a_lowered_floor_is_warned_and_its_condition_names_the_field(
+    backend,
+):
+    """Issue 28 item 8: where a cluster admin lowered the floor to "baseline", a container allowed to escalate
+    its privileges is built as asked, with every other restricted default kept, and the run says so: a
+    Warning Event and the PodSecurity condition, once. (`privileged: true` would need the floor at
+    "privileged", and an API server without --allow-privileged refuses its Job.)"""
+    cluster = backend.cluster
+    async with backend.operator(pod_security_minimum_level="baseline"):
+        await cluster.apply_run("tiny", tiny(pod=ESCALATING))
         job = await wait_job(cluster, "tiny", "prepare")
         event = await eventually(lambda: _warning(cluster, "PodSecurityBelowRestricted"), what="the Warning")
 

@@ -16,7 +16,8 @@ class OperatorDefaults:
     nodePool.device cpu (else `pipeline_image`); `vllm_image` fills spec.images.vllm of GPU runs (a CPU run
     serves with its pipeline image); `image_pull_secrets` fill spec.pod.imagePullSecrets when the
     run names none; `pod_monitor_labels` go under spec.monitoring.podMonitorLabels (the run's own win);
-    `prometheus_url` fills spec.serving.canary.prometheusUrl of a run with a canary that names none.
+    `prometheus_url` fills spec.serving.canary.prometheusUrl of a run with a canary that names none;
+    `pod_security_minimum_level` is the Pod Security level below which a run's pods are refused.
     """
 
     pipeline_image: str | None = None
@@ -25,6 +26,10 @@ class OperatorDefaults:
     image_pull_secrets: tuple[str, ...] = ()
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
     prometheus_url: str | None = None
+    # `--pod-security-minimum-level` (the chart's podSecurity.minimumLevel): a policy, not a default. A run
+    # whose spec.pod takes its pods below it is refused: the operator's service account creates the pods,
+    # so whoever may create an Eagle3Run must not get pods its own rights would not allow. Never per run.
+    pod_security_minimum_level: str = "restricted"
 
 
 def _section(spec: Mapping[str, Any], key: str) -> dict[str, Any]:

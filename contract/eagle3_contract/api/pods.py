@@ -127,7 +127,9 @@ class PodSettings(ApiModel):
         None,
         description="The pods' core/v1 PodSecurityContext, merged field by field over the Pod Security "
         "'restricted' defaults: runAsNonRoot, user and group 65532, fsGroup 65532, seccomp RuntimeDefault. "
-        "A pod below the 'restricted' level gets a Warning Event and the PodSecurity condition.",
+        "A pod below the 'restricted' level is refused (SpecValid False), unless a cluster admin lowered the "
+        "operator's floor (the chart's podSecurity.minimumLevel): then it gets a Warning Event and the "
+        "PodSecurity condition.",
     )
     container_security_context: SecurityContext | None = Field(
         None,

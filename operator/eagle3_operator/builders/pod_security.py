@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from eagle3_contract.api.spec import Eagle3RunSpec
@@ -54,6 +55,8 @@ RESTRICTED_VOLUMES = frozenset(
     }
 )
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+PRIVILEGED, BASELINE, RESTRICTED = "privileged", "baseline", "restricted"
+LEVELS = (PRIVILEGED, BASELINE, RESTRICTED)  # the Pod Security Standards' levels, the least strict first
 
 
 def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -160,15 +163,27 @@ def _restricted_container(path: str, context: Mapping[str, Any], pod: Mapping[st
             yield f"{path}.capabilities.add: only NET_BIND_SERVICE may be added, not {cap}"
 
 
-def violations(template: Mapping[str, Any]) -> list[str]:
-    """Every way a pod (or pod template: `metadata` and `spec`) breaks the "restricted" profile."""
+def baseline_violations(template: Mapping[str, Any]) -> list[str]:
+    """Every way a pod (or pod template) breaks the "baseline" profile (then it is "privileged")."""
     meta, spec = template.get("metadata") or {}, template["spec"]
     found = list(_baseline_pod(meta, spec))
     for path, context in _contexts(spec):
         found += _baseline_context(path, context, container=path != "spec.securityContext")
     found += _host_ports(spec)
-    found += _restricted(spec)
+    return found
+
+
+def violations(template: Mapping[str, Any]) -> list[str]:
+    """Every way a pod (or pod template: `metadata` and `spec`) breaks the "restricted" profile."""
+    found = baseline_violations(template) + list(_restricted(template["spec"]))
     return list(dict.fromkeys(found))  # a field broken under both levels is named once
+
+
+def level_of(template: Mapping[str, Any]) -> str:
+    """The strictest Pod Security level a pod meets: restricted, baseline or privileged."""
+    if baseline_violations(template):
+        return PRIVILEGED
+    return BASELINE if violations(template) else RESTRICTED
 
 
 def contradictions(template: Mapping[str, Any]) -> list[str]:
@@ -212,15 +227,39 @@ def spec_fields(line: str) -> str:
     return line
 
 
-def restricted_findings(run: RunRef, spec: Eagle3RunSpec, first_stage: StagePlan) -> tuple[str, ...]:
-    """What takes the run's pods below the "restricted" level, or never lets them start, named by spec field:
-    checked on a stage Job's pod and the serving pod (with its draft check), which carry the same spec.pod."""
+@dataclass(frozen=True)
+class PodSecurity:
+    """What spec.pod does to a run's pods: the Pod Security level they meet, what takes them below
+    "restricted", and what keeps them from ever starting, each named by its spec field."""
+
+    level: str = RESTRICTED
+    findings: tuple[str, ...] = ()  # below "restricted" (the never-starting ones first)
+    never_start: tuple[str, ...] = ()
+
+    def below(self, floor: str) -> bool:
+        """Whether the pods are below the level `floor` (restricted, baseline or privileged)."""
+        return LEVELS.index(self.level) < LEVELS.index(floor)
+
+
+def pod_security(run: RunRef, spec: Eagle3RunSpec, first_stage: StagePlan) -> PodSecurity:
+    """The run's pods checked: a stage Job's pod and the serving pod (with its draft check), which carry the
+    same spec.pod."""
     pods = (
         build_job(run, spec, first_stage, 0, None, "spec"),
         build_deployment(run, spec, "export/draft", _ANY_SHA256),
     )
     found: list[str] = []
+    never: list[str] = []
+    levels = []
     for obj in pods:
         template = pod_template(obj)
+        never += [spec_fields(line) for line in contradictions(template)]
         found += [spec_fields(line) for line in contradictions(template) + violations(template)]
-    return tuple(dict.fromkeys(found))
+        levels.append(level_of(template))
+    level = min(levels, key=LEVELS.index)
+    return PodSecurity(level, tuple(dict.fromkeys(found)), tuple(dict.fromkeys(never)))
+
+
+def restricted_findings(run: RunRef, spec: Eagle3RunSpec, first_stage: StagePlan) -> tuple[str, ...]:
+    """What takes the run's pods below "restricted", or never lets them start, named by spec field."""
+    return pod_security(run, spec, first_stage).findings

@@ -281,11 +281,12 @@ async def _plan(
     spec = with_operator_defaults(body.get("spec"), state.defaults)
     generation = body["metadata"].get("generation")
     observed = await with_canary_figures(observe(key, state, indices), ref, spec, known, now)
-    plan = plan_run(ref, generation, spec, dict(known), observed, now)
+    floor = state.defaults.pod_security_minimum_level
+    plan = plan_run(ref, generation, spec, dict(known), observed, now, floor)
     if plan.unconfirmed:
         listed = await _listed_pods(state, ref, plan.unconfirmed)
         observed = dataclasses.replace(observed, jobs=observe(key, state, indices, listed).jobs)
-        plan = plan_run(ref, generation, spec, dict(known), observed, now)
+        plan = plan_run(ref, generation, spec, dict(known), observed, now, floor)
     return plan, observed
 
 

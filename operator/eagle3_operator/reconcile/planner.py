@@ -29,7 +29,7 @@ from eagle3_operator.builders.claim import build_artifacts_claim
 from eagle3_operator.builders.configmap import build_spec_configmap
 from eagle3_operator.builders.monitoring import build_stage_pod_monitor
 from eagle3_operator.builders.names import RunRef
-from eagle3_operator.builders.pod_security import restricted_findings
+from eagle3_operator.builders.pod_security import RESTRICTED, PodSecurity, pod_security
 from eagle3_operator.reconcile.actions import Action
 from eagle3_operator.reconcile.canary import plan_canary
 from eagle3_operator.reconcile.conditions import set_condition
@@ -244,7 +244,7 @@ class Resolved:
     spec: Eagle3RunSpec
     stage_plans: tuple[StagePlan, ...]
     spec_hash: str
-    pod_security: tuple[str, ...]
+    pod_security: PodSecurity
 
 
 @functools.lru_cache(maxsize=1024)
@@ -253,8 +253,25 @@ def resolve(spec_json: str) -> Resolved:
     step of planning (the models are frozen, so sharing them is safe)."""
     spec = parse_spec(json.loads(spec_json))
     plans = tuple(plan_stages(spec))
-    findings = restricted_findings(_CHECKED_AS, spec, plans[0])
-    return Resolved(spec, plans, content_hash(spec_document(spec)), findings)
+    found = pod_security(_CHECKED_AS, spec, plans[0])
+    return Resolved(spec, plans, content_hash(spec_document(spec)), found)
+
+
+def pod_security_refusal(found: PodSecurity, floor: str) -> InvalidSpecError | None:
+    """Pods that never start, or that are below the operator's Pod Security floor: the run is refused before
+    anything is created (the operator's service account would create them for whoever made the run)."""
+    if found.never_start:
+        return InvalidSpecError(list(found.never_start))
+    if found.below(floor):
+        fields = "; ".join(line for line in found.findings)
+        return InvalidSpecError(
+            [
+                f"spec.pod: the run's pods would be at the Pod Security level '{found.level}', below this "
+                f"operator's minimum '{floor}' ({fields}); change spec.pod, or ask a cluster admin to lower "
+                "the minimum (the chart's podSecurity.minimumLevel; never per run)"
+            ]
+        )
+    return None
 
 
 def plan_run(
@@ -264,13 +281,17 @@ def plan_run(
     status_doc: dict[str, Any] | None,
     observed: Observed,
     now: str,
+    pod_security_floor: str = RESTRICTED,
 ) -> Plan:
-    """Decide the next writes and the new status of one run from its spec and its observed children."""
+    """Decide the next writes and the new status of one run from its spec and its observed children (a spec
+    whose pods are below `pod_security_floor` is refused)."""
     previous = previous_status(status_doc)
     try:
         resolved = resolve(json.dumps(spec_doc, sort_keys=True, default=str))
     except InvalidSpecError as error:
         return plan_invalid(generation, error, previous, now)
+    if (refused := pod_security_refusal(resolved.pod_security, pod_security_floor)) is not None:
+        return plan_invalid(generation, refused, previous, now)
     spec, stage_plans, spec_hash = resolved.spec, resolved.stage_plans, resolved.spec_hash
     configmap = names.spec_configmap_name(ref.name, spec_hash)
     check: Progress | None = None  # reviewed: the verify stage's walk, apart from the training stages'
@@ -339,7 +360,7 @@ def plan_run(
                 previous.conditions,
                 now,
                 generation,
-                resolved.pod_security,
+                resolved.pod_security.findings,
             ),
             canary.condition,
             tuned_note(spec, rollout or drafts.checkpoint),

@@ -138,6 +138,7 @@ class World:
     clock: float = 0.0
     progress: dict[str, StageProgress] = field(default_factory=dict)  # live, by JobView.progress_key
     features: ServerFeatures = field(default_factory=ServerFeatures)  # what the API server's version offers
+    pod_security_floor: str = "restricted"  # the operator's --pod-security-minimum-level
 
     # --- the planner's view -------------------------------------------------------------------------
 
@@ -173,10 +174,11 @@ class World:
         """Plan against the current children and status, changing nothing; as the executor, once more with
         the API server's pods of the Jobs the first plan could not confirm."""
         at = now or ts(self.clock)
-        plan = plan_run(self.ref, self.generation, self.spec, self.status, self.observed(), at)
+        floor = self.pod_security_floor
+        plan = plan_run(self.ref, self.generation, self.spec, self.status, self.observed(), at, floor)
         if plan.unconfirmed:
             observed = self.observed(listed=plan.unconfirmed)
-            plan = plan_run(self.ref, self.generation, self.spec, self.status, observed, at)
+            plan = plan_run(self.ref, self.generation, self.spec, self.status, observed, at, floor)
         return plan
 
     def step(self, now: str | None = None) -> Plan:

@@ -6,6 +6,8 @@ import copy
 import json
 from typing import Any
 
+import pytest
+
 from eagle3_contract.api.status import RunPhase
 from eagle3_contract.api.validation import parse_spec, spec_document
 from eagle3_contract.exit_codes import OOM_EXIT_CODE
@@ -812,3 +814,50 @@ def test_results_lost_again_and_again_end_in_a_message_instead_of_endless_attemp
     prepare = plan.status.document()["stages"]["prepare"]
     assert prepare["phase"] == "Succeeded" and prepare.get("result") is None
     assert "could not be read after" in prepare["message"] and "termination message" in prepare["message"]
+
+
+# --- the Pod Security floor (issue 42, item 5) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pod", "level"),
+    [
+        ({}, "restricted"),
+        ({"containerSecurityContext": {"allowPrivilegeEscalation": True}}, "baseline"),
+        ({"containerSecurityContext": {"privileged": True}}, "privileged"),
+        ({"containerSecurityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}, "privileged"),
+        ({"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}, "baseline"),
+    ],
+)
+def test_a_spec_below_the_floor_is_refused_before_anything_is_created(
+    pod: dict[str, Any], level: str
+) -> None:
+    """The operator's service account creates the pods for whoever may create an Eagle3Run: by default a
+    spec.pod below "restricted" is refused, naming the level, the fields and who may lower the floor."""
+    observed = World(tiny()).observed()
+    spec = tiny(pod=pod)
+    for floor in ("restricted", "baseline", "privileged"):
+        plan = plan_run(RUN, 1, spec, None, observed, ts(0), floor)
+        below = ("privileged", "baseline", "restricted").index(level) < (
+            "privileged",
+            "baseline",
+            "restricted",
+        ).index(floor)
+        assert (plan.phase == RunPhase.INVALID) == below, (level, floor)
+        if below:
+            assert plan.actions == ()
+            [problem] = plan.problems
+            assert f"at the Pod Security level '{level}', below this operator's minimum '{floor}'" in problem
+            assert "spec.pod." in problem and "podSecurity.minimumLevel" in problem
+        else:
+            assert plan.actions, (level, floor)
+
+
+def test_pods_that_never_start_are_refused_whatever_the_floor() -> None:
+    """runAsUser 0 under the default runAsNonRoot true: the kubelet would refuse every container."""
+    spec = tiny(pod={"securityContext": {"runAsUser": 0}})
+    plan = plan_run(RUN, 1, spec, None, World(tiny()).observed(), ts(0), "privileged")
+    assert plan.phase == RunPhase.INVALID and plan.actions == ()
+    assert plan.problems[0].startswith(
+        "spec.pod.containerSecurityContext: runAsUser 0 with runAsNonRoot true"
+    )
