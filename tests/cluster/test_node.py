@@ -266,7 +266,10 @@ def test_components_come_back(cluster: Probed) -> None:
 
     def controller_manager() -> int | None:
         for proc in Path("/proc").iterdir():
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+            except OSError:  # a process that ended between the listing and the read
+                continue
             if (
                 cmdline
                 and cmdline[0].endswith(b"/kube-controller-manager")
