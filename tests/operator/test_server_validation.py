@@ -12,6 +12,7 @@ import yaml
 
 from eagle3_contract.api import parse_spec, spec_document
 from eagle3_contract.api.base import API_VERSION, PLURAL
+from eagle3_contract.quantity import quantity
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run
@@ -58,8 +59,16 @@ def lost(sent: Any, stored: Any, path: str = "") -> Iterator[str]:
             return
         for i, (a, b) in enumerate(zip(sent, stored, strict=True)):
             yield from lost(a, b, f"{path}[{i}]")
-    elif sent != stored:
+    elif sent != stored and not _same_quantity(path, sent, stored):
         yield f"{path}: {sent!r} -> {stored!r}"
+
+
+def _same_quantity(path: str, sent: Any, stored: Any) -> bool:
+    """A resource quantity the server wrote in its own form (8 -> "8", "1000m" -> "1"), the same amount."""
+    resource = ".resources." in f".{path}"
+    if not resource or not isinstance(sent, int | float | str) or not isinstance(stored, str):
+        return False
+    return quantity(str(sent)) == quantity(stored) is not None
 
 
 def assert_kept(body: dict, stored: dict) -> None:
@@ -147,3 +156,6 @@ def test_the_comparison_finds_a_pruned_or_changed_field_and_allows_only_the_know
         assert_kept(sent, pruned)
     changed = {**kept, "spec": {"template": {"x": [2, {"a": "b"}]}}}
     assert list(lost(sent, changed)) == ["spec.suspend: dropped", "spec.template.x[0]: 1 -> 2"]
+    resources = {"resources": {"limits": {"cpu": "1000m", "nvidia.com/gpu": 8, "memory": "1Gi"}}}
+    canonical = {"resources": {"limits": {"cpu": "1", "nvidia.com/gpu": "8", "memory": "2Gi"}}}
+    assert list(lost(resources, canonical)) == ["resources.limits.memory: '1Gi' -> '2Gi'"]
