@@ -118,11 +118,30 @@ class Kubelet:
         """Fail each pod the Job controller starts until it gives up (the server decides the reason; a
         podFailurePolicy FailJob rule gives up after the first)."""
         limit = int(job["spec"].get("backoffLimit", 6))
-        for _ in range(limit + 1):
+        for attempt in range(limit + 1):
+            if attempt and not await self._next_pod_or_ended(job):
+                break  # the operator stopped or deleted it before the controller's next pod
             await self._end(job, reason, exit_code, message)
             if await self._gave_up(job, limit):
                 break
         await self._job_condition(job, "Failed")
+
+    async def _next_pod_or_ended(self, job: dict[str, Any]) -> bool:
+        """Wait for the controller's next pod (True) or for the Job to end without one (False): on a server
+        without podFailurePolicy the operator stops the Job itself, and it may do so after the controller
+        counted the failure but before the controller's back-off starts the next pod."""
+
+        async def check() -> tuple[bool] | None:
+            pods = await self.cluster.list_objects("v1", "pods", **{"job-name": job["metadata"]["name"]})
+            if any((p.get("status") or {}).get("phase") in (None, "Pending", "Running") for p in pods):
+                return (True,)
+            body = await self._job(job)
+            return (False,) if body is None or _stopped(body) or _failing(body) else None
+
+        result: tuple[bool] = await eventually(
+            check, POD_TIMEOUT, f"the next pod of Job {job['metadata']['name']}"
+        )
+        return result[0]
 
     async def _gave_up(self, job: dict[str, Any], limit: int) -> bool:
         """Whether the Job controller starts no further pod: the backoff limit is spent, or it is failing."""
@@ -134,11 +153,7 @@ class Kubelet:
                     True,
                 )  # the operator deleted or stopped it: it failed the Job itself (no podFailurePolicy)
             status = body.get("status") or {}
-            failing = any(
-                c.get("type") in ("Failed", "FailureTarget") and c.get("status") == "True"
-                for c in status.get("conditions") or []
-            )
-            if failing or int(status.get("failed", 0)) > limit:
+            if _failing(body) or int(status.get("failed", 0)) > limit:
                 return (True,)
             return (False,) if int(status.get("failed", 0)) > 0 else None
 
@@ -175,3 +190,9 @@ class Kubelet:
 def _stopped(job: dict[str, Any]) -> bool:
     """Stopped by the operator (parallelism 0) after a failure it will not retry: no further pod starts."""
     return (job.get("spec") or {}).get("parallelism") == 0
+
+
+def _failing(job: dict[str, Any]) -> bool:
+    """The Job controller has given up on it (Failed, or FailureTarget while its pods finish)."""
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(c.get("type") in ("Failed", "FailureTarget") and c.get("status") == "True" for c in conditions)
