@@ -3,11 +3,12 @@
 spec.pod.affinity, spec.nodePool.affinity, spec.pod.securityContext, spec.pod.containerSecurityContext and
 spec.pod.env[].valueFrom are copied into the pods a run creates. They are checked against the Kubernetes 1.31
 OpenAPI schemas the built objects are checked with (kubernetes-validate's strict schemas): this renders those
-types' definitions, every `$ref` inlined and every description dropped, into
-contract/eagle3_contract/api/kubernetes_schemas.json, in the dialect the CRD generator reads (one type per
-node, no nulls, an int-or-string marked as the CRD wants it and checked as JSON Schema can). The contract
-loads the file: the local validator and the CRD use the same schemas, and the contract needs no 100 MB schema
-package at run time (kubernetes-validate is a development dependency).
+types' definitions, every `$ref` inlined, into contract/eagle3_contract/api/kubernetes_schemas.json, in the
+dialect the CRD generator reads (one type per node, no nulls, an int-or-string marked as the CRD wants it and
+checked as JSON Schema can). Each node keeps Kubernetes' own description (a field's own description over its
+type's, as `kubectl explain pod.spec.affinity` shows it), so the CRD explains the embedded fields as it
+explains ours. The contract loads the file: the local validator and the CRD use the same schemas, and the
+contract needs no 100 MB schema package at run time (kubernetes-validate is a development dependency).
 
 python -m devtools.kubernetes_schemas            # rewrite the file
 python -m devtools.kubernetes_schemas --check    # exit 1 naming it when it differs
@@ -36,9 +37,9 @@ INT_OR_STRING = {
     "x-kubernetes-int-or-string": True,
     "anyOf": [{"type": "integer"}, {"type": "string"}],
 }
-# Kept as they are: the rest (descriptions, list and map markers, patch strategies) says nothing a value is
-# checked against.
-_KEPT = ("type", "format", "enum", "required")
+# Kept as they are: the description (what `kubectl explain` shows) and what a value is checked against; the
+# rest (list and map markers, patch strategies) is neither.
+_KEPT = ("description", "type", "format", "enum", "required")
 
 
 def definitions() -> dict[str, Any]:
@@ -50,15 +51,20 @@ def definitions() -> dict[str, Any]:
 
 
 def converted(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One definition node with its refs inlined, in the contract's dialect."""
+    """One definition node with its refs inlined, in the contract's dialect; a `$ref`'s own description (the
+    field's) wins over the referenced type's."""
     ref = node.get("$ref")
     if ref is not None:
         name = ref.rsplit("/", 1)[-1]
         if name in seen:
             raise ValueError(f"{' > '.join(seen)}: {name} is recursive; a structural schema cannot inline it")
-        return converted(defs[name], defs, (*seen, name))
+        inlined = converted(defs[name], defs, (*seen, name))
+        if "description" in node:
+            inlined["description"] = node["description"]
+        return inlined
     if "oneOf" in node:  # IntOrString, Quantity: a string or a number
-        return dict(INT_OR_STRING)
+        described = {"description": node["description"]} if "description" in node else {}
+        return described | INT_OR_STRING
     out: dict[str, Any] = {}
     for key in _KEPT:
         if key in node:

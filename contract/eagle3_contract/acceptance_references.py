@@ -1,10 +1,12 @@
 """Published acceptance lengths of EAGLE-3 drafts, by verifier class: what the predict stage predicts at.
 
-Acceptance length (tau) = mean tokens per verifier step, the bonus token included. Each entry says where
-the figure comes from, how many speculative tokens k it was measured with (None: tree decoding, or not
-stated) and at which temperature (None: not stated). Chain drafting with k = 3..7 in vLLM or SGLang lands far
-below the EAGLE-3 paper's tree-decoding figures; with k speculative tokens no draft reaches more than k + 1,
-so `acceptance_lengths_for` clamps a higher figure to k + 1 and says so.
+Acceptance length (tau) = mean tokens per verifier step, the bonus token included. Each entry is a typed
+record of one published figure: the verifier class, the draft measured (its model id), the benchmark, how
+many speculative tokens k it was measured with (None: tree decoding), the temperature (None: not stated),
+the figure, and where it is published (a Citation: an https URL and a date, the page's own or the day the
+figure was read). Chain drafting with k = 3..7 in vLLM or SGLang lands far below the EAGLE-3 paper's
+tree-decoding figures; with k speculative tokens no draft reaches more than k + 1, so `acceptance_lengths_for`
+clamps a higher figure to k + 1 and says so.
 
 A verifier of a class the table does not know gets the dense-model chain-drafting range (the lowest and the
 highest chain-drafting figure of the dense verifiers), marked as such. Bump REFERENCES_VERSION when the
@@ -15,62 +17,111 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import date
+from typing import Literal
 
-REFERENCES_VERSION = 1
+REFERENCES_VERSION = 2
 UNKNOWN_CLASS = "unknown"
 TARGET_SOURCE = "evaluation.targetAcceptanceLength"
 
-PAPER = "EAGLE-3 paper, arXiv 2503.01840"
-SPEC_BUNDLE = "SpecForge spec_bundle data (SpecBundle, SGLang batch 1)"
-SPECULATORS_CARD = "speculators Llama-3.3-70B draft, model card measurements"
-STRONGER_CARD = "a stronger public Llama-3.3-70B draft, model card measurements"
-K2_CARD = "Kimi-K2 EAGLE-3 draft (SpecForge, 1.4M samples), model card"
-K25_CARD = "Kimi-K2.5 EAGLE-3 draft (~600k regenerated samples), model card"
+# The day the figures without a date of their own were read off their pages.
+READ_ON = date(2026, 12, 7)
+
+
+@dataclass(frozen=True)
+class Citation:
+    """Where a figure is published: a page (https), and a date: the page's own (`published`) or, where the
+    page gives none, the day the figure was read off it (`read`)."""
+
+    url: str
+    on: date
+    date_kind: Literal["published", "read"]
+
+    @property
+    def date_label(self) -> str:
+        return f"{'published' if self.date_kind == 'published' else 'read on'} {self.on.isoformat()}"
+
+
+def hub(model_id: str, on: date = READ_ON) -> Citation:
+    """A Hugging Face model card, read on `on`."""
+    return Citation(f"https://huggingface.co/{model_id}", on, "read")
+
+
+# EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time Test (v1, 2025-03-03).
+PAPER = Citation("https://arxiv.org/abs/2503.01840", date(2025, 3, 3), "published")
+# SpecForge's SpecBundle performance dashboard: SGLang, batch 1, topk 1, steps 3 / 5 / 7.
+SPEC_BUNDLE = Citation("https://docs.sglang.io/SpecForge/SpecBundle/index.html", READ_ON, "read")
+# nebius's card measures its own draft and RedHatAI's side by side (MT-Bench, HumanEval, GSM8K; T = 1, K = 7).
+NEBIUS_CARD = hub("nebius/EAGLE3-Llama-3.3-70B-Instruct")
 
 
 @dataclass(frozen=True)
 class Reference:
-    """One published figure."""
+    """One published figure: the verifier class it is for, the draft measured (its model id), the benchmark,
+    k (None: tree decoding), the temperature (None: not stated), the acceptance length and its citation."""
 
     model_class: str
-    acceptance_length: float
-    k: int | None  # speculative tokens; None: tree decoding or not stated
-    temperature: float | None  # None: not stated
+    model_id: str
     benchmark: str
-    source: str
-    drafting: str = "chain"  # chain or tree
+    acceptance_length: float
+    k: int | None
+    temperature: float | None
+    citation: Citation
+    drafting: Literal["chain", "tree"] = "chain"
+
+    @property
+    def setting(self) -> str:
+        k = f"k={self.k}" if self.k is not None else self.drafting
+        t = f", T={self.temperature:g}" if self.temperature is not None else ""
+        return f"{self.benchmark}, {k}{t}"
 
     @property
     def label(self) -> str:
-        k = f"k={self.k}" if self.k is not None else self.drafting
-        return f"{self.benchmark}, {k} ({self.source})"
+        """The figure's setting and its source: the URL (the draft's model card, which names its model id; or
+        the draft's model id at the page that measured it) and the date."""
+        where = self.citation.url
+        if where != hub(self.model_id).url:
+            where = f"{self.model_id} at {where}"
+        return f"{self.setting}: {where} ({self.citation.date_label})"
 
 
 def _refs(
-    model_class: str, figures: dict[str, float], k: int | None, temperature: float | None, source: str,
-    drafting: str = "chain",
+    model_class: str, model_id: str, figures: dict[str, float], k: int | None, temperature: float | None,
+    citation: Citation, drafting: Literal["chain", "tree"] = "chain",
 ) -> list[Reference]:  # fmt: skip
     return [
-        Reference(model_class, tau, k, temperature, bench, source, drafting) for bench, tau in figures.items()
+        Reference(model_class, model_id, bench, tau, k, temperature, citation, drafting)
+        for bench, tau in figures.items()
     ]
 
 
 LLAMA_8B, LLAMA_70B = "Llama-3.1-8B", "Llama-3.3-70B"
 KIMI_K2, KIMI_K25, KIMI_K26 = "Kimi-K2", "Kimi-K2.5", "Kimi-K2.6"
+SPECBUNDLE_8B = "lmsys/SGLang-EAGLE3-Llama-3.1-8B-Instruct-SpecForge"
+PAPER_8B, PAPER_70B = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"
+NEBIUS_70B = "nebius/EAGLE3-Llama-3.3-70B-Instruct"
+REDHAT_70B = "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3"
+K2_DRAFT = "AQ-MedAI/Kimi-K2-Instruct-eagle3"
+K25_DRAFT = "lightseekorg/kimi-k2.5-eagle3"
+K26_NVIDIA, K26_AQ = "nvidia/Kimi-K2.6-Eagle3", "AQ-MedAI/Kimi-K26-eagle3"
+TREE: Literal["tree"] = "tree"
 
 REFERENCES: tuple[Reference, ...] = (
-    *_refs(LLAMA_8B, {"MT-bench": 6.13, "HumanEval": 6.74, "GSM8K": 6.23}, None, 0.0, PAPER, "tree"),
-    *_refs(LLAMA_8B, {"MT-Bench": 2.90, "HumanEval": 3.34}, 3, None, SPEC_BUNDLE),
-    *_refs(LLAMA_8B, {"MT-Bench": 3.52, "HumanEval": 4.32}, 5, None, SPEC_BUNDLE),
-    *_refs(LLAMA_8B, {"MT-Bench": 3.86, "HumanEval": 4.91}, 7, None, SPEC_BUNDLE),
-    *_refs(LLAMA_70B, {"MT-bench": 5.63, "HumanEval": 6.52, "GSM8K": 6.15}, None, 0.0, PAPER, "tree"),
-    *_refs(LLAMA_70B, {"MT-bench": 2.88, "HumanEval": 3.62, "GSM8K": 3.29}, 7, 1.0, SPECULATORS_CARD),
-    *_refs(LLAMA_70B, {"MT-bench": 3.89, "HumanEval": 5.08, "GSM8K": 5.01}, 7, 1.0, STRONGER_CARD),
-    *_refs(KIMI_K2, {"HumanEval": 3.37, "GSM8K": 3.17}, None, None, K2_CARD),
-    *_refs(KIMI_K25, {"MT-Bench": 2.69, "GSM8K": 3.20, "HumanEval": 3.29}, None, None, K25_CARD),
-    Reference(KIMI_K26, 2.30, 3, None, "vLLM TP8", "Kimi-K2.6 MLA draft, model card"),
-    Reference(KIMI_K26, 2.62, 3, None, "MT-Bench", "Kimi-K2.6 NVIDIA draft, model card"),
-    Reference(KIMI_K26, 3.22, 3, None, "HumanEval", "Kimi-K2.6 AQ-MedAI draft, model card"),
+    # the paper's tree decoding at temperature 0
+    *_refs(LLAMA_8B, PAPER_8B, {"MT-Bench": 6.13, "HumanEval": 6.74, "GSM8K": 6.23}, None, 0.0, PAPER, TREE),
+    *_refs(LLAMA_70B, PAPER_70B, {"MT-Bench": 5.63, "HumanEval": 6.52, "GSM8K": 6.15}, None, 0.0, PAPER,
+           TREE),
+    # chain drafting
+    *_refs(LLAMA_8B, SPECBUNDLE_8B, {"MT-Bench": 2.90, "HumanEval": 3.34}, 3, None, SPEC_BUNDLE),
+    *_refs(LLAMA_8B, SPECBUNDLE_8B, {"MT-Bench": 3.52, "HumanEval": 4.32}, 5, None, SPEC_BUNDLE),
+    *_refs(LLAMA_8B, SPECBUNDLE_8B, {"MT-Bench": 3.86, "HumanEval": 4.91}, 7, None, SPEC_BUNDLE),
+    *_refs(LLAMA_70B, REDHAT_70B, {"MT-Bench": 2.88, "HumanEval": 3.62, "GSM8K": 3.29}, 7, 1.0, NEBIUS_CARD),
+    *_refs(LLAMA_70B, NEBIUS_70B, {"MT-Bench": 3.89, "HumanEval": 5.08, "GSM8K": 5.01}, 7, 1.0, NEBIUS_CARD),
+    *_refs(KIMI_K2, K2_DRAFT, {"HumanEval": 3.372, "GSM8K": 3.165}, 3, None, hub(K2_DRAFT)),
+    *_refs(KIMI_K25, K25_DRAFT, {"MT-Bench": 2.687, "GSM8K": 3.201, "HumanEval": 3.285}, 3, None,
+           hub(K25_DRAFT)),
+    Reference(KIMI_K26, K26_NVIDIA, "MT-Bench", 2.62, 3, None, hub(K26_NVIDIA)),
+    Reference(KIMI_K26, K26_AQ, "HumanEval", 3.217, 3, None, hub(K26_AQ)),
 )  # fmt: skip
 
 # The classes by the verifier's model id or path, most specific first.
@@ -105,8 +156,9 @@ def references_for(model: str) -> tuple[str, list[Reference]]:
 
 @dataclass(frozen=True)
 class PredictedLength:
-    """An acceptance length to predict at: its value (clamped to k + 1), where it comes from, and what was
-    published (None for the user's own target)."""
+    """An acceptance length to predict at: its value (clamped to k + 1), where it comes from (for a published
+    figure: its setting, the draft's model id, the URL and the date), and what was published (None for the
+    user's own target)."""
 
     acceptance_length: float
     source: str
@@ -128,15 +180,12 @@ def acceptance_lengths_for(
     A figure above k + 1 is clamped to k + 1, and its source says so."""
     found, refs = references_for(model)
     out: list[PredictedLength] = []
-    prefix = "" if found != UNKNOWN_CLASS else "unknown verifier class, dense chain-drafting range: "
     for ref in refs:
         value, clamped = clamp(ref.acceptance_length, k)
         note = f"; {ref.acceptance_length} published, clamped to k+1={k + 1}" if clamped else ""
-        out.append(
-            PredictedLength(
-                value, f"{prefix}{ref.model_class} {ref.label}{note}", ref.acceptance_length, clamped
-            )
-        )
+        # the result names the class (modelClass); a figure borrowed for an unknown class names its own
+        prefix = "" if found != UNKNOWN_CLASS else f"unknown verifier class, {ref.model_class}'s range: "
+        out.append(PredictedLength(value, f"{prefix}{ref.label}{note}", ref.acceptance_length, clamped))
     if target is not None:
         value, clamped = clamp(target, k)
         note = f"; {target} asked, clamped to k+1={k + 1}" if clamped else ""

@@ -11,13 +11,16 @@ import pytest
 from rich.console import Console
 
 from eagle3_cli.status import plain_table, prediction_lines
+from eagle3_contract.acceptance_references import REFERENCES, acceptance_lengths_for
 from eagle3_contract.api.status import Eagle3RunStatus, RunPhase, RunPlan, StageStatus
 from eagle3_contract.api.validation import parse_spec
 from eagle3_contract.results import PredictResult, check_result, parse_result
 from eagle3_contract.stages import NO_PREDICTION, Stage, plan_stages
 from eagle3_operator.reconcile.prediction import plan_prediction, prediction_of
 from eagle3_pipeline.local.plan import plan_lines, plan_table, with_lengths
+from eagle3_pipeline.stage_main import TERMINATION_LIMIT
 from eagle3_pipeline.stages.predict.prediction import (
+    STEP_COST_NOTE,
     break_even,
     interpolate,
     step_cost_tokens_per_second,
@@ -140,18 +143,33 @@ def test_the_canned_result_is_what_the_program_may_commit() -> None:
     assert result.acceptance_lengths is not None and result.acceptance_lengths[2].clamped is True
 
 
-def test_a_long_reference_list_fits_a_termination_message() -> None:
-    """Kubernetes keeps 4 KiB: the prediction of a known class (ten lengths, three concurrencies) fits."""
-    rows = [dict(CANNED["acceptanceLengths"][2], source="x" * 110) for _ in range(10)]
-    big = CANNED | {
-        "concurrencies": [1, 8, 32],
-        "acceptanceLengths": rows,
-        "tokensPerSecond": [[1234.56, 2345.67, 3456.78]] * 10,
-        "speedup": [[1.2345, 2.3456, 0.9876]] * 10,
-        "methodNote": "y" * 330,
-        "verdict": "z" * 160,
-    }
-    assert len(json.dumps(big, sort_keys=True, separators=(",", ":"))) < 4096
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize(
+    "model",
+    ["meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.3-70B-Instruct", "moonshotai/Kimi-K2-Instruct",
+     "moonshotai/Kimi-K2.5", "moonshotai/Kimi-K2.6", "/models/tiny"],
+)  # fmt: skip
+def test_a_prediction_with_its_sources_fits_a_termination_message(model: str, k: int) -> None:
+    """Kubernetes keeps 4 KiB of the predict stage's termination message: its result at three concurrencies,
+    every source in full (URL and date), the longest method note and verdict, still fits whole."""
+    found, lengths = acceptance_lengths_for(model, k, target=float(k) + 0.5)
+    rows = [
+        {"acceptanceLength": p.acceptance_length, "source": p.source, "published": p.published,
+         "clamped": p.clamped}
+        for p in lengths
+    ]  # fmt: skip
+    result = {
+        "method": "step-cost", "methodNote": STEP_COST_NOTE, "modelClass": found, "numSpeculativeTokens": k,
+        "maxTokens": 4096, "concurrencies": [1, 64, 1024], "acceptanceLengths": rows,
+        "tokensPerSecond": [[12345.67, 23456.78, 34567.89]] * len(rows),
+        "speedup": [[1.2345, 2.3456, 0.9876]] * len(rows), "baselineTokensPerSecond": [1234.56] * 3,
+        "draftTokensPerSecond": [1234.56] * 3, "measuredAcceptanceLength": [1.2345] * 3,
+        "breakEven": [1.234, 2.345, None], "verdict": verdict([1, 64, 1024], [1.234, 2.345, None], k),
+        "prompts": 2048, "promptsSource": "first user turns of /models/datasets/a-long-dataset-name.jsonl",
+        "failedRequests": 0, "serverStartSeconds": {"baseline": 123.4, "draft": 234.5}, "seconds": 1234.5,
+        "message": None,
+    }  # fmt: skip
+    assert len(json.dumps(result, sort_keys=True, separators=(",", ":")).encode()) <= TERMINATION_LIMIT
 
 
 def render(result: PredictResult) -> str:
@@ -169,6 +187,50 @@ def test_the_plan_table_has_every_cell_and_the_break_even() -> None:
     lines = plan_lines(canned())
     assert lines[0].startswith("a draft pays off at concurrency 1 from acceptance length 1.25")
     assert any("untrained draft's own acceptance length" in line for line in lines)
+
+
+def published(model: str, k: int) -> PredictResult:
+    """The canned result with the rows a verifier of `model`'s class gets: its published figures' sources."""
+    found, lengths = acceptance_lengths_for(model, k)
+    rows = [
+        {"acceptanceLength": p.acceptance_length, "source": p.source, "published": p.published,
+         "clamped": p.clamped}
+        for p in lengths
+    ]  # fmt: skip
+    doc = CANNED | {
+        "modelClass": found, "numSpeculativeTokens": k, "acceptanceLengths": rows,
+        "tokensPerSecond": [[100.0 * p.acceptance_length, 400.0] for p in lengths],
+        "speedup": [[p.acceptance_length, 1.0] for p in lengths],
+    }  # fmt: skip
+    parsed = parse_result(Stage.PREDICT, json.dumps(doc))
+    assert isinstance(parsed, PredictResult)
+    return parsed
+
+
+def test_the_plan_prints_each_published_figure_with_its_source() -> None:
+    """Beside each figure `eagle3 plan` prints where it is published: the benchmark, k, the temperature, the
+    draft's model id, the URL and the date (whole, never folded at a usual width)."""
+    console = Console(width=400, record=True)
+    console.print(plan_table(published("meta-llama/Llama-3.3-70B-Instruct", 7)))
+    lines = console.export_text().splitlines()
+    refs = [r for r in REFERENCES if r.model_class == "Llama-3.3-70B"]
+    assert len(refs) == 9
+    for ref in refs:
+        figure = f"{ref.acceptance_length:.2f}"
+        row = next(
+            (
+                line
+                for line in lines
+                if [c.strip() for c in line.split("│")[1:2]] == [figure] and ref.label in line
+            ),
+            None,
+        )
+        assert row is not None, ref.label
+        assert ref.citation.url in row and ref.model_id in row and ref.benchmark in row
+    text = "\n".join(lines)
+    assert "verifier class Llama-3.3-70B" in text
+    assert "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3 at https://huggingface.co/nebius/" in text
+    assert "stronger" not in text
 
 
 def test_extra_lengths_are_read_off_the_measured_rows() -> None:

@@ -5,7 +5,9 @@ The schemas are kubernetes-validate's strict Kubernetes 1.31 definitions, commit
 (`devtools/kubernetes_schemas.py` writes it; `make crds`). The same schema is the field's JSON Schema, so the
 CRD carries it too (the API server checks it when the run is applied), and jsonschema checks it here when a
 spec is parsed: a value the API server would refuse when the operator creates a pod is refused with the run,
-naming the field. Explicit nulls are dropped first, as the API server prunes them.
+naming the field. Explicit nulls are dropped first, as the API server prunes them. The schemas keep
+Kubernetes' descriptions, so `kubectl explain eagle3run.spec.pod.affinity` explains every field below it as
+it does a pod's; the field's own description (the model's) replaces the type's at the top.
 """
 
 from __future__ import annotations
@@ -41,8 +43,19 @@ def kubernetes_version() -> str:
 
 
 def schema_of(type_name: str) -> dict[str, Any]:
-    """The committed schema of one embedded type (a copy)."""
+    """The committed schema of one embedded type (a copy), Kubernetes' descriptions included."""
     return copy.deepcopy(_document()["types"][type_name])
+
+
+def embedded_type(node: dict[str, Any]) -> str | None:
+    """The embedded Kubernetes type a schema node is (the committed schema's, or the CRD's node made from it),
+    known by its fields; None for any other node. The API reference links such a node to the Kubernetes
+    reference instead of repeating Kubernetes' tables."""
+    fields = set(node.get("properties") or {})
+    if not fields:
+        return None
+    types: dict[str, Any] = _document()["types"]
+    return next((name for name, schema in types.items() if set(schema.get("properties", {})) == fields), None)
 
 
 @functools.cache

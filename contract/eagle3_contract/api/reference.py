@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from eagle3_contract.api.crd import INT_OR_STRING_KEY, PRESERVE_KEY, VALIDATIONS_KEY, build_crd
+from eagle3_contract.api.kubernetes_types import embedded_type
 
 COMMAND = "make crds"
 HEADER = (
@@ -47,10 +48,9 @@ def _is_object(node: dict[str, Any]) -> bool:
 
 
 def is_kubernetes_type(node: dict[str, Any]) -> bool:
-    """A Kubernetes type the spec embeds (eagle3_contract.api.kubernetes_types): its fields carry no
-    descriptions of ours, and the Kubernetes API reference documents them."""
-    properties = node.get("properties") or {}
-    return bool(properties) and not any("description" in sub for sub in properties.values())
+    """A Kubernetes type the spec embeds (eagle3_contract.api.kubernetes_types): the Kubernetes API reference
+    documents its fields (and `kubectl explain` shows their descriptions from the CRD)."""
+    return embedded_type(node) is not None
 
 
 def _child_object(node: dict[str, Any], path: str) -> tuple[str, dict[str, Any]] | None:

@@ -3,11 +3,11 @@
 speculators 0.9.0 (`speculators.train.graceful_shutdown`) turns the first SIGINT or SIGTERM during
 `Trainer.run_training` into `TrainingInterruptedError`, raised by the signal handler wherever the main thread
 is, and catches it in `run_training`'s decorator to save `checkpoints/interrupted` and return. Raised at an
-arbitrary bytecode, the exception is not always what arrives there. Sending the signal at chosen calls after
-an epoch's metrics line (98 points), 3 went wrong:
-  - inside a log line, logging's `Handler.emit` hands it to `handleError`, which prints "--- Logging error
-    ---" and goes on; inside a generator's finalizer Python ignores it. The first signal is spent (the
-    handler ignores later ones): training goes on, and a pod asked to stop trains until Kubernetes kills it;
+arbitrary bytecode, the exception is not always what arrives there:
+  - inside a log line, logging's `Handler.emit` hands it (an Exception) to `handleError`, which prints "---
+    Logging error ---" and goes on; inside a generator's finalizer Python ignores it (both are Python's
+    documented handling of an exception raised there). The first signal is spent (the handler ignores later
+    ones): training goes on, and a pod asked to stop trains until Kubernetes kills it;
   - inside torch's `vmap` (flex attention's mask), vmap's own clean-up fails an internal assert
     ("!dynamicLayerStack.empty()"), and that RuntimeError replaces the interruption: the stage fails with
     torch's message instead of "training stopped after epochs" (what made the SIGTERM test fail once in CI).

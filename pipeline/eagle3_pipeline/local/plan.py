@@ -75,13 +75,16 @@ def _cell(speedup: float | None, tokens: float | None) -> str:
 
 
 def plan_table(result: PredictResult) -> Any:
-    """A rich Table: a row per acceptance length (its source), a column per concurrency."""
+    """A rich Table: a row per acceptance length with its source beside it (for a published figure: the
+    benchmark, k, the temperature, the URL that publishes it (naming the draft's model id) and the date), a
+    column per concurrency."""
     from rich.table import Table
 
     concurrencies = result.concurrencies or []
-    table = Table(title=f"predicted speedup ({result.method}, k={result.num_speculative_tokens})")
+    where = f", verifier class {result.model_class}" if result.model_class else ""
+    table = Table(title=f"predicted speedup ({result.method}, k={result.num_speculative_tokens}{where})")
     table.add_column("acceptance length")
-    table.add_column("source", overflow="fold", max_width=48)
+    table.add_column("source", overflow="fold", min_width=24)
     for c in concurrencies:
         table.add_column(f"concurrency {c}", justify="right")
     tokens = result.tokens_per_second or []

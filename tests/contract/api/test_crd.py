@@ -54,19 +54,23 @@ def schema_nodes(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[s
     return found
 
 
-def properties_without_description(node: dict[str, Any], path: str = "") -> list[str]:
-    """Paths of properties, at every depth (through arrays and maps too), that carry no description; an
-    embedded Kubernetes type's own fields are described by Kubernetes (its reference), not here."""
-    missing = []
+def properties(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every property under `node`, at every depth (through arrays and maps, and into the embedded Kubernetes
+    types too), with its path."""
+    found = []
     for name, sub in node.get("properties", {}).items():
-        if not str(sub.get("description", "")).strip():
-            missing.append(f"{path}.{name}")
-        if not is_kubernetes_type(sub):
-            missing += properties_without_description(sub, f"{path}.{name}")
+        found.append((f"{path}.{name}", sub))
+        found += properties(sub, f"{path}.{name}")
     for key, suffix in (("items", "[*]"), ("additionalProperties", ".<key>")):
         if isinstance(node.get(key), dict):
-            missing += properties_without_description(node[key], path + suffix)
-    return missing
+            found += properties(node[key], path + suffix)
+    return found
+
+
+def properties_without_description(node: dict[str, Any], path: str = "") -> list[str]:
+    """Paths of properties, at every depth, that carry no description (what `kubectl explain` would show
+    empty): the embedded Kubernetes types' fields included, which carry Kubernetes' own."""
+    return [where for where, sub in properties(node, path) if not str(sub.get("description", "")).strip()]
 
 
 def test_committed_crd_is_current() -> None:
@@ -162,6 +166,39 @@ def test_every_property_has_a_description() -> None:
     assert root_schema()["properties"]["metadata"] == {"type": "object"}
 
 
+def test_kubectl_explain_explains_every_spec_field() -> None:
+    """Every property under the committed CRD's spec, the embedded Kubernetes types' fields included (what
+    `kubectl explain eagle3run.spec.pod.affinity...` reads), has a description; the embedded types' are
+    Kubernetes' own, and the field itself keeps ours."""
+    crd = yaml.safe_load(COMMITTED.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    every = properties(spec, "spec")
+    assert len(every) > 400  # the embedded types' fields are walked too
+    assert [where for where, sub in every if not str(sub.get("description", "")).strip()] == []
+    pod = spec["properties"]["pod"]["properties"]
+    affinity = pod["affinity"]
+    assert affinity["description"].startswith("A core/v1 Affinity")  # ours, over Kubernetes' type description
+    node_affinity = affinity["properties"]["nodeAffinity"]
+    assert node_affinity["description"] == schema_of("Affinity")["properties"]["nodeAffinity"]["description"]
+    assert "node affinity scheduling rules" in node_affinity["description"]
+    embedded = [
+        spec["properties"]["nodePool"]["properties"]["affinity"], affinity, pod["securityContext"],
+        pod["containerSecurityContext"], pod["env"]["items"]["properties"]["valueFrom"],
+    ]  # fmt: skip
+    assert all(is_kubernetes_type(node) for node in embedded)
+    assert not is_kubernetes_type(spec) and not is_kubernetes_type(spec["properties"]["pod"])
+
+
+def test_the_crd_fits_where_it_is_applied() -> None:
+    """`kubectl apply -f crds/` (crds.install false) keeps the whole object in its last-applied annotation,
+    and the API server allows 256 KiB for all of an object's annotations; the chart's Helm release keeps it
+    gzipped in a Secret (1 MiB). The embedded types' descriptions are the bulk of the CRD: they must leave
+    room."""
+    crd = yaml.safe_load(COMMITTED.read_text())
+    compact = json.dumps(crd, separators=(",", ":")).encode()
+    assert len(compact) < 200 * 1024, len(compact)  # under 256 KiB with room for the rules still to come
+
+
 def test_conversion_cases() -> None:
     """Spot checks of each conversion rule on real fields."""
     spec = spec_schema()["properties"]
@@ -187,9 +224,9 @@ def test_conversion_cases() -> None:
     assert pool["nodeSelector"]["additionalProperties"] == {"type": "string"}
     # an embedded Kubernetes type: its schema, refs inlined, no free-form object (issue 28 item 9)
     assert pool["affinity"] == {
-        "description": "A core/v1 Affinity of the GPU pods.",
-        "default": {},
         **structural(schema_of("Affinity"), {}),
+        "description": "A core/v1 Affinity of the GPU pods.",  # the field's, over Kubernetes' type's
+        "default": {},
     }
     assert PRESERVE not in pool["affinity"]
     requests = spec["stages"]["properties"]["train"]["properties"]["resources"]["properties"]["requests"]

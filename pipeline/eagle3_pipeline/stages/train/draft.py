@@ -202,9 +202,10 @@ def cpu_threads(hidden_size: int, cpus: int) -> int:
     """Intra-op threads for training a draft of `hidden_size` on `cpus` CPUs: every one of them, but a single
     thread for a draft narrower than HIDDEN_PER_THREAD.
 
-    A small draft's matmuls are too small to split: a hidden-128 draft ran 4x faster on one thread than on
-    two (0.28 against 1.11 s per step on a busy 2-core machine). A 100M-class verifier's draft (hidden 576)
-    is not: docs/benchmarks.md has both measured.
+    A draft at a 100M-class verifier's shape (hidden 576) ran 1.78x faster on two threads than on one
+    (`benchmarks/train_cpu.py --shape 100m --threads 2` against `--threads 1`, docs/benchmarks.md); the tiny
+    draft (hidden 128) is measured on one thread only (`benchmarks/train_cpu.py`), its products too small to
+    be worth splitting. The threshold is only known to lie between the two shapes.
     """
     return 1 if hidden_size < HIDDEN_PER_THREAD else max(1, cpus)
 
