@@ -130,6 +130,8 @@ class PreparedResult(StageResult):
     skipped: dict[str, int] | None = None
     skipped_total: int | None = None
     skipped_examples: dict[str, list[str]] | None = None
+    # the samples by what they hold: chat, tool_calls, tool_calls_untrained, tool_results
+    kept: dict[str, int] | None = None
     tokens: int | None = None
     assistant_tokens: int | None = None
     unique_assistant_tokens: int | None = None
@@ -168,6 +170,7 @@ class GenerateResult(PreparedResult):
 
     rows: int | None = None
     regenerated: int | None = None
+    kept_as_recorded: int | None = None  # conversations with tools: not regenerated
     failed: int | None = None
     resumed: int | None = None
     output_tokens: int | None = None

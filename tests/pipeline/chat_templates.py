@@ -48,6 +48,48 @@ QWEN3 = (
 )
 TEMPLATES = {"llama3": LLAMA3, "chatml": CHATML, "mistral": MISTRAL, "qwen3": QWEN3}
 
+# Templates with tool support. Hermes/Qwen2.5-style: the tool schemas in the system turn, each call a
+# <tool_call> block after the assistant's text, tool answers grouped into one user turn.
+HERMES = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n<tools>{% for t in tools %}{{ '\\n' }}{{ t | tojson }}{% endfor %}"
+    "{{ '\\n' }}</tools><|im_end|>\n"
+    "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' or (m['role'] == 'assistant' and not m.get('tool_calls')) %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% elif m['role'] == 'assistant' %}<|im_start|>assistant{% if m['content'] %}{{ '\\n' + m['content'] }}"
+    "{% endif %}{% for c in m['tool_calls'] %}{{ '\\n' }}<tool_call>\n"
+    "{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": {{ c['function']['arguments'] | tojson }}}"
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Llama-3.1-style: a calling turn is its call as JSON alone (its text is dropped), answers in ipython turns.
+LLAMA31 = (
+    "<|begin_of_text|>{% for m in messages %}"
+    "{% if m['role'] == 'assistant' and m.get('tool_calls') %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{% for c in m['tool_calls'] %}{\"name\": \"{{ c['function']['name'] }}\", \"parameters\": "
+    "{{ c['function']['arguments'] | tojson }}}{% endfor %}CALL_END"
+    "{% elif m['role'] == 'tool' %}"
+    "<|start_header_id|>ipython<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
+    "{% else %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+TOOL_TEMPLATES = {
+    "hermes": HERMES,
+    "llama31": LLAMA31.replace("CALL_END", "<|eot_id|>"),
+    # Llama 3.1 with built-in tools closes a call with <|eom_id|>: the next <|eot_id|> ends the tool's answer
+    "llama31_eom": LLAMA31.replace("CALL_END", "<|eom_id|>"),
+}
+
 CORPUS = [
     "hello world, how are you today? count from one to ten: one two three four five six seven eight nine ten",
     "the sky is blue and the grass is green. think step by step. answer: yes no maybe",

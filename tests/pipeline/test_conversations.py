@@ -9,8 +9,17 @@ from typing import Any
 
 import pytest
 
-from eagle3_pipeline.data.conversations import detect_format, load_conversations
+from eagle3_pipeline.data.conversations import RowError, detect_format, load_conversations
 from eagle3_pipeline.runtime.errors import StageError
+from tests.pipeline.function_calling import (
+    MALFORMED,
+    RESULT,
+    TOOLS,
+    legacy_calls_row,
+    openai_calls_row,
+    parallel_calls_row,
+    sharegpt_calls_row,
+)
 from tests.pipeline.manifests import chat, write_jsonl
 
 SHAREGPT = {
@@ -254,3 +263,57 @@ def test_rows_that_share_one_id_are_made_unique_in_linear_time() -> None:
     assert claimed[:3] == ["same", "same#2", "same#3"] and claimed[3000] == "same#5#2"
     assert claimed[-1] == "same#3001" and len(set(claimed)) == len(claimed)
     assert Counted.looks <= 3 * len(claimed)  # the search from 2 for each repeat: about 4.5 million
+
+
+# --- function calling: tool calls and tool turns ------------------------------------------------------------
+
+
+def test_tool_calls_and_tool_turns_are_kept_in_every_layout(tmp_path: Path) -> None:
+    """OpenAI tool calls (content null, arguments as JSON text or an object), tool turns, the legacy
+    function_call and function turns, and ShareGPT's function_call and observation turns all normalize to
+    the OpenAI form chat templates take, arguments decoded as vLLM hands them over; the row's tools too."""
+    rows = [openai_calls_row(0), parallel_calls_row(0), legacy_calls_row(0), sharegpt_calls_row(0)]
+    out, skips, fmt = load_conversations(str(write_jsonl(tmp_path / "fc.jsonl", rows)), "train", "auto")
+    assert not skips.total() and fmt == "messages+sharegpt"
+    by_id = {c["id"]: c for c in out}
+    weather = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "city0"}}}
+    assert by_id["fc0"]["messages"][2:4] == [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "w0", **weather}]},
+        {"role": "tool", "content": f"{RESULT} sunny 0", "tool_call_id": "w0"},
+    ]
+    assert by_id["fc0"]["messages"][4]["content"] == "it is sunny in city0"
+    assert by_id["fc0"]["messages"][4]["tool_calls"][0]["function"]["arguments"] == {"zone": "zone0"}
+    assert [c["id"] for c in by_id["par0"]["messages"][1]["tool_calls"]] == ["a0", "b0"]
+    assert by_id["leg0"]["messages"][1:3] == [
+        {"role": "assistant", "content": "", "tool_calls": [weather]},
+        {"role": "tool", "content": f"{RESULT} snow 0", "name": "get_weather"},
+    ]
+    assert by_id["sg0"]["messages"][1:3] == [
+        {"role": "assistant", "content": "", "tool_calls": [weather]},
+        {"role": "tool", "content": f"{RESULT} fog 0"},
+    ]
+    assert by_id["fc0"]["tools"] == by_id["par0"]["tools"] == by_id["sg0"]["tools"] == TOOLS
+    assert "tools" not in by_id["leg0"]
+
+
+def test_a_tool_turn_may_be_empty_but_no_other_turn_may() -> None:
+    from eagle3_pipeline.data.conversations import normalize
+
+    silent = {"role": "tool", "content": ""}
+    assert normalize({"messages": [*openai_calls_row(0)["messages"][:3], silent]}, "messages")[-1] == silent
+    with pytest.raises(RowError) as caught:
+        normalize(
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]}, "messages"
+        )
+    assert caught.value.reason == "empty"
+
+
+@pytest.mark.parametrize(("row", "detail"), MALFORMED, ids=[d for _, d in MALFORMED])
+def test_malformed_tool_fields_are_refused_saying_which(
+    tmp_path: Path, row: dict[str, Any], detail: str
+) -> None:
+    out, skips, _ = load_conversations(
+        str(write_jsonl(tmp_path / "m.jsonl", [row, MESSAGES])), "train", "auto"
+    )
+    assert len(out) == 1 and dict(skips.counts) == {"malformed": 1}
+    assert detail in skips.examples["malformed"][0]

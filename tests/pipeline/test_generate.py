@@ -25,6 +25,7 @@ from eagle3_pipeline.stage_main import run_stage
 from eagle3_pipeline.stages.generate.program import FAILED_FILE
 from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.checkpoints import bfloat16_copy, weight_dtypes
+from tests.pipeline.function_calling import TOOLS
 from tests.pipeline.manifests import base_spec, write_manifest
 from tests.pipeline.test_vllm_server import vllm_or_skip
 
@@ -216,6 +217,34 @@ def test_every_turn_is_regenerated_in_order(tmp_path: Path, verifier: Path, fake
     assert (out / "data").is_dir() and (out / "token_freq.pt").is_file()
     assert (out / "vllm.log").read_text().startswith("==> eagle3: ")
     assert not alive(fake.pid()), "the server is stopped with the stage"
+
+
+@pytest.mark.pipeline
+def test_a_conversation_with_tools_is_kept_as_recorded(tmp_path: Path, verifier: Path, fake: Fake) -> None:
+    """Function calling: the verifier's own calls would need the tools' answers to them, so a conversation
+    with tool calls or tool turns is kept as the dataset recorded it (and counted), never sent half-read."""
+    call = {
+        "id": "w",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+    }
+    with_tools = {
+        **conversation(
+            5,
+            user("weather?"),
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "w"},
+            assistant("sunny today"),
+        ),
+        "tools": TOOLS,
+    }
+    code, out = generate(tmp_path, verifier, [MIXED[0], with_tools])
+    assert code == 0
+    assert read_jsonl(out / "conversations.jsonl")[1] == with_tools
+    assert [r["messages"][-1]["content"] for r in fake.requests()] == ["hello"]
+    result = json.loads((out / RESULT_FILE).read_text())
+    assert (result["regenerated"], result["keptAsRecorded"], result["samples"]) == (1, 1, 2)
+    assert result["kept"] == {"chat": 1, "tool_calls_untrained": 1}, "this verifier's template has no tools"
 
 
 @pytest.mark.pipeline

@@ -7,8 +7,15 @@ from typing import Any
 import pytest
 
 from eagle3_pipeline.data.conversations import RowError
-from eagle3_pipeline.data.masking import ChatTemplate, tokenize_conversation
-from tests.pipeline.chat_templates import TEMPLATES, make_tokenizer
+from eagle3_pipeline.data.masking import (
+    TOOL_CALLS,
+    TOOL_CALLS_UNTRAINED,
+    TOOL_RESULTS,
+    ChatTemplate,
+    tokenize_conversation,
+)
+from tests.pipeline.chat_templates import TEMPLATES, TOOL_TEMPLATES, make_tokenizer
+from tests.pipeline.function_calling import RESULT, TOOLS
 
 CONVERSATION = [
     {"role": "system", "content": "be brief"},
@@ -167,10 +174,139 @@ def test_a_bug_while_tokenizing_is_raised_and_a_template_refusal_is_a_row_error(
         with pytest.raises(IndexError, match="offset out of range"):
             tokenize_conversation(chat, CONVERSATION[1:3])
 
-    def refusing(messages: Any, generation_prompt: bool = False) -> str:
+    def refusing(messages: Any, generation_prompt: bool = False, tools: Any = None) -> str:
         raise TemplateError("Conversation roles must alternate user/assistant/user/assistant/...")
 
     monkeypatch.setattr(chat, "render", refusing)
     with pytest.raises(RowError) as caught:
         tokenize_conversation(chat, CONVERSATION[1:3])
     assert caught.value.reason == "template_error" and "must alternate" in str(caught.value)
+
+
+# --- tool calls and tool turns (function-calling data) ------------------------------------------------------
+
+WEATHER = {
+    "id": "call00001",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+}
+TIME = {"id": "call00002", "type": "function", "function": {"name": "get_time", "arguments": {"zone": "CET"}}}
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [WEATHER]},
+    {"role": "tool", "content": f"{RESULT} sunny", "tool_call_id": "call00001", "name": "get_weather"},
+    {"role": "assistant", "content": "let me check the time too", "tool_calls": [TIME]},
+    {"role": "tool", "content": f"{RESULT} noon", "tool_call_id": "call00002", "name": "get_time"},
+    {"role": "assistant", "content": "It is sunny."},
+]
+HERMES_CALLS = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+    'let me check the time too\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+    "<|im_end|>",
+]
+# Where the template renders a call inside the turn its end-of-turn marker closes, the call is trained; where
+# it does not, a turn that only calls is not trained at all (not even the marker), one with text trains that.
+TOOL_EXPECTED = {
+    "hermes": ("".join(HERMES_CALLS) + "It is sunny.<|im_end|>", TOOL_CALLS),
+    "llama31": (  # the template drops a calling turn's text
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'
+        '{"name": "get_time", "parameters": {"zone": "CET"}}<|eot_id|>It is sunny.<|eot_id|>',
+        TOOL_CALLS,
+    ),
+    # closing a call with <|eom_id|>, the next <|eot_id|> would end the tool's answer: no call is trained
+    "llama31_eom": ("It is sunny.<|eot_id|>", TOOL_CALLS_UNTRAINED),
+    # no tool support: the calls are not in the text
+    "llama3": ("let me check the time too<|eot_id|>It is sunny.<|eot_id|>", TOOL_CALLS_UNTRAINED),
+    "chatml": ("let me check the time too<|im_end|>It is sunny.<|im_end|>", TOOL_CALLS_UNTRAINED),
+    "mistral": ("let me check the time too</s>It is sunny.</s>", TOOL_CALLS_UNTRAINED),
+    "qwen3": ("let me check the time too<|im_end|>It is sunny.<|im_end|>", TOOL_CALLS_UNTRAINED),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(TOOL_EXPECTED))
+def any_template(request: pytest.FixtureRequest) -> tuple[str, ChatTemplate]:
+    source = {**TEMPLATES, **TOOL_TEMPLATES}[request.param]
+    return request.param, ChatTemplate(make_tokenizer(source))
+
+
+def trained_at(chat: ChatTemplate, text: str, mask: list[int], part: str) -> list[int]:
+    """The mask of the tokens that overlap each occurrence of `part` in the rendered `text`."""
+    offsets = chat.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    spans = [(at, at + len(part)) for at in range(len(text)) if text.startswith(part, at)]
+    assert spans, f"{part!r} is not rendered"
+    return [m for (a, b), m in zip(offsets, mask, strict=True) if any(a < e and b > s for s, e in spans)]
+
+
+def test_tool_turns_are_context_and_tool_calls_are_trained_where_rendered(
+    any_template: tuple[str, ChatTemplate],
+) -> None:
+    name, chat = any_template
+    out = tokenize_conversation(chat, TOOL_CONVERSATION, tools=TOOLS)
+    expected, kind = TOOL_EXPECTED[name]
+    assert masked_text(chat.tokenizer, out.input_ids, out.loss_mask) == expected
+    assert out.kind == kind
+    text = chat.render(TOOL_CONVERSATION, tools=TOOLS)
+    assert chat.tokenizer.decode(out.input_ids) == text, (
+        "the ids are the conversation rendered with its tools"
+    )
+    for message in TOOL_CONVERSATION:  # no token of a tool's answer is trained, wherever it is rendered
+        if message["role"] == "tool" and message["content"] in text:
+            assert not any(trained_at(chat, text, out.loss_mask, message["content"]))
+    if "the time in a zone" in text:  # the tool schemas are context too
+        assert not any(trained_at(chat, text, out.loss_mask, "the time in a zone"))
+    slow = ChatTemplate(SlowTokenizer(chat.tokenizer))
+    assert tokenize_conversation(slow, TOOL_CONVERSATION, tools=TOOLS).loss_mask == out.loss_mask
+
+
+def test_a_row_whose_turns_only_call_untrained_tools_is_refused_by_reason() -> None:
+    calls_only = TOOL_CONVERSATION[:4]
+    chat = ChatTemplate(make_tokenizer(TEMPLATES["chatml"]))
+    with pytest.raises(RowError) as caught:
+        tokenize_conversation(chat, calls_only)
+    assert caught.value.reason == TOOL_CALLS_UNTRAINED and "does not render the calls" in str(caught.value)
+    hermes = ChatTemplate(make_tokenizer(TOOL_TEMPLATES["hermes"]))
+    out = tokenize_conversation(hermes, calls_only)
+    assert masked_text(hermes.tokenizer, out.input_ids, out.loss_mask) == HERMES_CALLS[0]
+
+
+def test_tool_turns_without_calls_are_context() -> None:
+    """Hermes-style data whose calls are the assistant's own text: its tool turns stay out of the loss."""
+    chat = ChatTemplate(make_tokenizer(TOOL_TEMPLATES["hermes"]))
+    inline = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": '<tool_call>{"name": "get_weather"}</tool_call>'},
+        {"role": "tool", "content": f"{RESULT} sunny"},
+        {"role": "assistant", "content": "sunny"},
+    ]
+    out = tokenize_conversation(chat, inline)
+    assert out.kind == TOOL_RESULTS
+    assert masked_text(chat.tokenizer, out.input_ids, out.loss_mask) == (
+        '<tool_call>{"name": "get_weather"}</tool_call><|im_end|>sunny<|im_end|>'
+    )
+
+
+def test_a_template_refusing_prefixes_finds_a_calling_turn_by_its_text_and_never_guesses() -> None:
+    """Without the prompt before a turn, a calling turn is found by its text; one without text is left out."""
+    picky = "{% if add_generation_prompt %}{{ raise_exception('no prefixes') }}{% endif %}"
+    chat = ChatTemplate(make_tokenizer(picky + TOOL_TEMPLATES["hermes"]))
+    out = tokenize_conversation(chat, TOOL_CONVERSATION, tools=TOOLS)
+    assert (
+        masked_text(chat.tokenizer, out.input_ids, out.loss_mask)
+        == HERMES_CALLS[1] + "It is sunny.<|im_end|>"
+    )
+    assert out.kind == TOOL_CALLS_UNTRAINED
+
+
+def test_reasoning_of_a_calling_turn_can_stay_out_of_the_loss() -> None:
+    """dataset.lossOnReasoning false: a calling turn's <think> block is context, its text and call trained."""
+    chat = ChatTemplate(make_tokenizer(TOOL_TEMPLATES["hermes"]))
+    turn = {
+        "role": "assistant",
+        "content": "<think>\nweigh it\n</think>\n\nchecking",
+        "tool_calls": [WEATHER],
+    }
+    messages = [TOOL_CONVERSATION[1], turn, TOOL_CONVERSATION[3], TOOL_CONVERSATION[6]]
+    out = tokenize_conversation(chat, messages, loss_on_reasoning=False)
+    trained = masked_text(chat.tokenizer, out.input_ids, out.loss_mask)
+    assert "weigh it" not in trained and trained.startswith("checking\n<tool_call>")

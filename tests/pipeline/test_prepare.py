@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 from eagle3_pipeline.stage_main import run_stage
-from tests.pipeline.chat_templates import save_verifier
+from tests.pipeline.chat_templates import TOOL_TEMPLATES, save_verifier
+from tests.pipeline.function_calling import MALFORMED, TOOLS, calls_only_row, function_calling_rows
 from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
 
 pytestmark = pytest.mark.pipeline
@@ -395,3 +397,88 @@ def test_a_json_document_that_is_not_rows_is_refused_once(tmp_path: Path, verifi
     assert (
         "keys ['data', 'version']" in message and "jq -c '.data[]'" in message and "malformed" not in message
     )
+
+
+# --- function calling: tool calls and tool turns ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tool_verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A verifier whose chat template renders tools, tool calls and tool turns (Hermes/Qwen2.5-style)."""
+    return save_verifier(tmp_path_factory.mktemp("tool-verifier"), template=TOOL_TEMPLATES["hermes"])
+
+
+def prepare_calls(tmp_path: Path, verifier: Path, rows: list[Any]) -> tuple[int, Path]:
+    """prepare with room for the tool schemas: 1024 tokens a sample (the tiny vocabulary spells them out)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spec = base_spec(verifier, write_jsonl(tmp_path / "data.jsonl", rows), maxSequenceLength=1024)
+    spec["training"]["sequenceLength"] = spec["extraction"]["tokenBudget"] = 1024
+    spec_path = write_manifest(tmp_path / "run.yaml", spec)
+    code = run_stage("prepare", str(spec_path), str(tmp_path / "art"), "prepare/h", [])
+    return code, tmp_path / "art" / "prepare" / "h"
+
+
+def loss_over(tokenizer: Any, ids: list[int], mask: list[int], part: str) -> list[int]:
+    """The mask of every token that overlaps an occurrence of `part` in the sample's text."""
+    pieces = [tokenizer.decode([i]) for i in ids]
+    ends = list(itertools.accumulate(len(p) for p in pieces))
+    text = "".join(pieces)
+    found = [(at, at + len(part)) for at in range(len(text)) if text.startswith(part, at)]
+    assert found, f"{part!r} is not in the sample"
+    return [
+        m
+        for end, p, m in zip(ends, pieces, mask, strict=True)
+        if any(end - len(p) < e and end > s for s, e in found)
+    ]
+
+
+def test_a_function_calling_dataset_prepares_with_its_tool_turns_out_of_the_loss(
+    tmp_path: Path, tool_verifier: Path
+) -> None:
+    """Rows with tool calls or tool turns were skipped as malformed, so a function-calling dataset failed
+    prepare. Now tool turns and schemas are context, the assistant's text and calls are trained, and rows
+    whose tool fields are broken are still refused, saying which field."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    broken = [row for row, _ in MALFORMED[:3]]
+    rows = [*function_calling_rows(4), *[chat(i) for i in range(4)], *broken]
+    code, out = prepare_calls(tmp_path, tool_verifier, rows)
+    assert code == 0
+    result = result_of(out)
+    assert result["kept"] == {"chat": 4, "tool_calls": 16} and result["samples"] == 20
+    assert result["skipped"] == {"malformed": 3}
+    assert "turn 1.tool_calls is dict, expected a list" in result["skippedExamples"]["malformed"][0]
+
+    tokenizer = AutoTokenizer.from_pretrained(tool_verifier)
+    conversations = {
+        c["id"]: c for c in map(json.loads, (out / "conversations.jsonl").read_text().splitlines())
+    }
+    for sample in datasets.load_from_disk(str(out / "data")).with_format(None):
+        ids, mask = sample["input_ids"], sample["loss_mask"]
+        conv = conversations[sample["id"]]
+        trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+        for message in conv["messages"]:
+            if message["role"] == "tool":  # no token of a tool's answer is in the loss
+                assert not any(loss_over(tokenizer, ids, mask, message["content"])), sample["id"]
+            elif message["role"] == "assistant":  # the assistant's text and each call's arguments are
+                assert message["content"] in trained, sample["id"]
+                for call in message.get("tool_calls", []):
+                    assert json.dumps(call["function"]["arguments"]) in trained, sample["id"]
+        if "tools" in conv:  # the tool schemas are rendered, as context
+            assert not any(loss_over(tokenizer, ids, mask, "the weather in a city"))
+    assert conversations["fc0"]["tools"] == TOOLS and conversations["sg0"]["messages"][2]["role"] == "tool"
+
+
+def test_tool_calls_a_template_cannot_render_keep_their_rows_text_and_are_counted(
+    tmp_path: Path, verifier: Path
+) -> None:
+    """A verifier whose template has no tool support: rows keep their assistant text; a row that only calls
+    tools has nothing to train and is skipped by its own reason."""
+    rows = [*function_calling_rows(2), *[calls_only_row(i) for i in range(2)], *[chat(i) for i in range(4)]]
+    code, out = prepare_calls(tmp_path, verifier, rows)
+    assert code == 0
+    result = result_of(out)
+    assert result["kept"] == {"chat": 4, "tool_calls_untrained": 8}
+    assert result["skipped"] == {"tool_calls_untrained": 2}
+    assert "does not render the calls" in result["skippedExamples"]["tool_calls_untrained"][0]

@@ -1,10 +1,10 @@
 """Property: prepare's reading, normalising and masking lose nothing, whatever mixture of rows it is fed.
 
-Random files of valid rows (OpenAI messages or ShareGPT, roles in any order, huge and unicode text, BOMs)
-mixed with malformed and adversarial ones (not JSON, wrong types, missing fields, unknown roles, empty
-turns, no answer, invalid UTF-8, nesting deeper than the parser follows, integers longer than Python
-converts, lone surrogates in an id or a turn): prepare never crashes, keeps exactly the valid rows, and counts
-a skip for every other row (issues 13 and 28).
+Random files of valid rows (OpenAI messages or ShareGPT, roles in any order, tool calls and tool turns, huge
+and unicode text, BOMs) mixed with malformed and adversarial ones (not JSON, wrong types, missing fields,
+unknown roles, empty turns, no answer, invalid UTF-8, nesting deeper than the parser follows, integers
+longer than Python converts, lone surrogates in an id or a turn, tool fields of the wrong type): prepare
+never crashes, keeps exactly the valid rows, and counts a skip for every other row (issues 13 and 28).
 
 Random dataset directories (files of any extension and case, hidden ones, links inside the directory and out
 of it, truncated and corrupt compressed files): every data file is read, every other entry is named in one
@@ -46,16 +46,31 @@ texts = st.one_of(words, words.map(lambda w: (w + " ") * 500))
 
 @st.composite
 def valid_row(draw: st.DrawFn) -> bytes:
-    """A row prepare must keep: at least one assistant turn and one non-empty turn of each role used."""
-    roles = draw(st.lists(st.sampled_from(ROLES), min_size=0, max_size=5))
+    """A row prepare must keep: at least one assistant turn with text, one non-empty turn of each role used,
+    and maybe tool calls with their answers (the template does not render the calls: they train nothing)."""
+    roles = draw(st.lists(st.sampled_from((*ROLES, "call")), min_size=0, max_size=5))
     roles.insert(draw(st.integers(0, len(roles))), "assistant")
     turns = [(role, draw(texts)) for role in roles]
     if draw(st.booleans()):
-        row: dict[str, Any] = {"messages": [{"role": r, "content": t} for r, t in turns]}
+        row: dict[str, Any] = {"messages": [m for r, t in turns for m in _openai_turns(r, t)]}
     else:
-        row = {"conversations": [{"from": SHAREGPT[r], "value": t} for r, t in turns]}
+        row = {"conversations": [m for r, t in turns for m in _sharegpt_turns(r, t)]}
     line = json.dumps(row, ensure_ascii=draw(st.booleans())).encode()
     return (BOM if draw(st.booleans()) else b"") + line
+
+
+def _openai_turns(role: str, text: str) -> list[dict[str, Any]]:
+    if role != "call":
+        return [{"role": role, "content": text}]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"q": text})}}
+    return [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "content": text}]
+
+
+def _sharegpt_turns(role: str, text: str) -> list[dict[str, Any]]:
+    if role != "call":
+        return [{"from": SHAREGPT[role], "value": text}]
+    call = json.dumps({"name": "f", "arguments": {"q": text}})
+    return [{"from": "function_call", "value": call}, {"from": "observation", "value": text}]
 
 
 def _turns(messages: list[Any]) -> bytes:
@@ -63,6 +78,12 @@ def _turns(messages: list[Any]) -> bytes:
 
 
 ANSWER = {"role": "assistant", "content": "fine"}
+
+
+def _call(function: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": function}]}
+
+
 junk = st.one_of(st.none(), st.integers(), st.floats(allow_nan=False), st.booleans(), st.lists(st.integers()))
 malformed_row = st.one_of(
     st.sampled_from([b"{broken", b"[1, 2", b"nul", b"\xff\xfe{}", b'{"messages": ["\xe9"]}']),
@@ -82,6 +103,18 @@ malformed_row = st.one_of(
     st.integers(1_000, 50_000).map(lambda n: b'{"messages": ' + b"[" * n + b"]" * n + b"}"),
     st.integers(4_301, 6_000).map(lambda n: b'{"id": ' + b"7" * n + b", " + _turns([ANSWER])[1:]),
     st.just(_turns([{"role": "user", "content": "\ud800 lone"}, ANSWER])),
+    # tool fields that are not what OpenAI's format says
+    junk.map(
+        lambda v: _turns([{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": v}, ANSWER])
+    ),
+    st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), st.lists(st.integers())).map(
+        lambda v: _turns([{"role": "user", "content": "q"}, _call({"name": "f", "arguments": v}), ANSWER])
+    ),
+    junk.map(lambda v: _turns([{"role": "user", "content": "q"}, _call({"name": v}), ANSWER])),
+    # (a list is a list of text parts: [] is a tool's empty answer, which a tool turn may be)
+    junk.filter(lambda v: not isinstance(v, list)).map(
+        lambda v: _turns([{"role": "tool", "content": v}, ANSWER])
+    ),
     st.just(b'{"id": "a\\udfff", ' + _turns([{"role": "user", "content": "q"}, ANSWER])[1:]),
 )
 

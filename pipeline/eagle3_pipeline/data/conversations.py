@@ -1,7 +1,11 @@
 """Chat datasets in, normalized conversations out: OpenAI messages, ShareGPT or prompt-only rows.
 
-Every row becomes `{"id", "messages": [{"role", "content", "reasoning_content"?}]}` with roles system, user
-and assistant; rows that cannot be read that way are counted by reason, never silently dropped.
+Every row becomes `{"id", "messages": [...], "tools"?: [...]}`. A message is `{"role", "content"}` with roles
+system, user, assistant and tool; an assistant turn may add `reasoning_content` and `tool_calls` (each
+`{"id"?, "type": "function", "function": {"name", "arguments": {...}}}`, the arguments decoded from their
+JSON text as vLLM hands them to a chat template), a tool turn `tool_call_id` and `name`. A row's `tools` (the
+function schemas, a list or its JSON text) are what the chat template is rendered with. Rows that cannot be
+read that way are counted by reason, never silently dropped.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from eagle3_pipeline.data.json_rows import value_error
 
 logger = logging.getLogger(__name__)
 
-Message = dict[str, str]
+Message = dict[str, Any]
 Conversation = dict[str, Any]
+FUNCTION_CALL = "function_call"  # a ShareGPT turn whose value is the assistant's call(s), as JSON text
 SHAREGPT_ROLES = {
     "human": "user",
     "user": "user",
@@ -29,8 +34,19 @@ SHAREGPT_ROLES = {
     "chatgpt": "assistant",
     "model": "assistant",
     "system": "system",
+    FUNCTION_CALL: "assistant",
+    "tool": "tool",
+    "observation": "tool",
+    "function_response": "tool",
 }
-MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MESSAGE_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "function": "tool",  # OpenAI's legacy function result: {"role": "function", "name", "content"}
+}
 EXAMPLES_PER_REASON = 5
 EXAMPLE_CHARS = 300  # of one example's id and detail: a row may hold anything, the log line stays short
 
@@ -84,16 +100,130 @@ def _message(raw: Any, index: int, roles: dict[str, str], role_key: str, content
     where = f"turn {index}"
     if not isinstance(raw, dict):
         raise RowError("malformed", f"{where} is not an object")
-    role = roles.get(str(raw.get(role_key, "")).lower())
+    source_role = str(raw.get(role_key, "")).lower()
+    role = roles.get(source_role)
     if role is None:
         raise RowError(
             "malformed", f"{where} has {role_key} {raw.get(role_key)!r}, not one of {sorted(roles)}"
         )
-    message = {"role": role, "content": _text(raw.get(content_key), f"{where}.{content_key}")}
+    calls: list[dict[str, Any]] = []
+    if source_role == FUNCTION_CALL:
+        calls = _sharegpt_calls(raw.get(content_key), f"{where}.{content_key}")
+        content = ""
+    else:
+        if role == "assistant":
+            calls = _assistant_calls(raw, where)
+        value = raw.get(content_key)
+        # a turn that only calls tools has no text (OpenAI's null content): vLLM renders it as ""
+        content = "" if value is None and calls else _text(value, f"{where}.{content_key}")
+    message: Message = {"role": role, "content": content}
     reasoning = raw.get("reasoning_content", raw.get("reasoning"))
     if role == "assistant" and reasoning:
         message["reasoning_content"] = _text(reasoning, f"{where}.reasoning_content")
+    if calls:
+        message["tool_calls"] = calls
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            if raw.get(key) is not None:
+                message[key] = _tool_string(raw[key], f"{where}.{key}")
     return message
+
+
+def _assistant_calls(raw: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """An assistant turn's `tool_calls`, else its legacy `function_call` as one call; [] when it has none."""
+    value = raw.get("tool_calls")
+    if value is None or value == []:
+        legacy = raw.get("function_call")
+        if legacy is None:
+            return []
+        return [_tool_call({"type": "function", "function": legacy}, f"{where}.function_call", legacy=True)]
+    if not isinstance(value, list):
+        raise RowError("malformed", f"{where}.tool_calls is {type(value).__name__}, expected a list of calls")
+    return [_tool_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(value)]
+
+
+def _sharegpt_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """A ShareGPT `function_call` turn's value: JSON text of {"name", "arguments"} or a list of them."""
+    parsed = _decoded(_text(value, where), where, " of a function call")
+    calls = parsed if isinstance(parsed, list) else [parsed]
+    if not calls:
+        raise RowError("malformed", f"{where} is an empty list of calls")
+    return [
+        _tool_call(
+            c if isinstance(c, dict) and "function" in c else {"function": c}, f"{where}[{j}]", legacy=True
+        )
+        for j, c in enumerate(calls)
+    ]
+
+
+def _tool_call(raw: Any, where: str, legacy: bool = False) -> dict[str, Any]:
+    """One call as `{"id"?, "type": "function", "function": {"name", "arguments": {...}}}`."""
+    if not isinstance(raw, dict):
+        raise RowError("malformed", f"{where} is {type(raw).__name__}, expected an object")
+    kind = raw.get("type", "function")
+    if kind != "function":
+        raise RowError("malformed", f"{where}.type is {kind!r}: only 'function' calls are supported")
+    function = raw.get("function")
+    at = where if legacy else f"{where}.function"
+    if not isinstance(function, dict):
+        raise RowError(
+            "malformed", f"{at} is {type(function).__name__}, expected an object with name and arguments"
+        )
+    name = function.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise RowError("malformed", f"{at} has no name (name is {name!r})")
+    call: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": name, "arguments": _arguments(function.get("arguments"), f"{at}.arguments")},
+    }
+    if raw.get("id") is not None:
+        call["id"] = _tool_string(raw["id"], f"{where}.id")
+    return call
+
+
+def _arguments(value: Any, where: str) -> dict[str, Any]:
+    """A call's arguments as the object chat templates expect (vLLM decodes the JSON text the same way);
+    none at all is {}, as in vLLM."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        value = _decoded(value, where)
+    if not isinstance(value, dict):
+        raise RowError("malformed", f"{where} is {type(value).__name__}, expected a JSON object")
+    return value
+
+
+def _decoded(text: str, where: str, of: str = "") -> Any:
+    """The JSON value of a field's text, or the RowError that names the field."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RowError("malformed", f"{where} is not JSON{of} ({exc.msg})") from None
+    except (RecursionError, ValueError) as exc:
+        raise value_error(where, exc) from None
+
+
+def _tool_string(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise RowError("malformed", f"{where} is {type(value).__name__}, expected a string")
+    return value
+
+
+def tools_of(row: Any) -> list[dict[str, Any]] | None:
+    """The row's `tools` (the function schemas the chat template renders), a list or its JSON text."""
+    value = row.get("tools") if isinstance(row, dict) else None
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        value = _decoded(value, "'tools'", " of a list of tools")
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise RowError("malformed", f"'tools' is {type(value).__name__}, expected a list of tool objects")
+    return value or None
+
+
+def uses_tools(messages: list[Message]) -> bool:
+    """Whether a conversation holds tool calls or tool turns."""
+    return any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
 
 
 def normalize(row: Any, fmt: str) -> list[Message]:
@@ -148,6 +278,9 @@ def _checked(messages: list[Message]) -> list[Message]:
     if not messages:
         raise RowError("empty", "no turns")
     for i, m in enumerate(messages):
+        # a tool may return nothing; an assistant turn may only call tools
+        if m["role"] == "tool" or m.get("tool_calls"):
+            continue
         if not m["content"].strip() and not m.get("reasoning_content"):
             raise RowError("empty", f"turn {i} ({m['role']}) is empty")
     if all(m["role"] == "system" for m in messages):
@@ -191,6 +324,9 @@ def conversations_of(
         try:
             row_format = fmt if fmt != "auto" else detect_format(_decodable(row)) or "messages"
             conv = {"id": row_id, "messages": normalize(row, row_format)}
+            tools = tools_of(_decodable(row))
+            if tools is not None:
+                conv["tools"] = tools
             _check_encodable(conv)
         except RowError as exc:
             skips.add(exc.reason, row_id, str(exc))

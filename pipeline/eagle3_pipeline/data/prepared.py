@@ -26,7 +26,7 @@ from typing import IO, Any, cast
 
 from eagle3_contract.params import VerifierRef
 from eagle3_pipeline.data.conversations import Conversation, RowError, Skips
-from eagle3_pipeline.data.masking import ChatTemplate, Tokenized, tokenize_conversation
+from eagle3_pipeline.data.masking import TOOL_CALLS_UNTRAINED, ChatTemplate, Tokenized, tokenize_conversation
 from eagle3_pipeline.data.spool import TRAIN as TRAIN
 from eagle3_pipeline.data.spool import VAL as VAL
 from eagle3_pipeline.data.spool import split_key, validation_count
@@ -129,7 +129,9 @@ def _tokenized(
     """(the row tokenized, None), or (None, the reason it is skipped: counted in `skips`)."""
     limit = tokenizing.max_sequence_length
     try:
-        tokenized = tokenize_conversation(template, conv["messages"], tokenizing.loss_on_reasoning)
+        tokenized = tokenize_conversation(
+            template, conv["messages"], tokenizing.loss_on_reasoning, conv.get("tools")
+        )
     except RowError as exc:  # the row's own problem (a bug of this code raises on: the stage fails)
         skips.add(exc.reason, conv["id"], str(exc))
         return None, exc.reason
@@ -230,9 +232,12 @@ class Figures:
     max_seq_len: int = 0
     tokenize_seconds: float = 0.0
     frequencies: Counter[int] = field(default_factory=Counter)
+    # the samples by what they hold (masking's Tokenized.kind)
+    kinds: Counter[str] = field(default_factory=Counter)
 
     def add(self, split: str, tokenized: Tokenized) -> None:
         self.samples += 1
+        self.kinds[tokenized.kind] += 1
         self.tokens += len(tokenized.input_ids)
         self.assistant_tokens += sum(tokenized.loss_mask)
         self.max_seq_len = max(self.max_seq_len, len(tokenized.input_ids))
@@ -292,8 +297,10 @@ def write_prepared(
     torch.save(dict(figures.frequencies), work / TOKEN_FREQ_FILE)
     for reason, examples in skips.examples.items():
         logger.warning("skipped %d rows (%s), e.g. %s", skips.counts[reason], reason, "; ".join(examples))
+    _log_kinds(figures.kinds, template)
     return {
         "samples": figures.samples,
+        "kept": dict(sorted(figures.kinds.items())),
         "train": figures.train,
         "validation": figures.samples - figures.train,
         "trainRatio": figures.train / figures.samples,
@@ -341,6 +348,23 @@ def _written(
         if written is not None:
             written.write(json.dumps(conv, ensure_ascii=False) + "\n")
         yield conv
+
+
+def _log_kinds(kinds: Counter[str], template: ChatTemplate) -> None:
+    """The samples by what they hold; a warning where tool calls stay out of the loss."""
+    logger.info("kept %s", ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())))
+    if kinds[TOOL_CALLS_UNTRAINED]:
+        why = (
+            "renders some of them elsewhere than inside the assistant's turn"
+            if template.closes_tool_calls
+            else "does not render tool calls inside an assistant turn its end-of-turn marker closes"
+        )
+        logger.warning(
+            "%d rows keep (some of) their tool calls out of the loss: the verifier's chat template %s; "
+            "their assistant text is trained",
+            kinds[TOOL_CALLS_UNTRAINED],
+            why,
+        )
 
 
 def _first_examples(skips: Skips) -> str:

@@ -119,7 +119,9 @@ def _sample_lengths(spec: Eagle3RunSpec, conversations: list[Any], model: str) -
     lengths = []
     for conv in (conversations[i * rows // picked] for i in range(picked)):
         try:
-            tokenized = tokenize_conversation(template, conv["messages"], spec.dataset.loss_on_reasoning)
+            tokenized = tokenize_conversation(
+                template, conv["messages"], spec.dataset.loss_on_reasoning, conv.get("tools")
+            )
         except RowError:
             continue
         lengths.append(len(tokenized.input_ids))

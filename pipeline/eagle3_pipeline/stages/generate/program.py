@@ -2,11 +2,12 @@
 
 The draft then learns the verifier's own answers (and reasoning), not the dataset author's. Each assistant
 turn is regenerated in order from the turns before it, earlier turns already regenerated; a prompt-only row
-gets its last user turn answered. Finished conversations are appended to `<work>/conversations.jsonl` as
-they complete, so a killed or out-of-memory attempt resumes where it stopped. At the end the file is
-rewritten in input order and tokenized like prepare's output (`data/`, `token_freq.pt`). Rows whose
-regeneration fails are recorded in `failed.jsonl` and dropped, up to `regeneration.maxFailedFraction` of
-the rows.
+gets its last user turn answered. A conversation with tool calls or tool turns is kept as recorded, since
+the verifier's own calls would need the tools' answers to them (`keptAsRecorded` counts them). Finished
+conversations are appended to `<work>/conversations.jsonl` as they complete, so a killed or out-of-memory
+attempt resumes where it stopped. At the end the file is rewritten in input order and tokenized like
+prepare's output (`data/`, `token_freq.pt`). Rows whose regeneration fails are recorded in `failed.jsonl`
+and dropped, up to `regeneration.maxFailedFraction` of the rows.
 
 Progress: conversations done of all (an earlier attempt's count as done), the tokens generated, the failed
 rows by reason, and the token budget (halved after an out-of-memory).
@@ -25,6 +26,7 @@ from typing import IO, Any
 
 from eagle3_contract.params import GenerateParams, GenerateTuning
 from eagle3_contract.stages import Stage
+from eagle3_pipeline.data.conversations import uses_tools
 from eagle3_pipeline.data.prepared import (
     CONVERSATIONS_FILE,
     Tokenizing,
@@ -105,10 +107,14 @@ class Sampling:
 class Answer:
     conversation: Conversation
     output_tokens: int
+    recorded: bool = False  # kept as the dataset recorded it, not regenerated
 
 
 async def regenerate_conversation(client: Any, conv: Conversation, sampling: Sampling, seed: int) -> Answer:
-    """Every assistant turn regenerated in order; without one, the last user turn is answered."""
+    """Every assistant turn regenerated in order; without one, the last user turn is answered. A conversation
+    that uses tools is kept as recorded: a regenerated call would need the tool's answer to it."""
+    if uses_tools(conv["messages"]):
+        return Answer(conv, 0, recorded=True)
     messages: list[Message] = []
     tokens = 0
     for message in conv["messages"]:
@@ -185,6 +191,7 @@ class Progress:
     rows: int
     resumed: int
     regenerated: int = 0
+    recorded: int = 0  # conversations with tools, kept as recorded
     failed: list[tuple[str, str]] = field(default_factory=list)
     output_tokens: int = 0
     server_start_s: float = 0.0
@@ -195,6 +202,7 @@ class Progress:
         return {
             "rows": self.rows,
             "regenerated": self.regenerated,
+            "keptAsRecorded": self.recorded,
             "failed": len(self.failed),
             "resumed": self.resumed,
             "outputTokens": self.output_tokens,
@@ -259,7 +267,10 @@ class Rows:
 
     def finished(self, answer: Answer) -> None:
         self.done.write(answer.conversation)
-        self.progress.regenerated += 1
+        if answer.recorded:
+            self.progress.recorded += 1
+        else:
+            self.progress.regenerated += 1
         self.progress.output_tokens += answer.output_tokens
         self.reporter.advance(1, answer.output_tokens)
 
