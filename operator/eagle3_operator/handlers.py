@@ -13,6 +13,7 @@ from typing import Any
 import kopf
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
+from eagle3_contract.patch_guard import PatchGuard, Source
 from eagle3_operator import peering, stage_metrics
 from eagle3_operator.builders import names
 from eagle3_operator.k8s import CONNECT_SECONDS
@@ -53,6 +54,40 @@ WATCH_GRACE_SECONDS = 2.0
 RETRY_SECONDS = 5.0
 RETRY_MAX_SECONDS = 60.0
 logger = logging.getLogger(__name__)
+# kopf.info and kopf.warn post through context variables that kopf sets in the task of each object it handles,
+# and kopf 1.45 has no public way to post from another task: the resync, the live progress reads and the
+# retries reconcile in a copy of a handler's context (_remember_context). Checked before kopf starts
+# (eagle3_operator.operator_main.run_with_peers).
+EVENT_CONTEXT_GUARD = PatchGuard(
+    patch=__name__,
+    distribution="kopf",
+    version="1.45.2",
+    sources=(
+        Source(
+            "kopf._core.engines.posting:enqueue",
+            "6cab650c765103eba4a0dbe06de8736db106b664581a138f6d6b415f42a98d61",
+            "an Event goes to the queue and the loop in event_queue_var and event_queue_loop_var, read from "
+            "the caller's context",
+        ),
+        Source(
+            "kopf._core.engines.posting:info",
+            "c896f2da42b664c1ae7a9a288c3da030aa5b0cba2163d1ce31ac2406847fabd6",
+            "kopf.info reads the operator's settings from settings_var in the caller's context",
+        ),
+        Source(
+            "kopf._core.engines.posting:warn",
+            "9a6bafc3746e9fa3f135253ca1294411ca9ee9389a591df3ddf9062be5a054ca",
+            "kopf.warn reads the operator's settings from settings_var in the caller's context",
+        ),
+        Source(
+            "kopf._core.reactor.processing:process_resource_event",
+            "98fd7bf864ff9528bb478077cfafcc7f455b0c216e1efdab810a9ba547ccc422",
+            "each object's task sets event_queue_var and event_queue_loop_var for its life, before its "
+            "handlers run: a copy of a handler's context holds them, and they stay valid",
+        ),
+    ),
+    remove_when="kopf posts Events from tasks outside its handlers, or has a public way to",
+)
 
 
 class _EventHandlerSuccess(logging.Filter):
@@ -328,7 +363,8 @@ def _all_indices(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 def _remember_context(memo: kopf.Memo) -> OperatorState:
     """The operator's state, once the handler's context is kept in it: kopf.info/warn post through context
     variables kopf sets only in its handlers' tasks; the resync task and the retries (not among them)
-    reconcile inside a copy of a handler's context, so the Events they cause are posted."""
+    reconcile inside a copy of a handler's context, so the Events they cause are posted
+    (EVENT_CONTEXT_GUARD)."""
     state = state_of(memo)
     if state is None:
         raise kopf.TemporaryError("the operator is still starting", delay=1)

@@ -14,6 +14,7 @@ import yaml
 from kubernetes_asyncio import client, config
 
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
+from eagle3_contract.patch_guard import PatchGuard, Source
 from eagle3_operator.credentials import NoCredentials, in_a_pod, kubeconfig_files, kubeconfig_found
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,44 @@ TOTAL_SECONDS = 30.0
 LIST_PAGE = 500
 # Metadata only (client-go's metadata client asks the same); a server without it answers a full list.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+
+
+# kubernetes_asyncio builds its aiohttp session with trust_env=True and has no switch for it: every request
+# then reads ~/.netrc and the proxy environment in a worker thread (a quarter of the operator's CPU at 500
+# runs). `untrusting_env` gives its client a session built as kubernetes_asyncio builds it, over the same
+# connector, with trust_env=False (aiohttp's public API: ClientSession, its connector, detach()). kopf's own
+# session does not trust the environment either; a kubeconfig proxy-url still applies (passed per call).
+REST_SESSION_GUARD = PatchGuard(
+    patch=__name__,
+    distribution="kubernetes_asyncio",
+    version="36.1.0",
+    sources=(
+        Source(
+            "kubernetes_asyncio.client.rest:RESTClientObject.__init__",
+            "205e120177842a9e30d7f87e55a7f5207fb361b355af8ec1704610b7e49c34c5",
+            "its pool_manager is an aiohttp.ClientSession over its own connector, with trust_env=True and "
+            "read_bufsize=2**21 and nothing else set (untrusting_env builds the same with trust_env=False)",
+        ),
+        Source(
+            "kubernetes_asyncio.client.rest:RESTClientObject.request",
+            "c516f572917bf1c2211c42d1be9ad58516c010d9df29d6f86a581de2dd94664b",
+            "every request goes through self.pool_manager, the configured proxy passed with each call",
+        ),
+    ),
+    remove_when="kubernetes_asyncio lets its caller choose the session's trust_env",
+)
+READ_BUFSIZE = 2**21  # kubernetes_asyncio's: a watch event of a large object exceeds aiohttp's default
+
+
+def untrusting_env(api: client.ApiClient) -> None:
+    """Replace `api`'s aiohttp session by one that does not read the environment (REST_SESSION_GUARD)."""
+    REST_SESSION_GUARD.check()
+    rest = api.rest_client
+    stock = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=stock.connector, trust_env=False, read_bufsize=READ_BUFSIZE
+    )
+    stock.detach()  # the connector is the new session's now; the stock one is closed without closing it
 
 
 class ApiError(Exception):
@@ -107,12 +146,7 @@ class Kube:
             sock_connect=connect_seconds,
             sock_read=total_seconds,
         )
-        # kubernetes_asyncio hard-codes trust_env=True: every request then reads ~/.netrc and the proxy
-        # environment in a worker thread (a quarter of the operator's CPU at 500 runs). kopf's own session
-        # does not trust the environment either; a kubeconfig proxy-url still applies (it is passed per call).
-        session = getattr(getattr(api, "rest_client", None), "pool_manager", None)
-        if session is not None and hasattr(session, "_trust_env"):
-            session._trust_env = False
+        untrusting_env(api)
         self.custom = client.CustomObjectsApi(api)
         self._typed: dict[type[Any], Any] = {}
 

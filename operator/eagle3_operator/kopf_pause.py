@@ -11,8 +11,10 @@ ToggleSet as soon as the tasks exist: the gate follows it, and adds the Lease's 
 (eagle3_operator.lease), so that kopf's handlers wait for the Lease too. `pause_state` finds it: it is the
 `operator_paused` argument of kopf's "daemon killer" root task, which every kopf operator spawns.
 
-A fenced workaround around kopf==1.45.2 (pyproject.toml). `pause_state` fails loudly, naming the pin, where
-another kopf moved it. Remove it when kopf exposes its pause state.
+A fenced workaround around kopf==1.45.2 (pyproject.toml): `operator` checks its `GUARD` (that version and
+the source of the two kopf functions it reads into, eagle3_contract.patch_guard) before kopf starts, and
+`pause_state` still fails loudly, naming the pin, where it finds no toggle set. Remove it when kopf exposes
+its pause state.
 """
 
 from __future__ import annotations
@@ -24,8 +26,29 @@ from typing import Any
 
 import kopf
 
-KOPF_PIN = "kopf==1.45.2"
+from eagle3_contract.patch_guard import PatchGuard, Source
+
 TASK = "daemon killer"  # kopf._core.reactor.running.spawn_tasks: daemons.daemon_killer(operator_paused=...)
+GUARD = PatchGuard(
+    patch=__name__,
+    distribution="kopf",
+    version="1.45.2",
+    sources=(
+        Source(
+            "kopf._core.reactor.running:spawn_tasks",
+            "670392fe4bfcaf986f99a6d5e4ea69d8da145cbe890acf2335a4c81bb0091c18",
+            f"it names a root task {TASK!r}, made with aiotasks.guard(coro=daemons.daemon_killer(..., "
+            "operator_paused=<the ToggleSet every handler waits on>))",
+        ),
+        Source(
+            "kopf._cogs.aiokits.aiotasks:guard",
+            "b9c8df94ef0cabf811dbd81a869b3ea2549ba3157026aaaa7ffd2c8ef3531483",
+            "the guarded coroutine is its local `coro`, awaited in its frame",
+        ),
+    ),
+    remove_when="kopf exposes its pause state",
+)
+KOPF_PIN = f"kopf=={GUARD.version}"
 
 
 class PauseState:
@@ -66,7 +89,9 @@ async def operator(
     options: dict[str, Any], follow: Callable[[Any], AbstractAsyncContextManager[None]]
 ) -> None:
     """`kopf.operator(**options)`, its tasks run inside `follow(ToggleSet)`, entered once they exist (before
-    they run) and left once they all ended."""
+    they run) and left once they all ended. Raises LibraryChanged, before kopf starts, where kopf is not the
+    one GUARD names."""
+    GUARD.check()
     existing = set(asyncio.all_tasks())
     tasks = await kopf.spawn_tasks(**options)
     async with follow(pause_state(tasks)):

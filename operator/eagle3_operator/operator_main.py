@@ -13,10 +13,10 @@ from typing import Any
 import aiohttp
 import kopf
 
-import eagle3_operator.handlers  # noqa: F401  (registers the handlers)
 from eagle3_contract.api.base import GROUP, PLURAL, VERSION
 from eagle3_contract.api.defaults import OperatorDefaults
-from eagle3_operator import kopf_pause
+from eagle3_contract.patch_guard import LibraryChanged
+from eagle3_operator import handlers, kopf_pause  # handlers: importing it registers them with kopf
 from eagle3_operator.credentials import NoCredentials
 from eagle3_operator.k8s import PEERING_API, TOTAL_SECONDS, ApiError, ApiUnreachable, Kube
 from eagle3_operator.lease import LEASE_NAME, Lease, lease_namespace, lease_seconds
@@ -82,7 +82,7 @@ def run_operator(
     )
     try:
         asyncio.run(run_with_peers(options, _lifetime()))
-    except StartupError as err:  # one line, a log record (JSON with --log-format json), not a traceback
+    except (StartupError, LibraryChanged) as err:  # a log record (JSON with --log-format json), no traceback
         logger.error("eagle3 operator: %s", err)
         raise SystemExit(1) from None
 
@@ -97,6 +97,7 @@ def _lifetime() -> int:
 async def run_with_peers(options: dict[str, Any], lifetime: int = LIFETIME_SECONDS) -> None:
     """kopf.operator(**options), with kopf's peering where the cluster serves its CRDs (one operator active,
     the others standing by), else standalone."""
+    handlers.EVENT_CONTEXT_GUARD.check()  # kopf's context variables, reused by the handlers' module
     memo = options["memo"]
     namespaces: list[str] = list(options.get("namespaces") or [])
     owned = memo.get("kube") is None

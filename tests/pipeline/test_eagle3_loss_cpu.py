@@ -4,14 +4,17 @@ gives speculators' own loss, gradient and metrics."""
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
 from speculators.losses import resolve_loss_config
 from speculators.models.eagle3.metrics import compute_metrics
 
+from eagle3_contract.patch_guard import LibraryChanged
 from eagle3_pipeline.adapters import eagle3_loss_cpu
 from eagle3_pipeline.adapters.eagle3_loss_cpu import compute_metrics_once, fused_loss
+from tests.patch_guards import another_version, check_both_directions
 
 VOCAB, SEQ = 96, 40
 
@@ -84,8 +87,18 @@ def test_another_loss_goes_to_speculators_own(loss: str) -> None:
     assert ours[0].item() == theirs[0].item() and ours[1].keys() == theirs[1].keys()
 
 
-def test_the_replacement_holds_only_within_the_block_and_matches_the_installed_speculators() -> None:
-    assert eagle3_loss_cpu.verify_library() == []
+def test_the_replacement_matches_the_installed_speculators_and_refuses_another(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    check_both_directions(monkeypatch, tmp_path, eagle3_loss_cpu.GUARD)
+    another_version(monkeypatch, eagle3_loss_cpu.GUARD)
+    core = importlib.import_module(eagle3_loss_cpu.CALLER)
+    with pytest.raises(LibraryChanged, match=r"speculators==0\.9\.0"), fused_loss():
+        pass
+    assert core.compute_metrics is compute_metrics  # nothing replaced
+
+
+def test_the_replacement_holds_only_within_the_block() -> None:
     core = importlib.import_module(eagle3_loss_cpu.CALLER)
     with fused_loss(enabled=False) as fused:
         assert not fused and core.compute_metrics is compute_metrics

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
 
+from eagle3_contract.patch_guard import LibraryChanged
 from eagle3_pipeline.adapters import muon_float32
 from eagle3_pipeline.adapters.speculators_cpu import PATCHES, cpu_adapted, patches
+from tests.patch_guards import another_version, check_both_directions
 
 
 @pytest.mark.parametrize("shape", [(96, 64), (64, 96)])
@@ -26,8 +29,23 @@ def test_the_float32_iterations_match_torchs_own_up_to_bfloat16s_rounding(shape:
         muon_float32.newton_schulz_float32(torch.zeros(2, 2, 2), coefficients, steps, eps)
 
 
-def test_torch_still_casts_to_bfloat16_where_the_patch_replaces_it() -> None:
-    assert muon_float32.verify_torch() == []
+def test_torch_still_casts_to_bfloat16_where_the_patch_replaces_it_and_another_torch_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert muon_float32.GUARD.version == "2.13.0"
+    check_both_directions(monkeypatch, tmp_path, muon_float32.GUARD)
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="patches only without an accelerator")
+def test_another_torch_is_refused_only_where_muon_would_be_patched(monkeypatch: pytest.MonkeyPatch) -> None:
+    another_version(monkeypatch, muon_float32.GUARD)
+    module = importlib.import_module(muon_float32.MODULE)
+    before = getattr(module, muon_float32.FUNCTION)
+    with pytest.raises(LibraryChanged, match=r"torch==2\.13\.0"), cpu_adapted(native_bfloat16=False):
+        pass
+    assert getattr(module, muon_float32.FUNCTION) is before
+    with cpu_adapted(native_bfloat16=True) as on_cpu:  # Muon left as torch has it: nothing of it to check
+        assert on_cpu and getattr(module, muon_float32.FUNCTION) is before
 
 
 def test_only_a_cpu_without_native_bfloat16_gets_the_float32_iterations() -> None:

@@ -14,15 +14,12 @@ from types import SimpleNamespace
 import pytest
 from speculators.train import graceful_shutdown
 from speculators.train.graceful_shutdown import with_graceful_shutdown
+from speculators.train.trainer import metric_logger as metrics_logger
 
+from eagle3_contract.patch_guard import LibraryChanged
 from eagle3_pipeline.adapters import speculators_interrupt
-from eagle3_pipeline.adapters.speculators_interrupt import (
-    METRICS_LOGGER,
-    StepEndShutdown,
-    stopping_at_step_end,
-)
-
-metrics_logger = logging.getLogger(METRICS_LOGGER)
+from eagle3_pipeline.adapters.speculators_interrupt import StepEndShutdown, stopping_at_step_end
+from tests.patch_guards import another_version, check_both_directions
 
 
 def swallowing_log_line() -> None:
@@ -111,5 +108,12 @@ def test_a_step_that_does_not_end_is_interrupted_after_the_patience(
     assert time.monotonic() - started[0] < 30, "the sleeping step was interrupted, not waited out"
 
 
-def test_the_installed_speculators_has_what_the_adapter_relies_on() -> None:
-    assert speculators_interrupt.verify() == []
+def test_the_installed_speculators_has_what_the_adapter_relies_on_and_another_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    check_both_directions(monkeypatch, tmp_path, speculators_interrupt.GUARD)
+    another_version(monkeypatch, speculators_interrupt.GUARD)
+    handler = graceful_shutdown.GracefulShutdownHandler
+    with pytest.raises(LibraryChanged, match=r"speculators==0\.9\.0"), stopping_at_step_end():
+        pass
+    assert graceful_shutdown.GracefulShutdownHandler is handler  # nothing replaced

@@ -22,6 +22,7 @@ import yaml
 from eagle3_contract.api.spec import DraftMethod
 from eagle3_contract.draft_methods import PARALLEL_DEPTHS
 from eagle3_contract.params import train_params
+from eagle3_contract.patch_guard import LibraryChanged
 from eagle3_pipeline.adapters import eagle3_loss_cpu, speculators_cpu
 from eagle3_pipeline.adapters.eagle3_loss_cpu import compute_metrics_once
 from eagle3_pipeline.data.draft_checkpoint import (
@@ -44,6 +45,7 @@ from eagle3_pipeline.stages.train.draft import (
     train_config,
 )
 from eagle3_pipeline.stages.train.metrics import acceptance_length, read_epochs, summarize, write_epochs
+from tests.patch_guards import another_version, check_both_directions
 from tests.pipeline.chat_templates import save_verifier
 from tests.pipeline.checkpoints import weight_dtypes
 from tests.pipeline.manifests import base_spec, chat, write_jsonl, write_manifest
@@ -427,23 +429,27 @@ def test_a_vocab_made_for_another_draft_size_is_refused(
 # --- the CPU adaptation and the launch -------------------------------------------------------------------
 
 
-def test_the_cpu_adaptation_matches_the_installed_speculators() -> None:
+def test_the_cpu_adaptation_matches_the_installed_speculators_and_refuses_another(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Fails when speculators changes under the patches: re-check speculators_cpu against the new version."""
-    assert speculators_cpu.installed_version() == speculators_cpu.SUPPORTED_VERSION == "0.9.0"
-    speculators_cpu.verify_library()
+    assert speculators_cpu.GUARD.version == "0.9.0"
+    check_both_directions(monkeypatch, tmp_path, speculators_cpu.GUARD)
 
 
-def test_another_speculators_version_or_changed_source_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(speculators_cpu, "installed_version", lambda: "0.10.0")
-    with pytest.raises(speculators_cpu.UnsupportedSpeculators, match=r"speculators==0\.9\.0"):
-        speculators_cpu.verify_library()
-    monkeypatch.undo()
-    changed = speculators_cpu.Expectation(
-        "speculators.train.trainer", "Trainer.setup_model", ("self.model.to(device)",), "test"
-    )
-    monkeypatch.setattr(speculators_cpu, "EXPECTED", (changed,))
-    with pytest.raises(speculators_cpu.UnsupportedSpeculators, match=r"Trainer\.setup_model no longer"):
-        speculators_cpu.verify_library()
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="patches only without an accelerator")
+def test_another_speculators_is_refused_before_anything_is_patched(monkeypatch: pytest.MonkeyPatch) -> None:
+    from speculators.train import distributed, trainer
+
+    another_version(monkeypatch, speculators_cpu.GUARD)
+    original = trainer.get_local_rank
+    with pytest.raises(LibraryChanged, match=r"speculators==0\.9\.0"), speculators_cpu.cpu_adapted():
+        pass
+    assert trainer.get_local_rank is original
+    monkeypatch.setenv("LOCAL_RANK", "0")  # as torchrun sets it: setup_distributed would start gloo
+    with pytest.raises(LibraryChanged, match=r"speculators==0\.9\.0"):
+        speculators_cpu.setup_distributed()
+    assert not distributed.is_distributed()
 
 
 class _WhatTheWorkerSees(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -453,7 +459,7 @@ class _WhatTheWorkerSees(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return 4
 
     def __getitem__(self, index: int) -> tuple[int, str]:
-        return os.getpid(), speculators_cpu.SUPPORTED_VERSION
+        return os.getpid(), speculators_cpu.CPU
 
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="loader workers are forked only without one")
@@ -462,7 +468,7 @@ def test_without_an_accelerator_the_loader_workers_are_forked_with_the_parents_p
 ) -> None:
     """speculators spawns its loader workers (each re-imports torch and speculators); on the CPU they are
     forked: they start at once and see what the training process patched (speculators_cpu.PATCHES)."""
-    monkeypatch.setattr(speculators_cpu, "SUPPORTED_VERSION", "patched in the parent")
+    monkeypatch.setattr(speculators_cpu, "CPU", "patched in the parent")
     spawned = torch.utils.data.DataLoader(
         _WhatTheWorkerSees(), batch_size=None, num_workers=2, multiprocessing_context="spawn"
     )

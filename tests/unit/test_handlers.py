@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import kopf
+import pytest
 
-from eagle3_operator import handlers
+from eagle3_operator import handlers, operator_main
+from tests.patch_guards import another_version, check_both_directions
 
 
 def test_the_operator_has_no_create_update_or_daemon_handlers_so_no_diff_base_is_needed():
@@ -37,3 +40,26 @@ def test_kopfs_line_per_event_handler_success_is_dropped_and_the_rest_is_kept():
     assert not quiet.filter(_record("Handler 'run_event' succeeded."))
     assert quiet.filter(_record("Handler 'child_changed' failed with an exception. Will ignore."))
     assert quiet.filter(_record("create Job tiny-prepare-0123456789ab"))
+
+
+def test_kopfs_context_variables_are_where_the_handlers_reuse_them_and_another_kopf_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    check_both_directions(monkeypatch, tmp_path, handlers.EVENT_CONTEXT_GUARD)
+
+
+def test_another_kopf_stops_the_operator_before_it_connects_with_one_log_record(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def connect(total_seconds: float) -> None:
+        raise AssertionError("the operator connected with a kopf it was not verified against")
+
+    monkeypatch.setattr(operator_main, "connect", connect)
+    another_version(monkeypatch, handlers.EVENT_CONTEXT_GUARD)
+    with pytest.raises(SystemExit) as exited:
+        operator_main.run_operator([], liveness=None, metrics_port=None)
+    assert exited.value.code == 1
+    [record] = [r for r in caplog.records if r.name == operator_main.__name__]
+    assert record.getMessage().startswith(
+        "eagle3 operator: eagle3_operator.handlers patches the internals of kopf as kopf==1.45.2 writes them"
+    )

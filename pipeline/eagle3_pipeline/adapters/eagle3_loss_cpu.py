@@ -16,15 +16,14 @@ and `max(dim).indices` for the argmax (the same index: the first maximal one). T
 every metric are the same up to float rounding (tests/pipeline/test_eagle3_loss_cpu.py); any other loss
 configuration than speculators' eager KL divergence goes to the original.
 
-The replacement is written against speculators==0.9.0 and checks, before patching, that the lines it
-replaces are still what it expects (`verify_library`).
+The replacement is written against speculators==0.9.0: before patching, its `GUARD` checks that version and
+the source of what it replaces and mirrors (eagle3_contract.patch_guard).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import weakref
 from collections.abc import Iterator
 from functools import partial
@@ -32,53 +31,36 @@ from typing import Any
 
 import torch
 
+from eagle3_contract.patch_guard import PatchGuard, Source
+
 CALLER = "speculators.models.eagle3.core"  # where forward looks compute_metrics up
 FUNCTION = "compute_metrics"
-# (module, qualname, lines): what the replacement relies on, as speculators 0.9.0 writes it.
-EXPECTED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    (
-        "speculators.models.eagle3.core",
-        "Eagle3DraftModel.forward",
-        ("targets = self.verifier_lm_head(", "s_loss, s_metrics = compute_metrics("),
-    ),
-    (
-        "speculators.models.eagle3.metrics",
-        "compute_metrics",
-        (
-            "s_loss, term_losses = compound_loss(",
-            "decay_fn=partial(exp_loss_decay, gamma=ttt_step_loss_decay),",
-            "pred_ids = torch.argmax(s_logits, dim=-1)",
-            "target_ids = torch.argmax(s_targets, dim=-1)",
-            'cond_acc_{ttt_step}_sum"] = cond_correct',
+GUARD = PatchGuard(
+    patch=__name__,
+    distribution="speculators",
+    version="0.9.0",
+    sources=(
+        Source(
+            f"{CALLER}:Eagle3DraftModel.forward",
+            "f682b266d1b18786842b8d031697e9e396acc1d710ed55b343ef6fd5d3a48df0",
+            f"forward makes the verifier's targets once and calls {FUNCTION} (looked up in {CALLER}: the "
+            "name replaced) once per TTT step with them",
+        ),
+        Source(
+            f"speculators.models.eagle3.metrics:{FUNCTION}",
+            "5dd4345b708ab81a46cdb86b9dba8ec96f949549d48c658293d33799bdf404d9",
+            "compute_metrics_once is this function (compound_loss with exp_loss_decay, the argmax "
+            "accuracies, the metrics' names) with the targets' work done once per forward",
+        ),
+        Source(
+            "speculators.losses.eager:kl_div_loss",
+            "88c0bcd43bdb28e4ea6625b7ba545aebf15febaca2f6349f757a688969cda118",
+            "KlDivergence computes this loss: log_softmax and softmax in float32, kl_div of probabilities",
         ),
     ),
-    (
-        "speculators.losses.eager",
-        "kl_div_loss",
-        (
-            "logits = torch.nn.functional.log_softmax(logits, dim=-1, dtype=torch.float32)",
-            "target_p = torch.nn.functional.softmax(targets, dim=-1, dtype=torch.float32)",
-            'logits, target_p, reduction="none", log_target=False',
-        ),
-    ),
+    remove_when="speculators' eager loss computes the targets' softmax, entropy and argmax once per "
+    "forward, or its fused loss runs on the CPU",
 )
-
-
-def verify_library() -> list[str]:
-    """What no longer matches EXPECTED (empty when the replacement is right for the installed speculators)."""
-    problems = []
-    for module, qualname, lines in EXPECTED:
-        target: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            target = getattr(target, part, None)
-        try:
-            source = inspect.getsource(target)
-        except (OSError, TypeError) as exc:
-            problems.append(f"{module}.{qualname} cannot be read ({exc})")
-            continue
-        if missing := [line for line in lines if line not in source]:
-            problems.append(f"{module}.{qualname} no longer contains {missing}")
-    return problems
 
 
 class KlDivergence(torch.autograd.Function):
@@ -179,15 +161,12 @@ def compute_metrics_once(
 @contextlib.contextmanager
 def fused_loss(enabled: bool = True) -> Iterator[bool]:
     """Within the block (when `enabled`), EAGLE-3's forward computes its loss with compute_metrics_once.
-    Raises RuntimeError where the installed speculators differs from what the replacement was written for."""
+    Raises LibraryChanged (nothing replaced) where the installed speculators differs from what the
+    replacement was written for."""
     if not enabled:
         yield False
         return
-    if problems := verify_library():
-        raise RuntimeError(
-            "eagle3_pipeline.adapters.eagle3_loss_cpu replaces speculators 0.9.0's compute_metrics, but the "
-            f"installed speculators differs: {'; '.join(problems)}; re-check the replacement against it"
-        )
+    GUARD.check()
     caller = importlib.import_module(CALLER)
     original = getattr(caller, FUNCTION)
     setattr(caller, FUNCTION, compute_metrics_once)

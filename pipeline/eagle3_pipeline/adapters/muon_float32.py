@@ -7,23 +7,40 @@ converts every operand, and the iterations took about 95% of a 100M-class draft'
 512x576 by 576x8192 matmul at 0.5 GFLOP/s in bfloat16 against 54.5 in float32 on one thread).
 `newton_schulz_float32` is the same quintic iteration with the same coefficients, steps and normalization,
 in float32 (no less precise: bfloat16 keeps 8 bits of mantissa, float32 24). It is written here because
-torch offers no dtype for it; `verify_torch` checks that the function it replaces still casts to bfloat16
-and is still what Muon calls, so a torch upgrade that changes either fails loudly instead of training with
-an unpatched or wrongly patched optimizer.
+torch offers no dtype for it. Its `GUARD` (eagle3_contract.patch_guard), checked before the patch is applied
+(eagle3_pipeline.adapters.speculators_cpu), pins torch 2.13.0 and the source of the function it replaces and
+of the one that calls it, so a torch upgrade fails loudly instead of training with an unpatched or wrongly
+patched optimizer.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
+from eagle3_contract.patch_guard import PatchGuard, Source
+
 MODULE = "torch.optim._muon"
 FUNCTION = "_zeropower_via_newtonschulz"
-EXPECTED_LINES = (
-    "ortho_grad = grad.bfloat16()",
-    f"update = {FUNCTION}(update, ns_coefficients, ns_steps, eps)",
+GUARD = PatchGuard(
+    patch=__name__,
+    distribution="torch",
+    version="2.13.0",
+    sources=(
+        Source(
+            f"{MODULE}:{FUNCTION}",
+            "99e2359a95e1a914345207e49f072a658866333f4458b7b45faafa35c628f7c4",
+            "newton_schulz_float32 is this function (its checks, coefficients, steps and normalization), "
+            "in float32 instead of grad.bfloat16()",
+        ),
+        Source(
+            f"{MODULE}:_single_tensor_muon",
+            "44fba01f07983da8404c512ab0d862f1992262955ed3c6ff1ab2e424e57ba23c",
+            f"Muon looks {FUNCTION} up in {MODULE} (the name replaced) and calls it with (update, "
+            "ns_coefficients, ns_steps, eps)",
+        ),
+    ),
+    remove_when="torch's Muon lets the caller choose the dtype of its Newton-Schulz iterations",
 )
 
 
@@ -47,14 +64,3 @@ def newton_schulz_float32(
         update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
         ortho = torch.addmm(ortho, update, ortho, beta=a)
     return ortho.T if grad.size(0) > grad.size(1) else ortho
-
-
-def verify_torch() -> list[str]:
-    """What no longer holds in torch for the patch to be right (empty: it is right)."""
-    import importlib
-
-    module = importlib.import_module(MODULE)
-    if not hasattr(module, FUNCTION):
-        return [f"{MODULE}.{FUNCTION} no longer exists"]
-    source = inspect.getsource(module)
-    return [f"{MODULE} no longer contains {line!r}" for line in EXPECTED_LINES if line not in source]

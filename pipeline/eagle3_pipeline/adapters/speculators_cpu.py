@@ -20,123 +20,87 @@ disables on a CPU-only machine): the CPU computes in float32. One more on a CPU 
 (eagle3_pipeline.runtime.host_cpu): Muon's Newton-Schulz iterations, which torch computes in bfloat16, run in
 float32 (eagle3_pipeline.adapters.muon_float32).
 
-The adaptation is written against speculators==0.9.0 and checks, before patching, that the version and the
-patched lines are what it expects (`verify_library`), so an upgrade fails loudly here instead of training on
-the wrong device or not at all.
+The adaptation is written against speculators==0.9.0: before patching, its `GUARD` checks that version and
+the source of every call site above (eagle3_contract.patch_guard), so an upgrade fails loudly here instead of
+training on the wrong device or not at all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.metadata
-import inspect
 import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from eagle3_contract.patch_guard import PatchGuard, Source
 from eagle3_pipeline.adapters import muon_float32
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_VERSION = "0.9.0"
 CPU = "cpu"
 
 
-class UnsupportedSpeculators(RuntimeError):
-    """The installed speculators is not the one the CPU adaptation was written for."""
-
-
-@dataclass(frozen=True)
-class Expectation:
-    """A function of speculators whose source must still contain `lines` for a patch to be right."""
-
-    module: str
-    qualname: str
-    lines: tuple[str, ...]
-    why: str
-
-
-# What the patches rely on: the call sites that go to the accelerator, as speculators 0.9.0 writes them.
-EXPECTED: tuple[Expectation, ...] = (
-    Expectation(
-        "speculators.train.trainer",
-        "Trainer.__init__",
-        ("self.local_rank = get_local_rank()",),
-        "the trainer's device comes from trainer.get_local_rank (patched to 'cpu')",
-    ),
-    Expectation(
-        "speculators.train.trainer",
-        "Trainer.__init__",
-        ('self.device_type = acc.type if acc is not None else "cuda"',),
-        "the trainer autocasts to self.device_type ('cuda' without an accelerator: cpu_autocast sets 'cpu')",
-    ),
-    Expectation(
-        "speculators.train.trainer",
-        "Trainer.train_epoch",
-        ("self.device_type, dtype=self.config.hidden_states_dtype",),
-        "training autocasts to self.device_type in hidden_states_dtype",
-    ),
-    Expectation(
-        "speculators.train.trainer",
-        "Trainer.setup_model",
-        ("self.model.to(self.local_rank)",),
-        "the model is moved to self.local_rank",
-    ),
-    Expectation(
-        "speculators.train.trainer",
-        "Trainer.train_epoch",
-        ("k: v.to(self.local_rank, non_blocking=True)",),
-        "training batches are moved to self.local_rank",
-    ),
-    Expectation(
-        "speculators.train.trainer",
-        "Trainer.val_epoch",
-        ("k: v.to(self.local_rank, non_blocking=True)",),
-        "validation batches are moved to self.local_rank",
-    ),
-    Expectation(
-        "speculators.train.checkpointer",
-        "SingleGPUCheckpointer.load_model_state_dict",
-        ("device = get_current_device()",),
-        "resuming loads weights onto checkpointer.get_current_device (patched to 'cpu')",
-    ),
-    Expectation(
-        "speculators.train.checkpointer",
-        "SingleGPUCheckpointer.load_optimizer_state_dict",
-        ("device = get_current_device()",),
-        "resuming loads the optimizer state onto checkpointer.get_current_device (patched to 'cpu')",
-    ),
-    Expectation(
-        "speculators.train.distributed",
-        "maybe_setup_distributed",
-        (
-            'distributed = "LOCAL_RANK" in os.environ',
-            "_local_rank = local_rank",
-            "_is_distributed = distributed",
-            "_rank = dist.get_rank()",
-            "_world_size = dist.get_world_size()",
-            "_init_sp_process_groups(_rank, _world_size, sp_size)",
+GUARD = PatchGuard(
+    patch=__name__,
+    distribution="speculators",
+    version="0.9.0",
+    # What the patches rely on: the call sites that go to the accelerator, as speculators 0.9.0 writes them.
+    sources=(
+        Source(
+            "speculators.train.trainer:Trainer.__init__",
+            "c323c45e45491c7375a0ba3af91f5494af7ba21d57dd39ce4fdd6f78c78fcd6d",
+            "the trainer's device is trainer.get_local_rank() (patched to 'cpu'); its autocast device is "
+            "'cuda' without an accelerator (cpu_autocast sets 'cpu')",
         ),
-        "setup_distributed sets speculators' topology as maybe_setup_distributed does, with gloo",
+        Source(
+            "speculators.train.trainer:Trainer.setup_model",
+            "b250d0e72b307722911a400e43824923a71942393ac74bbfbb9be35be1060938",
+            "the model is moved to self.local_rank",
+        ),
+        Source(
+            "speculators.train.trainer:Trainer.train_epoch",
+            "a84f3c8000da1b71a9a0eab955b0398ce23b717986df94b65b9f6c71c054ac8c",
+            "training batches are moved to self.local_rank and autocast to self.device_type",
+        ),
+        Source(
+            "speculators.train.trainer:Trainer.val_epoch",
+            "10da9d3279842a4c5316aea0d9e563a2667a78efee172ab066a14b0ba84a4b44",
+            "validation batches are moved to self.local_rank",
+        ),
+        Source(
+            "speculators.train.trainer:_StepTimer.mark",
+            "5d798b0a65c2de110f4f93655402e91bf737d3bbddf86bb6ad4f158a164ebf0e",
+            "the step timer calls torch.accelerator.synchronize() (a no-op without an accelerator)",
+        ),
+        Source(
+            "speculators.train.trainer:_StepTimer.now",
+            "e47c9a9e6c78ac8c6b55850529f09159418baa06f1589610264f62c8fe476581",
+            "the step timer calls torch.accelerator.synchronize() (a no-op without an accelerator)",
+        ),
+        Source(
+            "speculators.train.checkpointer:SingleGPUCheckpointer.load_model_state_dict",
+            "ee677396facb87fbb732d9dd4de5a2726cf543600fb9f5eb50b75e2eaa0ef1b9",
+            "resuming loads weights onto checkpointer.get_current_device() (patched to 'cpu')",
+        ),
+        Source(
+            "speculators.train.checkpointer:SingleGPUCheckpointer.load_optimizer_state_dict",
+            "3145716bb1072077e9427b5783437f65ae1b1cd2ecddd1dc174e1fc50310f068",
+            "resuming loads the optimizer state onto checkpointer.get_current_device() (patched to 'cpu')",
+        ),
+        Source(
+            "speculators.train.distributed:maybe_setup_distributed",
+            "ce8ff9c12a247fe797346cfd7b3fc852c6f2b0632676a01249b02fe9f77acf8c",
+            "setup_distributed sets the topology it sets (_local_rank, _is_distributed, _rank, _world_size, "
+            "_init_sp_process_groups), with gloo",
+        ),
     ),
-    Expectation(
-        "speculators.train.trainer",
-        "_StepTimer.mark",
-        ("torch.accelerator.synchronize()",),
-        "the step timer synchronizes the accelerator (a no-op without one)",
-    ),
-    Expectation(
-        "speculators.train.trainer",
-        "_StepTimer.now",
-        ("torch.accelerator.synchronize()",),
-        "the step timer synchronizes the accelerator (a no-op without one)",
-    ),
+    remove_when="speculators trains without an accelerator by itself (the trainer and checkpointer take "
+    "the CPU, the step timer does not synchronize, and maybe_setup_distributed uses gloo there)",
 )
 
 # (module, attribute) replaced while training on the CPU, with the value each takes.
@@ -158,47 +122,6 @@ def has_accelerator() -> bool:
     return bool(torch.accelerator.is_available())
 
 
-def installed_version() -> str:
-    return importlib.metadata.version("speculators")
-
-
-def _resolve(module: str, qualname: str) -> Any:
-    target: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
-
-
-def verify_library() -> None:
-    """Raise UnsupportedSpeculators unless speculators is 0.9.0 with the call sites the patches redirect."""
-    version = installed_version()
-    if version != SUPPORTED_VERSION:
-        raise UnsupportedSpeculators(
-            f"speculators {version} is installed, but eagle3_pipeline.adapters.speculators_cpu adapts "
-            f"speculators=={SUPPORTED_VERSION} to the CPU: install speculators=={SUPPORTED_VERSION}, or "
-            "re-check the adaptation against the new version and update SUPPORTED_VERSION and EXPECTED"
-        )
-    problems = []
-    for exp in EXPECTED:
-        try:
-            source = inspect.getsource(_resolve(exp.module, exp.qualname))
-        except (AttributeError, OSError, TypeError) as exc:
-            problems.append(f"{exp.module}.{exp.qualname} cannot be read ({exc})")
-            continue
-        missing = [line for line in exp.lines if line not in source]
-        if missing:
-            problems.append(f"{exp.module}.{exp.qualname} no longer contains {missing} ({exp.why})")
-    for module, attribute, _ in PATCHES:
-        if not hasattr(importlib.import_module(module), attribute):
-            problems.append(f"{module}.{attribute} no longer exists")
-    problems += muon_float32.verify_torch()
-    if problems:
-        raise UnsupportedSpeculators(
-            f"speculators {version} differs from what eagle3_pipeline.adapters.speculators_cpu patches: "
-            + "; ".join(problems)
-        )
-
-
 @contextlib.contextmanager
 def cpu_adapted(native_bfloat16: bool = True) -> Iterator[bool]:
     """Within the block, speculators' trainer runs on the CPU when there is no accelerator (`native_bfloat16`:
@@ -209,7 +132,9 @@ def cpu_adapted(native_bfloat16: bool = True) -> Iterator[bool]:
     if has_accelerator():
         yield False
         return
-    verify_library()
+    GUARD.check()
+    if not native_bfloat16:
+        muon_float32.GUARD.check()
     saved = []
     try:
         chosen = patches(native_bfloat16)
@@ -223,7 +148,7 @@ def cpu_adapted(native_bfloat16: bool = True) -> Iterator[bool]:
             warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator is found")
             logger.info(
                 "no accelerator: training on the CPU (speculators %s, adapted; %s)",
-                SUPPORTED_VERSION,
+                GUARD.version,
                 "native bfloat16"
                 if chosen is PATCHES
                 else "no native bfloat16: Muon's iterations in float32",
@@ -270,7 +195,7 @@ def setup_distributed() -> None:
     if has_accelerator() or "LOCAL_RANK" not in os.environ:
         distributed.maybe_setup_distributed()
         return
-    verify_library()
+    GUARD.check()
     import torch.distributed as dist
 
     dist.init_process_group("gloo")

@@ -15,20 +15,21 @@ arbitrary bytecode, the exception is not always what arrives there:
 `stopping_at_step_end()` keeps speculators' decorator (it still saves `interrupted`) and replaces, for the
 block, the two names it looks up in its module:
   - `GracefulShutdownHandler` with `StepEndShutdown`: the first signal only notes the request, and the
-    interruption is raised at the end of the current step, from speculators' per-step metrics record (its
-    `metric_logger`, which logs every step at `log_freq` 1). Code stuck inside a step (a collective, an
-    online run waiting for hidden states) is interrupted where it is, as before, PATIENCE_SECONDS after the
-    first signal, or at a signal that arrives later than that; torchrun's immediate re-sends are ignored;
+    interruption is raised at the end of the current step, from speculators' per-step metrics record (the
+    trainer module's `metric_logger`, which logs every step at `log_freq` 1). Code stuck inside a step (a
+    collective, an online run waiting for hidden states) is interrupted where it is, as before,
+    PATIENCE_SECONDS after the first signal, or at a signal that arrives later than that; torchrun's
+    immediate re-sends are ignored;
   - `TrainingInterruptedError` with a BaseException of that name, so that interruption is not swallowed
     by an `except Exception` either.
-Written here because speculators has no option for either; `verify` checks the lines this relies on.
+Written here because speculators has no option for either. Before it replaces anything, its `GUARD` checks
+speculators 0.9.0 and the source of what this relies on (eagle3_contract.patch_guard).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import logging
 import os
 import signal
@@ -38,34 +39,48 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from eagle3_contract.patch_guard import PatchGuard, Source
+
 logger = logging.getLogger(__name__)
 
 MODULE = "speculators.train.graceful_shutdown"
-METRICS_LOGGER = "speculators.metrics"  # speculators.train.trainer's metric_logger
+TRAINER = "speculators.train.trainer"  # its module-level metric_logger records each step
 PATIENCE_SECONDS = 10.0  # of Kubernetes' default 30 s grace: the rest for the save and the unwinding
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-EXPECTED = {
-    MODULE: (
-        "handler = GracefulShutdownHandler(timeout=timeout)",
-        "handler.install()",
-        "except TrainingInterruptedError:",
-        "handler.restore()",
-        "handler.timeout",
+GUARD = PatchGuard(
+    patch=__name__,
+    distribution="speculators",
+    version="0.9.0",
+    sources=(
+        Source(
+            f"{MODULE}:with_graceful_shutdown",
+            "eedfb16059a4216c31e4a7a07008fa370960f7fb822d4f100b13ef0e916d9d2b",
+            "its wrapper looks GracefulShutdownHandler and TrainingInterruptedError up in its module (both "
+            "replaced), uses install(), restore() and timeout, and saves 'interrupted' on the error",
+        ),
+        Source(
+            f"{TRAINER}:Trainer.run_training",
+            "83e395bd403ee08f5d008fe6fa0695f21db4ba7cba7dc26d5d3fde312c74235c",
+            "training runs inside @with_graceful_shutdown()",
+        ),
+        Source(
+            f"{TRAINER}:Trainer.train_epoch",
+            "a84f3c8000da1b71a9a0eab955b0398ce23b717986df94b65b9f6c71c054ac8c",
+            "each step ends with a record on the module's metric_logger (where the step-end check runs)",
+        ),
+        Source(
+            f"{TRAINER}:Trainer.val_epoch",
+            "10da9d3279842a4c5316aea0d9e563a2667a78efee172ab066a14b0ba84a4b44",
+            "a validation epoch ends with a record on the module's metric_logger",
+        ),
     ),
-    "speculators.train.trainer": (
-        f'metric_logger = logging.getLogger("{METRICS_LOGGER}")',
-        "@with_graceful_shutdown()",
-        "metric_logger.info(",
-    ),
-}
+    remove_when="speculators' graceful shutdown stops training at the end of a step, or raises its "
+    "interruption as a BaseException where the signal lands",
+)
 
 
 class TrainingInterruptedError(BaseException):  # speculators' name: its decorator looks it up
     """A SIGINT or SIGTERM during training: unwinds to speculators' decorator, past `except Exception`."""
-
-
-class UnsupportedShutdown(RuntimeError):
-    """speculators no longer handles its interruption as this adapter expects."""
 
 
 class StepEndShutdown:
@@ -144,32 +159,18 @@ class _StepEnd(logging.Handler):
             shutdown.at_step_end()
 
 
-def verify() -> list[str]:
-    """What no longer holds in speculators for the replacement to be right (empty: it is right)."""
-    problems = []
-    for name, lines in EXPECTED.items():
-        source = inspect.getsource(importlib.import_module(name))
-        problems += [f"{name} no longer contains {line!r}" for line in lines if line not in source]
-    return problems
-
-
 @contextlib.contextmanager
 def stopping_at_step_end() -> Iterator[None]:
-    """Within the block, a SIGINT or SIGTERM stops speculators' training at the end of a step."""
-    problems = verify()
-    if problems:
-        raise UnsupportedShutdown(
-            "eagle3_pipeline.adapters.speculators_interrupt cannot adapt this speculators: "
-            + "; ".join(problems)
-            + " (re-check how its graceful shutdown raises and catches, and update the adapter)"
-        )
+    """Within the block, a SIGINT or SIGTERM stops speculators' training at the end of a step. Raises
+    LibraryChanged (nothing replaced) where speculators is not what the adapter was written for."""
+    GUARD.check()
     module = importlib.import_module(MODULE)
     replaced = {
         "GracefulShutdownHandler": StepEndShutdown,
         "TrainingInterruptedError": TrainingInterruptedError,
     }
     saved = {name: getattr(module, name) for name in replaced}
-    step_end, metrics = _StepEnd(), logging.getLogger(METRICS_LOGGER)
+    step_end, metrics = _StepEnd(), importlib.import_module(TRAINER).metric_logger
     for name, value in replaced.items():
         setattr(module, name, value)
     metrics.addHandler(step_end)  # after the metrics recorder: the step is recorded first
