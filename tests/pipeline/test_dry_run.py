@@ -158,7 +158,10 @@ def test_an_unknown_verifier_is_sized_from_the_command_line(
     spec = {"verifier": {"model": "example-org/unknown-model"}, "dataset": {"source": "d", "maxSamples": 10}}
     manifest = str(write_manifest(tmp_path / "run.yaml", spec))
     out = dry_run(capsys, manifest, "--artifacts", str(tmp_path / "a"))
-    assert "hidden states per token: unknown" in out and "give it with --hidden-size" in out
+    assert "hidden states per token: unknown" in out and "give the shape with --hidden-size" in out
+    # a Hub id, said as one: not the words of a local path (issue 42, item 7)
+    assert "spec.verifier.model example-org/unknown-model is a Hub id whose config.json is neither" in out
+    assert "does not exist" not in out
     out = dry_run(
         capsys, manifest, "--artifacts", str(tmp_path / "a"), "--hidden-size", "1024", "--layers", "16"
     )
@@ -185,3 +188,110 @@ def test_a_dry_runs_verifier_shape_is_whole_and_plausible(
     with pytest.raises(SystemExit) as exited:
         eagle3_main(["run", str(EXAMPLE), "--dry-run", *args])
     assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+def _unknown_shape(out: str) -> str:
+    """The dry run's 'hidden states per token: unknown (...): WHY' line's WHY."""
+    line = out.split("hidden states per token: unknown (")[1].split(" GPUs at once")[0]
+    return line.split("): ", 1)[1]
+
+
+def test_a_local_verifier_whose_config_is_not_json_or_lacks_the_hidden_size_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42, item 7: a malformed config.json read as "not in a local directory, the Hub cache, the Hub
+    nor the table of known verifiers"."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    config = verifier / "config.json"
+    config.write_text('{"hidden_size": 128,\n "num_hidden_layers": 2,,}\n')
+    spec = {"verifier": {"model": str(verifier)}, "dataset": {"source": "d", "maxSamples": 10}}
+    manifest = str(write_manifest(tmp_path / "run.yaml", spec))
+    why = _unknown_shape(dry_run(capsys, manifest, "--artifacts", str(tmp_path / "a")))
+    assert why.startswith(
+        f"spec.verifier.model {verifier}: {config} is not valid JSON (Expecting property name enclosed in "
+        "double quotes: line 2 column 25 (char 45)); a checkpoint's config.json is a JSON object with "
+        "hidden_size and num_hidden_layers: fix or restore it, or give the shape with --hidden-size"
+    ), why
+    assert "Hub" not in why
+    config.write_text('{"num_hidden_layers": 2, "text_config": {"vocab_size": 10}}')
+    why = _unknown_shape(dry_run(capsys, manifest, "--artifacts", str(tmp_path / "a")))
+    assert why.startswith(
+        f"spec.verifier.model {verifier}: {config} has no positive hidden_size (nor has its text_config); "
+        "add the checkpoint's own, or give the shape with --hidden-size"
+    ), why
+    config.write_text("[]")
+    why = _unknown_shape(dry_run(capsys, manifest, "--artifacts", str(tmp_path / "a")))
+    assert why.startswith(f"spec.verifier.model {verifier}: {config} is not a JSON object (it holds a list)")
+
+
+def test_a_local_verifier_path_that_does_not_exist_is_said_to_be_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42, item 7: distinct from a Hub id not in the cache; a path under /models names where it is
+    looked for (--models)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = tmp_path / "no-such-verifier"
+    for model, said in [
+        (str(missing), f"spec.verifier.model {missing} does not exist on this machine (a path, not a Hub"),
+        (
+            "/models/llama",
+            f"spec.verifier.model /models/llama (here {tmp_path / 'models' / 'llama'}) does not exist on "
+            "this machine",
+        ),
+    ]:
+        spec = {"verifier": {"model": model}, "dataset": {"source": "d", "maxSamples": 10}}
+        manifest = str(write_manifest(tmp_path / "run.yaml", spec))
+        args = ("--artifacts", str(tmp_path / "a"), "--models", str(tmp_path / "models"))
+        why = _unknown_shape(dry_run(capsys, manifest, *args))
+        assert why.startswith(said) and "correct the path (--models maps /models)" in why, why
+        assert "Hub cache" not in why
+
+
+def test_the_estimate_is_held_against_the_volume_and_the_disk_as_the_operator_and_a_run_hold_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42, item 7: the dry run never compared its estimate with spec.storage.artifacts.size. 1,000 x
+    4,096 tokens x (4 layers x 4,096 x 2 B + 8) = 134.3 GB offline."""
+    from eagle3_pipeline.local import dry_run as dry_run_module
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(dry_run_module, "free_bytes", lambda _path: 10**15)  # a roomy disk
+    shape = ("--hidden-size", "4096", "--layers", "32", "--artifacts", str(tmp_path / "a"))
+
+    def out_with(storage: dict[str, str], mode: str = "offline") -> str:
+        spec = {
+            "verifier": {"model": "example-org/unknown-model"},
+            "dataset": {"source": "d", "maxSamples": 1000, "maxSequenceLength": 4096},
+            "extraction": {"mode": mode},
+            "storage": {"artifacts": storage},
+        }
+        return dry_run(capsys, str(write_manifest(tmp_path / "run.yaml", spec)), *shape)
+
+    out = out_with({"size": "100Gi"})
+    assert (
+        "storage: too small for the operator (it fails the run StorageTooSmall before extract): extract "
+        "would store 134.3 GB of hidden states (4096000 tokens x 32776 B, upper bound from "
+        "dataset.maxSamples x maxSequenceLength (1000 x 4096)), but the artifacts volume "
+        "(spec.storage.artifacts.size 100Gi) holds 107.4 GB: set spec.storage.artifacts.size to at least "
+        "126Gi (a claim the operator already created keeps its size: expand it with `kubectl patch pvc`"
+    ) in out, out
+    assert "too small for `eagle3 run`" not in out
+    out = out_with({"size": "126Gi"})
+    assert "storage: extract would store 134.3 GB; spec.storage.artifacts.size 126Gi (135.3 GB) holds it" in (
+        out
+    )
+    assert "storage:" not in out_with({"size": "1Gi"}, mode="online")  # nothing stored: nothing to hold
+    assert "spec.storage.artifacts.size" not in out_with({"claimName": "mine"})  # its size is the claim's
+    monkeypatch.setattr(dry_run_module, "free_bytes", lambda _path: 10**9)  # 1 GB free here
+    out = out_with({"size": "200Gi"})
+    assert (
+        "storage: too small for `eagle3 run` here (it stops before extract): extract would store 134.3 GB "
+        "of hidden states (4096000 tokens x 32776 B, upper bound from dataset.maxSamples x "
+        f"maxSequenceLength (1000 x 4096)), but the free space under {tmp_path / 'a'} holds 1.0 GB: free "
+        "133.3 GB more on that disk, or give --artifacts a directory on a disk with 134.3 GB free"
+    ) in out, out
+    assert "kubectl" not in out.split("too small for `eagle3 run` here")[1]

@@ -475,6 +475,10 @@ def test_offline_extract_that_the_disk_cannot_hold_is_refused_before_it_starts(
     err = capsys.readouterr().err
     assert code == 1, err
     [flat] = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert "extract would store" in flat and "holds 999 B" in flat and "spec.storage.artifacts.size" in flat
+    assert "extract would store" in flat and "holds 999 B" in flat
+    # a local run's advice is about its disk (issue 42, item 7): not the claim's size, not `kubectl patch pvc`
+    assert f"the free space under {tmp_path / 'art'} holds 999 B: free " in flat
+    assert "more on that disk" in flat
+    assert "spec.storage.artifacts.size" not in flat and "kubectl" not in flat
     assert not (tmp_path / "art" / "extract").exists(), "extract never started"
     assert (tmp_path / "art" / "prepare").is_dir(), "prepare ran: its result gave the exact figure"

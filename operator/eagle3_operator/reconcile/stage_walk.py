@@ -14,7 +14,7 @@ from eagle3_contract.policy import next_token_budget, out_of_memory_message, out
 from eagle3_contract.reasons import OUT_OF_MEMORY, STORAGE_TOO_SMALL
 from eagle3_contract.results import EvaluateResult, StageResult, parse_message, parse_result, stage_error
 from eagle3_contract.stages import Stage, StagePlan
-from eagle3_contract.storage import requested_bytes, too_small
+from eagle3_contract.storage import claim_too_small
 from eagle3_operator.builders.job import build_job, fail_fast_exit_codes
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.training import train_nodes
@@ -276,10 +276,8 @@ class Walk:
     def _storage_shortfall(self) -> str | None:
         """Offline extract's hidden states against the claim the operator creates, from the data stages'
         results (exact by now): why the stage must not start, or None."""
-        size = requested_bytes(self.spec)
-        where = f"the artifacts volume (spec.storage.artifacts.size {self.spec.storage.artifacts.size})"
         estimates = estimates_from_stages(self.spec, self.progress.stages, self.every or None)
-        return too_small(self.spec, estimates, size, where)
+        return claim_too_small(self.spec, estimates)
 
     def _failed(self, plan: StagePlan, job: JobView, base: StageStatus) -> bool:
         stage = plan.stage.value

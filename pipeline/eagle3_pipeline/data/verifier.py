@@ -60,25 +60,48 @@ def verifier_dims(ref: LocalVerifier) -> VerifierDims:
     return VerifierDims(layers, hidden, vocab if isinstance(vocab, int) else None)
 
 
+class ConfigUnreadable(ValueError):
+    """A model directory's config.json that gives no config: the message names the file and why."""
+
+
+def local_config(directory: Path) -> dict[str, Any]:
+    """The config.json of a model directory on this machine, read with the json module; ConfigUnreadable
+    where the directory or the file is missing, or the file is not a JSON object."""
+    path = directory / CONFIG_FILE
+    if not directory.exists():
+        raise ConfigUnreadable(f"{directory} does not exist")
+    if not path.is_file():
+        raise ConfigUnreadable(f"{directory} has no {CONFIG_FILE}")
+    try:
+        config = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigUnreadable(f"{path} cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        raise ConfigUnreadable(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigUnreadable(f"{path} is not a JSON object (it holds a {type(config).__name__})")
+    return config
+
+
 def read_config(
     model: str, revision: str | None = None, trust_remote_code: bool = False, offline: bool = False
 ) -> dict[str, Any] | None:
     """`model`'s config as a dict (a local directory's config.json, else AutoConfig's); None if unreadable.
     `offline`: a Hub id is read from the Hub cache only, never downloaded."""
-    local: Path | None = Path(model).expanduser() / CONFIG_FILE
+    directory = Path(model).expanduser()
     try:
-        if offline and local is not None and not local.is_file():
-            local = _cached(model, revision)
-            if local is None:
+        if offline and not (directory / CONFIG_FILE).is_file():
+            cached = _cached(model, revision)
+            if cached is None:
                 return None
-        if local is not None and local.is_file():
-            config = json.loads(local.read_text())
-        else:
-            from transformers import AutoConfig
+            directory = cached.parent
+        if (directory / CONFIG_FILE).is_file():
+            return local_config(directory)
+        from transformers import AutoConfig
 
-            config = AutoConfig.from_pretrained(
-                model, revision=revision, trust_remote_code=trust_remote_code, local_files_only=offline
-            ).to_dict()
+        config = AutoConfig.from_pretrained(
+            model, revision=revision, trust_remote_code=trust_remote_code, local_files_only=offline
+        ).to_dict()
     except Exception as exc:  # an estimate's input: never the reason a stage fails
         logger.info("cannot read the verifier's config at %s (%s: %s)", model, type(exc).__name__, exc)
         return None

@@ -5,9 +5,12 @@ of status.plan.estimates (eagle3_contract.estimates): GPUs and tokens per stage,
 offline extraction would store and online extraction would move. What this machine can read refines them:
 complete data-stage outputs give the exact token count; the verifier's config.json (a local directory, the
 Hub cache, the Hub), the table of known verifiers (eagle3_contract.verifier_shapes) or --hidden-size give its
-shape;
+shape (where none does, the output says why: a local path that does not exist, a config.json that is not
+JSON or lacks the hidden size, a Hub id neither cached nor known);
 a local dataset is counted cheaply, by tokenizing up to SAMPLE_ROWS evenly spread rows with the verifier's
-chat template and extrapolating to every row (the output says which).
+chat template and extrapolating to every row (the output says which). Offline extraction's bytes are held
+against spec.storage.artifacts.size and the free space under --artifacts, as the operator and `eagle3 run`
+check them before extract (eagle3_contract.storage).
 """
 
 from __future__ import annotations
@@ -23,22 +26,37 @@ from eagle3_contract.api.status import Estimates, ModeEstimate
 from eagle3_contract.estimates import (
     TokenCount,
     VerifierShape,
+    human_bytes,
     known_from_results,
     run_estimates,
+    shape_from_config,
     stored_layers,
 )
 from eagle3_contract.mounts import MODEL_CACHE_MOUNT
 from eagle3_contract.results import ExtractResult, GenerateResult, PrepareResult, StageResult, parse_result
 from eagle3_contract.stages import Stage, StagePlan, plan_stages
+from eagle3_contract.storage import claim_too_small, disk_too_small, offline_bytes, requested_bytes
 from eagle3_contract.verifier_shapes import known_shape
 from eagle3_pipeline.data.conversations import RowError, load_conversations
 from eagle3_pipeline.data.masking import ChatTemplate, tokenize_conversation
-from eagle3_pipeline.data.verifier import estimated_shape
+from eagle3_pipeline.data.verifier import CONFIG_FILE, ConfigUnreadable, estimated_shape, local_config
 from eagle3_pipeline.local.run import check_verifier_config, default_artifacts
+from eagle3_pipeline.local.storage_check import free_bytes
 from eagle3_pipeline.runtime.context import is_complete, map_mounts, models_root, read_result
 
 logger = logging.getLogger(__name__)
 SAMPLE_ROWS = 256  # rows tokenized to estimate a dataset's tokens
+
+
+GIVE_SHAPE = "give the shape with --hidden-size (and --layers); once prepare has run, its result gives it"
+
+
+@dataclass(frozen=True)
+class ShapeLookup:
+    """The verifier's shape as the dry run finds it, or why it finds none (said with what to do)."""
+
+    shape: VerifierShape | None
+    unknown: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,8 +152,9 @@ def dry_run_estimates(
     artifacts: Path,
     models: Path | None,
     given: tuple[int, int | None] | None = None,
-) -> Estimates:
-    """The estimates from the reused outputs' results, else the local verifier and dataset, else the spec.
+) -> tuple[Estimates, str]:
+    """The estimates from the reused outputs' results, else the local verifier and dataset, else the spec,
+    with why the verifier's shape is unknown ("" where it is known).
     The verifier's shape: `given` (--hidden-size, --layers), else prepare's result, else `verifier_shape`."""
     results = {line.plan.stage: line.result for line in lines if line.result is not None}
     prepare, generate = results.get(Stage.PREPARE), results.get(Stage.GENERATE)
@@ -144,31 +163,97 @@ def dry_run_estimates(
         prepare if isinstance(prepare, PrepareResult) else None,
         generate if isinstance(generate, GenerateResult) else None,
     )
-    model = local_path(spec.verifier.model, artifacts, models)
+    model, unknown = local_path(spec.verifier.model, artifacts, models), ""
     if given is not None:
         shape = VerifierShape(given[0], given[1], "given on the command line (--hidden-size, --layers)")
     elif shape is None:
-        shape = verifier_shape(spec, model)
+        lookup = verifier_shape(spec, model)
+        shape, unknown = lookup.shape, lookup.unknown
     if tokens is None or tokens.basis.startswith("upper bound"):  # the rows here bound it at least as tightly
         tokens = count_tokens(spec, local_path(spec.dataset.source, artifacts, models), model) or tokens
     extract = results.get(Stage.EXTRACT)
     measured = extract.bytes if isinstance(extract, ExtractResult) else None
-    return run_estimates(spec, shape, tokens, measured, [line.plan for line in lines])
+    return run_estimates(spec, shape, tokens, measured, [line.plan for line in lines]), unknown
 
 
-def verifier_shape(spec: Eagle3RunSpec, model: str) -> VerifierShape | None:
-    """The verifier's shape without running anything: its config.json in a local directory or the Hub cache,
-    else the table of known verifiers, else its config from the Hub (a few KB; where there is a network)."""
+def is_local_path(model: str) -> bool:
+    """spec.verifier.model names a path on this machine, not a Hub id."""
+    return model.startswith(("/", "./", "../", "~"))
+
+
+def verifier_shape(spec: Eagle3RunSpec, model: str) -> ShapeLookup:
+    """The verifier's shape without running anything (`model`: spec.verifier.model as a path here): a local
+    path's config.json; a Hub id's config.json in the Hub cache, else the table of known verifiers, else its
+    config from the Hub (a few KB; where there is a network). Where none gives it, why."""
     v = spec.verifier
-    where = model if Path(model).is_dir() else f"{model} in the Hub cache"
-    basis = f"from the verifier's config ({where})"
+    if is_local_path(v.model) or Path(model).expanduser().is_dir():
+        return local_shape(v.model, model)
+    basis = f"from the verifier's config ({model} in the Hub cache)"
     found = estimated_shape(model, v.revision, v.trust_remote_code, basis, offline=True)
+    found = found or known_shape(v.model)
     if found is None:
-        found = known_shape(v.model)
-    if found is None and not Path(model).is_absolute():
         basis = f"from the verifier's config ({model} on the Hub)"
         found = estimated_shape(model, v.revision, v.trust_remote_code, basis, offline=False)
-    return found
+    if found is not None:
+        return ShapeLookup(found)
+    return ShapeLookup(
+        None,
+        f"spec.verifier.model {v.model} is a Hub id whose config.json is neither in the Hub cache here nor "
+        "in the table of known verifiers, and the Hub did not give it (offline, HF_HUB_OFFLINE, no access to "
+        f"a gated repository, or no such id); fetch it into the Hub cache (`hf download {v.model} "
+        f"config.json`), or {GIVE_SHAPE}",
+    )
+
+
+def local_shape(name: str, model: str) -> ShapeLookup:
+    """The shape in the config.json of the verifier at `model` (spec.verifier.model `name` on this
+    machine), or why there is none: the path does not exist, or its config.json is missing, not JSON, or
+    has no hidden size."""
+    where = f"spec.verifier.model {name}" + (f" (here {model})" if model != name else "")
+    directory = Path(model).expanduser()
+    if not directory.exists():
+        return ShapeLookup(
+            None,
+            f"{where} does not exist on this machine (a path, not a Hub id); correct the path (--models maps "
+            f"/models), or {GIVE_SHAPE}",
+        )
+    try:
+        config = local_config(directory)
+    except ConfigUnreadable as exc:
+        return ShapeLookup(
+            None,
+            f"{where}: {exc}; a checkpoint's config.json is a JSON object with hidden_size and "
+            f"num_hidden_layers: fix or restore it, or {GIVE_SHAPE}",
+        )
+    found = shape_from_config(config, f"from the verifier's config ({model})")
+    if found is None:
+        return ShapeLookup(
+            None,
+            f"{where}: {directory / CONFIG_FILE} has no positive hidden_size (nor has its text_config); "
+            f"add the checkpoint's own, or {GIVE_SHAPE}",
+        )
+    return ShapeLookup(found)
+
+
+def storage_lines(spec: Eagle3RunSpec, estimates: Estimates, artifacts: Path) -> list[str]:
+    """Offline extraction's bytes against spec.storage.artifacts.size, as the operator holds them before
+    extract (StorageTooSmall), and against the free space under `artifacts`, as `eagle3 run` does."""
+    need = offline_bytes(spec, estimates)
+    if need is None:
+        return []
+    lines = []
+    if (short := claim_too_small(spec, estimates)) is not None:
+        lines.append(
+            f"storage: too small for the operator (it fails the run StorageTooSmall before extract): {short}"
+        )
+    elif (size := requested_bytes(spec)) is not None:
+        lines.append(
+            f"storage: extract would store {human_bytes(need)}; spec.storage.artifacts.size "
+            f"{spec.storage.artifacts.size} ({human_bytes(size)}) holds it"
+        )
+    if (short := disk_too_small(spec, estimates, free_bytes(artifacts), str(artifacts))) is not None:
+        lines.append(f"storage: too small for `eagle3 run` here (it stops before extract): {short}")
+    return lines
 
 
 def _n(value: int | None) -> str:
@@ -226,14 +311,11 @@ def hidden_states_table(spec: Eagle3RunSpec, estimates: Estimates) -> Any:
     return table
 
 
-def summary_lines(spec: Eagle3RunSpec, estimates: Estimates) -> list[str]:
+def summary_lines(spec: Eagle3RunSpec, estimates: Estimates, shape_unknown: str) -> list[str]:
+    """The figures under the tables; `shape_unknown`: why the verifier's shape is not known."""
     hs = estimates.hidden_states
     if hs.bytes_per_token is None:
-        per_token = (
-            f"unknown ({stored_layers(spec)} layers x the hidden size x {hs.dtype}): the verifier's config "
-            "is neither in a local directory, the Hub cache, the Hub nor the table of known verifiers; give "
-            "it with --hidden-size (and --layers), or prepare's result will"
-        )
+        per_token = f"unknown ({stored_layers(spec)} layers x the hidden size x {hs.dtype}): {shape_unknown}"
     else:
         scale = " + fp8 scale" if hs.dtype == "fp8" else ""
         per_token = (
@@ -282,10 +364,10 @@ def main(
     spec, root = manifest.spec, Path(artifacts) if artifacts else default_artifacts(manifest)
     models_dir = Path(models) if models else None
     lines = stage_lines(spec, root)
-    estimates = dry_run_estimates(spec, lines, root, models_dir, shape)
+    estimates, shape_unknown = dry_run_estimates(spec, lines, root, models_dir, shape)
     console.print(plan_table(lines, estimates))
     console.print(hidden_states_table(spec, estimates))
-    for text in summary_lines(spec, estimates):
+    for text in [*summary_lines(spec, estimates, shape_unknown), *storage_lines(spec, estimates, root)]:
         console.print(text, highlight=False, markup=False, soft_wrap=True)
     console.print(f"artifacts: {root.resolve()} (nothing was run or written)", highlight=False, markup=False)
     return 0

@@ -14,7 +14,6 @@ stage from it, print the program's stderr lines, and record the stages for `eagl
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -42,6 +41,7 @@ from eagle3_contract.results import EvaluateResult, StageResult, parse_result, s
 from eagle3_contract.stage_metrics import ENV_METRICS_HOST, ENV_METRICS_PORT
 from eagle3_contract.stages import Stage, StagePlan, plan_stages, stage_argv
 from eagle3_pipeline.data.dataset_files import local_fingerprint
+from eagle3_pipeline.data.verifier import ConfigUnreadable, local_config
 from eagle3_pipeline.local.display import (
     LogDisplay,
     MetricsPoller,
@@ -133,11 +133,9 @@ def check_verifier_config(manifest: Manifest, models: Path | None) -> None:
     if model == MODEL_CACHE_MOUNT or model.startswith(MODEL_CACHE_MOUNT + "/"):
         model = str(models_root(str(models) if models else None)) + model[len(MODEL_CACHE_MOUNT) :]
     try:
-        config = json.loads((Path(model).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
+        config = local_config(Path(model).expanduser())
+    except ConfigUnreadable:
         return  # not local, or unreadable: the stage that loads it says so
-    if not isinstance(config, dict):
-        return
     layers = spec.extraction.layers
     problems = verifier_config_problems(
         config, tensor_parallel_size=spec.verifier.tensor_parallel_size, layers=layers

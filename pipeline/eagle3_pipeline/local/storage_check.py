@@ -1,6 +1,7 @@
 """Before offline extract starts, `eagle3 run` checks that the local filesystem holds what it will store,
 as the operator checks the volume's size (eagle3_contract.storage): a run too big for the disk is refused at
-once, with both figures and what to change, instead of failing hours into extract with a full disk."""
+once, with both figures and what to change (room on this disk, not the claim's size), instead of failing
+hours into extract with a full disk."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.estimates import known_from_results, run_estimates
 from eagle3_contract.results import GenerateResult, PrepareResult
 from eagle3_contract.stages import Stage, StagePlan
-from eagle3_contract.storage import too_small
+from eagle3_contract.storage import disk_too_small
 from eagle3_pipeline.local.display import StageOutcome
 
 
@@ -37,4 +38,4 @@ def storage_problem(
         generate if isinstance(generate, GenerateResult) else None,
     )
     estimates = run_estimates(spec, shape, tokens)
-    return too_small(spec, estimates, free_bytes(artifacts), f"the free space under {artifacts}")
+    return disk_too_small(spec, estimates, free_bytes(artifacts), str(artifacts))
