@@ -129,9 +129,10 @@ class DatasetRows(ApiModel):
     format: DatasetFormat = Field(
         DatasetFormat.AUTO,
         description=(
-            "Row layout: 'messages' (OpenAI role/content, tool_calls and tool turns), 'sharegpt' (conversations "
-            "with from/value, function_call and observation turns), 'prompts' (a 'prompt' string per row, "
-            "answered by regeneration), or 'auto' to detect it. A row's 'tools' are rendered with it."
+            "Row layout: 'messages' (OpenAI role/content, tool_calls and tool turns), "
+            "'sharegpt' (conversations with from/value, function_call and observation turns), "
+            "'prompts' (a 'prompt' string per row, answered by regeneration), or 'auto' to detect it. "
+            "A row's 'tools' are rendered with it."
         ),
     )
     split: str = Field("train", min_length=1, description="Dataset split to read.")
