@@ -3,12 +3,14 @@
 spec.pod.affinity, spec.nodePool.affinity, spec.pod.securityContext, spec.pod.containerSecurityContext and
 spec.pod.env[].valueFrom are copied into the pods a run creates. They are checked against the Kubernetes 1.31
 OpenAPI schemas the built objects are checked with (kubernetes-validate's strict schemas): this renders those
-types' definitions, every `$ref` inlined, into contract/eagle3_contract/api/kubernetes_schemas.json, in the
-dialect the CRD generator reads (one type per node, no nulls, an int-or-string marked as the CRD wants it and
-checked as JSON Schema can). Each node keeps Kubernetes' own description (a field's own description over its
-type's, as `kubectl explain pod.spec.affinity` shows it), so the CRD explains the embedded fields as it
-explains ours. The contract loads the file: the local validator and the CRD use the same schemas, and the
-contract needs no 100 MB schema package at run time (kubernetes-validate is a development dependency).
+types' definitions, every `$ref` inlined, with the rules of Kubernetes' own validation a structural
+schema can state merged in (eagle3_contract.api.kubernetes_rules.SCHEMA_RULES), into
+contract/eagle3_contract/api/kubernetes_schemas.json, in the dialect the CRD generator reads (one type per
+node, no nulls, an int-or-string marked as the CRD wants it and checked as JSON Schema can). Each node keeps
+Kubernetes' own description (a field's own description over its type's, as `kubectl explain pod.spec.affinity`
+shows it), so the CRD explains the embedded fields as it explains ours. The contract loads the file: the local
+validator and the CRD use the same schemas, and the contract needs no 100 MB schema package at run time
+(kubernetes-validate is a development dependency).
 
 python -m devtools.kubernetes_schemas            # rewrite the file
 python -m devtools.kubernetes_schemas --check    # exit 1 naming it when it differs
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.generated import Generator
+from eagle3_contract.api.kubernetes_rules import tightened
 
 KUBERNETES_VERSION = "1.31.0"
 OUTPUT = "contract/eagle3_contract/api/kubernetes_schemas.json"
@@ -58,7 +61,7 @@ def converted(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...] 
         name = ref.rsplit("/", 1)[-1]
         if name in seen:
             raise ValueError(f"{' > '.join(seen)}: {name} is recursive; a structural schema cannot inline it")
-        inlined = converted(defs[name], defs, (*seen, name))
+        inlined = tightened(name, converted(defs[name], defs, (*seen, name)))
         if "description" in node:
             inlined["description"] = node["description"]
         return inlined
@@ -88,8 +91,9 @@ def converted(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...] 
 
 def render(_: Path) -> str:
     defs = definitions()
-    schemas = {name: converted(defs[full], defs, (full,)) for name, full in TYPES.items()}
-    document = {"kubernetesVersion": KUBERNETES_VERSION, "source": "kubernetes-validate", "types": schemas}
+    schemas = {name: tightened(full, converted(defs[full], defs, (full,))) for name, full in TYPES.items()}
+    source = "kubernetes-validate, with eagle3_contract.api.kubernetes_rules.SCHEMA_RULES"
+    document = {"kubernetesVersion": KUBERNETES_VERSION, "source": source, "types": schemas}
     return json.dumps(document, indent=1, sort_keys=True) + "\n"
 
 

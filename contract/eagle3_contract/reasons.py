@@ -18,3 +18,8 @@ FAILURE_REASONS = (OUT_OF_MEMORY, DEADLINE_EXCEEDED, ERROR)
 # Offline extraction would store more hidden states than the artifacts volume (or the local disk) holds: the
 # extract stage is not started (eagle3_contract.storage).
 STORAGE_TOO_SMALL = "StorageTooSmall"
+# SpecValid False: the spec breaks a rule of the API (eagle3_contract.api.validation); nothing is created.
+INVALID_SPEC = "InvalidSpec"
+# SpecValid False: the API server refused an object the operator made from the spec (HTTP 422: a field it does
+# not take); the condition names the object, the fields and the server's message. Retried at every resync.
+REJECTED = "Rejected"

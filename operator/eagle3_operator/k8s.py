@@ -80,11 +80,40 @@ def untrusting_env(api: client.ApiClient) -> None:
 
 
 class ApiError(Exception):
-    """An API call the server refused; `status` is the HTTP status."""
+    """An API call the server refused; `status` is the HTTP status, `detail` the body it answered with (a
+    Status object, as JSON, from a real server)."""
 
     def __init__(self, status: int, verb: str, what: str, detail: str) -> None:
         self.status = status
+        self.verb = verb
+        self.what = what
+        self.detail = detail
         super().__init__(f"{verb} {what}: HTTP {status}: {detail[:500]}")
+
+    @property
+    def invalid(self) -> bool:
+        """The server refused the object itself (HTTP 422 Unprocessable Entity, reason Invalid): a field it
+        does not take. Sending the same object again is refused again."""
+        return self.status == 422
+
+    def server_status(self) -> dict[str, Any]:
+        """The Status object the server answered with (message, reason, details.causes), {} if none."""
+        try:
+            found = json.loads(self.detail)
+        except ValueError:
+            return {}
+        return found if isinstance(found, dict) and found.get("kind") == "Status" else {}
+
+    def fields(self) -> list[str]:
+        """The fields the server named in the Status's causes, in its order, each once."""
+        causes = (self.server_status().get("details") or {}).get("causes") or []
+        found = [c["field"] for c in causes if isinstance(c, dict) and isinstance(c.get("field"), str)]
+        return list(dict.fromkeys(found))
+
+    def server_message(self) -> str:
+        """The server's own words: the Status's message, else the body as it came (shortened)."""
+        message = self.server_status().get("message")
+        return str(message) if message else " ".join(self.detail.split())[:1000]
 
     @property
     def transient(self) -> bool:

@@ -3,6 +3,7 @@ and the CRD's schema keeps every field of a spec and applies the same defaults a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from eagle3_contract.quantity import quantity
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.reconcile.observe import Observed
 from eagle3_operator.reconcile.planner import plan_run
+from tests.contract.api.test_kubernetes_rules import CASES
 from tests.harness.cluster import Cluster
+from tests.tiny_spec import minimal
 from tests.unit.builders.builder_cases import kimi_online_spec, online_objects
 
 pytestmark = pytest.mark.apiserver
@@ -159,3 +162,24 @@ def test_the_comparison_finds_a_pruned_or_changed_field_and_allows_only_the_know
     resources = {"resources": {"limits": {"cpu": "1000m", "nvidia.com/gpu": 8, "memory": "1Gi"}}}
     canonical = {"resources": {"limits": {"cpu": "1", "nvidia.com/gpu": "8", "memory": "2Gi"}}}
     assert list(lost(resources, canonical)) == ["resources.limits.memory: '1Gi' -> '2Gi'"]
+
+
+# The cases of tests/contract/api/test_kubernetes_rules.py that the CRD's structural schema refuses (the rest:
+# CEL rules, or the operator's own check): a real server refuses each run outright, naming the field, so the
+# rules are the server's too on Kubernetes 1.20, which has no CEL (the CRD is installed without its rules).
+REFUSED_BY_SCHEMA = [(name, case) for name, case in CASES.items() if case[3]]
+
+
+@pytest.mark.parametrize(("name", "case"), REFUSED_BY_SCHEMA, ids=[name for name, _ in REFUSED_BY_SCHEMA])
+async def test_the_server_refuses_what_the_crds_schema_refuses(real, name, case) -> None:
+    sections, field, _, _ = case
+    doc = {
+        "apiVersion": API_VERSION,
+        "kind": "Eagle3Run",
+        "metadata": {"name": "refused", "namespace": real.cluster.ns},
+        "spec": minimal() | sections,
+    }
+    with pytest.raises(AssertionError, match="HTTP 422") as refused:
+        await dry_run(real.cluster, API_VERSION, PLURAL, doc)
+    # the server (1.20) names the field without the list indexes the spec checks write
+    assert re.sub(r"\[\d+\]", "", field) in str(refused.value), refused.value

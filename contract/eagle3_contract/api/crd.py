@@ -9,8 +9,8 @@ converter below is generic over JSON Schema, not over our fields:
   the API server prunes explicit nulls of non-nullable fields, so `nullable` is never needed;
 * `exclusiveMinimum: n` becomes `minimum: n` + `exclusiveMinimum: true` (OpenAPI v3.0 style), likewise for
   the maximum; `const` becomes a one-value `enum`;
-* a node marked `x-kubernetes-int-or-string` keeps only that marker (and its description, default and
-  pattern: a pattern checks the string form only);
+* a node marked `x-kubernetes-int-or-string` keeps only that marker (and its description, default,
+  pattern and minimum: a pattern checks the string form only, a minimum the integer form);
 * `dict[str, Any]` must be marked `x-kubernetes-preserve-unknown-fields` and becomes an object that keeps
   unknown fields; `dict[str, X]` becomes `additionalProperties: <X>`; `additionalProperties: false` is
   dropped (structural schemas prune unknown fields instead);
@@ -59,6 +59,7 @@ _COPIED = frozenset(
         "minItems",
         "maxItems",
         "uniqueItems",
+        "minProperties",
         "maxProperties",
         "required",
         PRESERVE_KEY,
@@ -82,6 +83,7 @@ _KEY_ORDER = (
     "minItems",
     "maxItems",
     "uniqueItems",
+    "minProperties",
     "maxProperties",
     INT_OR_STRING_KEY,
     PRESERVE_KEY,
@@ -118,8 +120,9 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Convert one JSON Schema node (pydantic's dialect) into a Kubernetes structural schema node."""
     node = _collapse_optional(_inline_ref(node, defs), defs)
     if node.get(INT_OR_STRING_KEY):
-        # a pattern applies to the string form only (as controller-gen writes Quantity fields)
-        kept = ("description", "default", "pattern", INT_OR_STRING_KEY)
+        # a pattern applies to the string form only (as controller-gen writes Quantity fields), a minimum to
+        # the integer form only
+        kept = ("description", "default", "pattern", "minimum", INT_OR_STRING_KEY)
         node = {k: v for k, v in node.items() if k in kept}
     out: dict[str, Any] = {}
     for key, value in node.items():

@@ -1,13 +1,16 @@
 """Kubernetes types a spec embeds (an Affinity, a security context, an EnvVarSource), checked against the
 Kubernetes schemas of the objects they are copied into.
 
-The schemas are kubernetes-validate's strict Kubernetes 1.31 definitions, committed in kubernetes_schemas.json
-(`devtools/kubernetes_schemas.py` writes it; `make crds`). The same schema is the field's JSON Schema, so the
-CRD carries it too (the API server checks it when the run is applied), and jsonschema checks it here when a
-spec is parsed: a value the API server would refuse when the operator creates a pod is refused with the run,
-naming the field. Explicit nulls are dropped first, as the API server prunes them. The schemas keep
-Kubernetes' descriptions, so `kubectl explain eagle3run.spec.pod.affinity` explains every field below it as
-it does a pod's; the field's own description (the model's) replaces the type's at the top.
+The schemas are kubernetes-validate's strict Kubernetes 1.31 definitions, with the rules of Kubernetes' own
+validation that a structural schema can state merged in (kubernetes_rules.SCHEMA_RULES), committed in
+kubernetes_schemas.json (`devtools/kubernetes_schemas.py` writes it; `make crds`). The same schema is the
+field's JSON Schema, so the CRD carries it too (the API server checks it when the run is applied), and
+jsonschema checks it here when a spec is parsed: a value the API server would refuse when the operator
+creates a pod is refused with the run, naming the field. The rules no schema can state (a selector's values
+by its operator) are checked here after the schema (kubernetes_rules.semantic_problems). Explicit nulls are
+dropped first, as the API server prunes them. The schemas keep Kubernetes' descriptions, so `kubectl explain
+eagle3run.spec.pod.affinity` explains every field below it as it does a pod's; the field's own description (the
+model's) replaces the type's at the top.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from jsonschema import Draft202012Validator
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+
+from eagle3_contract.api.kubernetes_rules import PATTERN_WORDS, semantic_problems
 
 SCHEMAS_FILE = "kubernetes_schemas.json"
 # The pydantic error type of a value its Kubernetes schema refuses; its context's `findings` are the
@@ -72,9 +77,20 @@ def without_nulls(value: Any) -> Any:
     return value
 
 
+def _said(error: Any) -> str:
+    """jsonschema's message, in words where it would print a regular expression or a bare count."""
+    if error.validator == "pattern" and error.validator_value in PATTERN_WORDS:
+        return f"{error.instance!r} is not {PATTERN_WORDS[error.validator_value]}"
+    bounds = (error.schema.get("minProperties"), error.schema.get("maxProperties"))
+    if error.validator in ("minProperties", "maxProperties") and bounds == (1, 1):
+        return f"set exactly one of {', '.join(sorted(error.schema.get('properties', {})))}"
+    return str(error.message)
+
+
 def problems(type_name: str, value: Any) -> list[tuple[str, str]]:
-    """What the Kubernetes schema of `type_name` refuses in `value`: (path inside the value, what is wrong)
-    pairs, sorted; none when it is valid. An unknown field is named by its own path."""
+    """What Kubernetes refuses in a `type_name` value: (path inside the value, what is wrong) pairs, sorted;
+    none when it is valid. The schema first (an unknown field is named by its own path), then, on a value
+    the schema accepts, the rules no schema can state."""
     found = []
     for error in _validator(type_name).iter_errors(value):
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.path)
@@ -82,8 +98,8 @@ def problems(type_name: str, value: Any) -> list[tuple[str, str]]:
             known = error.schema.get("properties", {})
             found += [(f"{path}.{name}", "no such field") for name in error.instance if name not in known]
         else:
-            found.append((path, error.message))
-    return sorted(found)
+            found.append((path, _said(error)))
+    return sorted(found) or semantic_problems(type_name, value)
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,49 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from eagle3_contract.api.base import ApiModel
-from eagle3_contract.api.fields import ANNOTATION_VALUE_MAX, DNS_LABEL, CountOrPercent, LabelValue, Quantity
+from eagle3_contract.api.fields import (
+    ANNOTATION_VALUE_MAX,
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    DNS_SUBDOMAIN_MAX,
+    LABEL_VALUE,
+    LABEL_VALUE_MAX,
+    QUALIFIED_NAME,
+    QUALIFIED_NAME_MAX,
+    CountOrPercent,
+    LabelValue,
+    NonNegativeQuantity,
+)
 from eagle3_contract.api.kubernetes_types import Affinity, EnvVarSource, PodSecurityContext, SecurityContext
+from eagle3_contract.quantity import quantity
 
 
 class Resources(ApiModel):
     """Container resource requests and limits (GPU limits are set by the operator)."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict, description="Resource requests.")
-    limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits.")
+    requests: dict[str, NonNegativeQuantity] = Field(
+        default_factory=dict, description="Resource requests (each at least 0, and at most its limit)."
+    )
+    limits: dict[str, NonNegativeQuantity] = Field(
+        default_factory=dict, description="Resource limits (each at least 0)."
+    )
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        """A request above its limit is refused by the API server (core/v1 ValidateResourceRequirements): a
+        comparison of two quantities, which no structural schema (nor CEL before Kubernetes 1.29) can state,
+        so it is checked here, where `eagle3 run` and the operator both parse the spec."""
+        over = [
+            f"requests.{name} ({request}) is more than limits.{name} ({self.limits[name]})"
+            for name, request in self.requests.items()
+            if name in self.limits
+            and (asked := quantity(str(request))) is not None
+            and (most := quantity(str(self.limits[name]))) is not None
+            and asked > most
+        ]
+        if over:
+            raise ValueError("; ".join(over) + ": a request must be at most its limit")
+        return self
 
 
 class DisruptionBudget(ApiModel):
@@ -38,12 +72,28 @@ USER_ANNOTATIONS_MAX = ANNOTATION_VALUE_MAX - OPERATOR_ANNOTATIONS_RESERVE
 MAX_TOLERATIONS = 64  # bounds the cost of the CEL rule over them (eagle3_contract.api.rules)
 
 
+# A toleration's key: empty (with operator Exists: every taint), or a label key
+OPTIONAL_QUALIFIED_NAME = f"^({QUALIFIED_NAME[1:-1]})?$"
+
+
 class Toleration(ApiModel):
     """A Kubernetes toleration (core/v1 Toleration)."""
 
-    key: str | None = Field(None, description="Taint key to tolerate; empty with Exists tolerates all.")
-    operator: str | None = Field(None, pattern=r"^(Exists|Equal)$", description="Exists or Equal.")
-    value: str | None = Field(None, description="Taint value for operator Equal.")
+    key: str | None = Field(
+        None,
+        pattern=OPTIONAL_QUALIFIED_NAME,
+        max_length=QUALIFIED_NAME_MAX,
+        description="Taint key to tolerate (a label key); empty with operator Exists tolerates every taint.",
+    )
+    operator: str | None = Field(
+        None, pattern=r"^(Exists|Equal)$", description="Exists or Equal (the default)."
+    )
+    value: str | None = Field(
+        None,
+        pattern=LABEL_VALUE,
+        max_length=LABEL_VALUE_MAX,
+        description="Taint value for operator Equal (a label value).",
+    )
     effect: str | None = Field(
         None, pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$", description="Taint effect to tolerate."
     )
@@ -53,6 +103,8 @@ class Toleration(ApiModel):
 
     def problem(self) -> str | None:
         """What the API server would refuse in this toleration (core/v1 validation), or None."""
+        if not self.key and self.operator != "Exists":
+            return "a toleration with no key needs operator Exists (it then tolerates every taint)"
         if self.operator == "Exists" and self.value:
             return "operator Exists takes no value (it tolerates every value of the key)"
         if self.toleration_seconds is not None and self.effect != "NoExecute":
@@ -113,7 +165,12 @@ class PodSettings(ApiModel):
         description="Extra environment variables (core/v1 EnvVar) of every container, after the operator's; "
         f"names starting {OPERATOR_ENV_PREFIX} are the operator's and are refused.",
     )
-    priority_class_name: str | None = Field(None, description="PriorityClass of every pod.")
+    priority_class_name: str | None = Field(
+        None,
+        pattern=DNS_SUBDOMAIN,
+        max_length=DNS_SUBDOMAIN_MAX,
+        description="PriorityClass of every pod (a DNS subdomain).",
+    )
     tolerations: list[Toleration] = Field(
         default_factory=list,
         max_length=MAX_TOLERATIONS,

@@ -95,7 +95,8 @@ def _unique(values: Sequence[object] | None) -> bool:
 
 
 TOLERATION_CEL = (
-    "(!has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')"
+    "((has(t.key) && t.key != '') || (has(t.operator) && t.operator == 'Exists'))"
+    " && (!has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')"
     " && (!has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))"
 )
 
@@ -245,12 +246,14 @@ RULES: tuple[CrossFieldRule, ...] = (
         ),
     ),
     # Tolerations the API server refuses when the operator creates a pod (issue 28, item 9): Exists with a
-    # value, tolerationSeconds without effect NoExecute. Bounded lists (MAX_TOLERATIONS).
+    # value, tolerationSeconds without effect NoExecute; no key without Exists. Bounded
+    # lists (MAX_TOLERATIONS).
     *(
         CrossFieldRule(
             f".{path}",
             f"!has(self.{path.split('.')[0]}) || !has(self.{path}) || self.{path}.all(t, {TOLERATION_CEL})",
-            "a toleration with operator Exists takes no value, and tolerationSeconds needs effect NoExecute",
+            "a toleration with no key needs operator Exists (it then tolerates every taint), a toleration "
+            "with operator Exists takes no value, and tolerationSeconds needs effect NoExecute",
             holds,
         )
         for path, holds in (
@@ -273,6 +276,25 @@ RULES: tuple[CrossFieldRule, ...] = (
             ("labels", lambda s: all(_qualified(k) for k in s.pod.labels)),
             ("annotations", lambda s: all(_qualified(k) for k in s.pod.annotations)),
         )
+    ),
+    # Node labels the pods must match: keys the API server would refuse in a pod's nodeSelector (the
+    # values are label values by the schema). Bounded map (MAX_METADATA).
+    CrossFieldRule(
+        ".nodePool.nodeSelector",
+        "!has(self.nodePool) || !has(self.nodePool.nodeSelector) || self.nodePool.nodeSelector.all(k, "
+        f"size(k) <= {QUALIFIED_NAME_MAX} && k.matches('{QUALIFIED_NAME}'))",
+        "every key is a label key (a qualified name): an optional DNS-subdomain prefix and '/', then at most "
+        "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+        lambda s: all(_qualified(k) for k in s.node_pool.node_selector),
+    ),
+    # An env entry takes a value or a valueFrom, not both (core/v1 validation refuses a non-empty value next
+    # to valueFrom). Bounded list (ENV_MAX_ITEMS).
+    CrossFieldRule(
+        ".pod.env",
+        "!has(self.pod) || !has(self.pod.env)"
+        " || self.pod.env.all(e, !has(e.valueFrom) || !has(e.value) || e.value == '')",
+        "an env entry with both value and valueFrom is refused by the API server: keep one of them",
+        lambda s: all(not (v.value and v.value_from is not None) for v in s.pod.env),
     ),
     # The operator's own variables are not the user's (issue 28, item 7), as PodSettings' own check says;
     # the list and the names are bounded (maxItems, maxLength), so the rule's cost is too.

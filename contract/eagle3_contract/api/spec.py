@@ -8,9 +8,17 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from eagle3_contract.api.base import ApiModel
-from eagle3_contract.api.fields import DNS_LABEL, HTTP_URL, Duration, Quantity
+from eagle3_contract.api.fields import (
+    DNS_LABEL,
+    HTTP_URL,
+    IMAGE,
+    Duration,
+    LabelValue,
+    PositiveQuantity,
+)
 from eagle3_contract.api.kubernetes_types import Affinity
 from eagle3_contract.api.pods import (
+    MAX_METADATA,
     MAX_TOLERATIONS,
     DisruptionBudget,
     Monitoring,
@@ -462,7 +470,9 @@ class Serving(ApiModel):
     enabled: bool = Field(True, description="Roll out a vLLM Deployment and Service with the draft.")
     replicas: int = Field(1, ge=0, le=1000, description="vLLM replicas.")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens proposed per step.")
-    image: str | None = Field(None, description="vLLM image of this Deployment; default images.vllm.")
+    image: str | None = Field(
+        None, pattern=IMAGE, description="vLLM image of this Deployment; default images.vllm."
+    )
     extra_args: list[str] = Field(
         default_factory=list, max_length=64, description="Extra `vllm serve` arguments, appended verbatim."
     )
@@ -505,7 +515,11 @@ class Serving(ApiModel):
 class NodePool(ApiModel):
     """Where GPU stages and serving run."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels pods must match.")
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=MAX_METADATA,
+        description="Node labels pods must match (label keys and values).",
+    )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=MAX_TOLERATIONS, description="Tolerations for GPU taints."
     )
@@ -529,7 +543,7 @@ class ArtifactsVolume(ApiModel):
     claim_name: str | None = Field(
         None, pattern=DNS_LABEL, description="Existing PVC to use; default: create '<run>-artifacts'."
     )
-    size: Quantity = Field("500Gi", description="Size of the PVC the operator creates.")
+    size: PositiveQuantity = Field("500Gi", description="Size of the PVC the operator creates (more than 0).")
     storage_class_name: str | None = Field(None, description="Storage class of the PVC the operator creates.")
     access_modes: list[str] = Field(
         default_factory=lambda: ["ReadWriteMany"],
@@ -566,12 +580,14 @@ class Images(ApiModel):
     pipeline: str | None = Field(
         None,
         min_length=1,
+        pattern=IMAGE,
         description="Image running `eagle3 stage`; default: the operator's (`eagle3 operator "
         f"--pipeline-image`, the chart's pipelineImage), else {DEFAULT_PIPELINE_IMAGE}.",
     )
     vllm: str | None = Field(
         None,
         min_length=1,
+        pattern=IMAGE,
         description="Image running `vllm serve` (serving); default: the operator's (`eagle3 operator "
         f"--vllm-image`, the chart's vllmImage), else {DEFAULT_VLLM_IMAGE}; with nodePool.device cpu, "
         "images.pipeline (the pipeline's CPU image holds vLLM's CPU build).",

@@ -46,7 +46,10 @@ def _post_events(body: Mapping[str, Any], plan: Plan) -> None:
     if "phase" in known.model_fields_set and known.phase == plan.phase:
         return
     failed = next((c for c in plan.status.conditions if c.type == ConditionType.FAILED), None)
-    if failed is not None and failed.status == "True":
+    valid = next((c for c in plan.status.conditions if c.type == ConditionType.SPEC_VALID), None)
+    if plan.phase == RunPhase.INVALID and valid is not None and valid.status == "False":
+        detail = valid.message  # what is wrong, and where (a spec's field, or the object the server refused)
+    elif failed is not None and failed.status == "True":
         detail = failed.message
     else:
         detail = plan.status.current_stage or ""

@@ -18,11 +18,14 @@ from typing import Any
 import kopf
 
 from eagle3_contract.api.defaults import with_operator_defaults
+from eagle3_contract.api.validation import InvalidSpecError
+from eagle3_contract.reasons import REJECTED
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.k8s import ApiError, ApiUnreachable, Kube
 from eagle3_operator.observability.canary_queries import track_scope
 from eagle3_operator.prometheus import PrometheusError, query_track_figures
+from eagle3_operator.reconcile.actions import Action
 from eagle3_operator.reconcile.announce import announce
 from eagle3_operator.reconcile.observe import (
     CanaryFigures,
@@ -34,7 +37,7 @@ from eagle3_operator.reconcile.observe import (
     split_deployments,
     workloads_blocked_by,
 )
-from eagle3_operator.reconcile.planner import Plan, plan_run
+from eagle3_operator.reconcile.planner import Plan, plan_invalid, plan_run
 from eagle3_operator.reconcile.relist import entry_uid
 from eagle3_operator.reconcile.run_report import run_report
 from eagle3_operator.reconcile.slim import slim_pod
@@ -197,25 +200,62 @@ async def _run_exists(state: ReconcileState, ref: RunRef) -> bool:
     return bool(current["metadata"].get("uid") == ref.uid)
 
 
+# The most of the server's words a Rejected condition quotes (a Status of many causes can be long).
+REJECTED_MESSAGE_MAX = 4000
+
+
+def rejection(action: Action, err: ApiError) -> str:
+    """What a Rejected condition says: the object, the fields the server named (its Status's causes) and the
+    server's own message."""
+    kind, name = action.body["kind"], action.body["metadata"]["name"]
+    fields = err.fields()
+    at = f" (the field{'s' if len(fields) > 1 else ''} {', '.join(fields)})" if fields else ""
+    said = err.server_message()
+    if len(said) > REJECTED_MESSAGE_MAX:
+        said = said[:REJECTED_MESSAGE_MAX] + " ..."
+    return f"the API server refused to {action.verb} {kind} {name}{at}: {said}"
+
+
+def plan_rejected(plan: Plan, action: Action, err: ApiError, now: str) -> Plan:
+    """The plan once the API server refused one of its objects (HTTP 422): the run is Invalid and its
+    SpecValid condition, reason Rejected, names the object, the fields and the server's words. The rest of
+    the status stays as last written (what the plan meant to record was not all done)."""
+    error = InvalidSpecError([rejection(action, err)])
+    return plan_invalid(plan.status.observed_generation, error, plan.previous, now, reason=REJECTED)
+
+
+async def _apply(
+    state: ReconcileState, ref: RunRef, key: Key, plan: Plan, now: str, logger: Any
+) -> Plan | None:
+    """Carry out the plan's writes in order; the first one the server refuses as invalid (HTTP 422) ends
+    them and is returned as a Rejected plan (sending it again would be refused again), None when all went."""
+    for action in plan.actions:
+        try:
+            done = await state.kube.apply(action.verb, action.body)
+        except ApiError as err:
+            if err.status == 404 and action.verb == "create" and not await _run_exists(state, ref):
+                raise RunGone(str(err)) from err
+            if err.invalid:
+                logger.warning("%s", err)
+                return plan_rejected(plan, action, err, now)
+            raise
+        kind, name = action.body["kind"], action.body["metadata"]["name"]
+        if action.verb == "create":
+            state.pending.setdefault(key, {})[(kind, name)] = (time.monotonic(), action.body)
+        if done:
+            logger.info("%s %s %s", action.verb, kind, name)
+    return None
+
+
 async def carry_out(
-    state: ReconcileState, ref: RunRef, key: Key, known: dict[str, Any], plan: Plan, logger: Any
-) -> None:
-    """Apply the plan's writes in order, then patch status with what changed since the last write. A create
-    or the status patch answered 404 means the run (or its namespace) is gone, `RunGone`, once a read of the
-    run confirms it."""
+    state: ReconcileState, ref: RunRef, key: Key, known: dict[str, Any], plan: Plan, now: str, logger: Any
+) -> Plan:
+    """Apply the plan's writes in order, then patch status with what changed since the last write; returns
+    the plan carried out: `plan`, or where the API server refused an object as invalid (HTTP 422) the
+    Rejected plan whose status was written instead (plan_rejected). A create or the status patch answered
+    404 means the run (or its namespace) is gone, `RunGone`, once a read of the run confirms it."""
     try:
-        for action in plan.actions:
-            try:
-                done = await state.kube.apply(action.verb, action.body)
-            except ApiError as err:
-                if err.status == 404 and action.verb == "create" and not await _run_exists(state, ref):
-                    raise RunGone(str(err)) from err
-                raise
-            kind, name = action.body["kind"], action.body["metadata"]["name"]
-            if action.verb == "create":
-                state.pending.setdefault(key, {})[(kind, name)] = (time.monotonic(), action.body)
-            if done:
-                logger.info("%s %s %s", action.verb, kind, name)
+        plan = await _apply(state, ref, key, plan, now, logger) or plan
         patch = merge_patch(known, plan.status.document(), ignore=("kopf",))
         if patch:
             try:
@@ -237,6 +277,7 @@ async def carry_out(
                 raise kopf.TemporaryError(f"{err}; the run is there: retried", delay=5) from err
     except ApiError as err:
         raise kopf_error(state, err) from err
+    return plan
 
 
 async def _known_status(
@@ -359,7 +400,7 @@ async def reconcile_locked(
             if current["metadata"].get("generation") != meta.get("generation"):
                 body, meta = current, current["metadata"]  # the watch has not delivered the newer spec yet
                 plan, observed = await _plan(state, ref, key, body, known, indices, now)
-        await carry_out(state, ref, key, known, plan, logger)
+        plan = await carry_out(state, ref, key, known, plan, now, logger)
     except RunGone as gone:
         logger.info("run %s/%s is gone; forgetting it: %s", ref.namespace, ref.name, gone)
         forget_run(state, ref.namespace, ref.name, ref.uid)

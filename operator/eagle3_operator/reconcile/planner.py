@@ -21,6 +21,7 @@ from eagle3_contract.api.status import (
 )
 from eagle3_contract.api.validation import InvalidSpecError, parse_spec, spec_document
 from eagle3_contract.estimates import estimates_from_stages
+from eagle3_contract.reasons import INVALID_SPEC
 from eagle3_contract.results import EvaluateResult, ExportResult
 from eagle3_contract.stage_metrics import eta_text, summary
 from eagle3_contract.stages import Stage, StagePlan, content_hash, plan_stages
@@ -83,12 +84,17 @@ def previous_status(document: dict[str, Any] | None) -> Eagle3RunStatus:
 
 
 def plan_invalid(
-    generation: int | None, error: InvalidSpecError, previous: Eagle3RunStatus, now: str
+    generation: int | None,
+    error: InvalidSpecError,
+    previous: Eagle3RunStatus,
+    now: str,
+    reason: str = INVALID_SPEC,
 ) -> Plan:
-    """An invalid spec creates nothing; the SpecValid condition says what is wrong and where."""
+    """An invalid spec creates nothing; the SpecValid condition says what is wrong and where (`reason`:
+    InvalidSpec, or Rejected where the API server refused an object made from the spec)."""
     message = "; ".join(error.problems) + ". Fix the spec and apply it again."
     cond = set_condition(
-        previous.conditions, ConditionType.SPEC_VALID, False, "InvalidSpec", message, now, generation
+        previous.conditions, ConditionType.SPEC_VALID, False, reason, message, now, generation
     )
     others = [c for c in previous.conditions if c.type != cond.type]
     status = previous.model_copy(

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from eagle3_contract.api import spec as spec_module
 from eagle3_contract.api.crd import build_crd
-from eagle3_contract.api.fields import QUANTITY, duration_seconds
+from eagle3_contract.api.fields import NON_NEGATIVE_QUANTITY, POSITIVE_QUANTITY, duration_seconds
 from eagle3_contract.api.rules import RULES, CrossFieldRule
 from eagle3_contract.api.spec import Eagle3RunSpec
 
@@ -185,7 +185,8 @@ LABEL_KEYS = st.from_regex(
     r"([a-z0-9]{1,6}(\.[a-z0-9]{1,6})?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,6}[A-Za-z0-9])?", fullmatch=True
 )
 JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**31), 2**31) | st.text(max_size=8)
-QUANTITIES = st.integers(0, 2**40) | st.sampled_from(["1", "500m", "2Gi", "500Gi", "1.5", "64Mi"])
+QUANTITIES = st.integers(1, 2**40) | st.sampled_from(["1", "500m", "2Gi", "500Gi", "1.5", "64Mi"])
+_QUANTITY_PATTERNS = (NON_NEGATIVE_QUANTITY, POSITIVE_QUANTITY)
 
 
 def from_schema(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
@@ -193,7 +194,7 @@ def from_schema(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
     if schema.get(INT_OR_STRING):
-        if schema.get("pattern", QUANTITY) != QUANTITY:
+        if schema.get("pattern", NON_NEGATIVE_QUANTITY) not in _QUANTITY_PATTERNS:
             # an int-or-string of its own grammar (a percentage): a count or a string of the pattern
             return st.integers(0, 1000) | st.from_regex(schema["pattern"], fullmatch=True)
         return QUANTITIES
@@ -211,6 +212,11 @@ def _object(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         return st.dictionaries(LABEL_KEYS, from_schema(schema["additionalProperties"]), max_size=3)
     props = schema.get("properties", {})
     required = set(schema.get("required", []))
+    if (schema.get("minProperties"), schema.get("maxProperties")) == (1, 1) and not required:
+        # one property of several (an EnvVarSource: exactly one source)
+        return st.sampled_from(sorted(props)).flatmap(
+            lambda name: st.fixed_dictionaries({name: from_schema(props[name])})
+        )
     return st.fixed_dictionaries(
         {name: from_schema(sub) for name, sub in props.items() if name in required},
         optional={name: from_schema(sub) for name, sub in props.items() if name not in required},
@@ -273,16 +279,46 @@ def repair(doc: dict[str, Any]) -> dict[str, Any]:
         doc.setdefault("regeneration", {})["enabled"] = True
     for section in ("pod", "nodePool"):
         for toleration in doc.get(section, {}).get("tolerations", []):
+            if not toleration.get("key"):
+                toleration["operator"] = "Exists"  # no key: every taint, with Exists only
             if toleration.get("operator") == "Exists":
                 toleration.pop("value", None)
             if "tolerationSeconds" in toleration:
                 toleration["effect"] = "NoExecute"
+        _repair_selectors(doc.get(section, {}).get("affinity"))
+    overrides = [o for o in (doc.get("stages") or {}).values() if isinstance(o, dict)]
+    for resources in [doc.get("serving", {}).get("resources"), *(o.get("resources") for o in overrides)]:
+        for name, limit in ((resources or {}).get("limits") or {}).items():
+            if name in (resources.get("requests") or {}):
+                resources["requests"][name] = limit  # a request at most its limit
+    for var in doc.get("pod", {}).get("env", []):
+        if "valueFrom" in var:
+            var.pop("value", None)
     canary = eff["serving"].get("canary")
     if canary is not None and duration_seconds(canary["timeout"]) <= duration_seconds(canary["duration"]):
         doc["serving"]["canary"].update(
             duration="10m", timeout="2h"
         )  # a later timeout may not fit the pattern
     return doc
+
+
+def _repair_selectors(node: Any) -> None:
+    """Every selector requirement in an Affinity given the values its operator needs (kubernetes_rules'
+    semantic_problems: In/NotIn at least one, Exists/DoesNotExist none, Gt/Lt one integer)."""
+    if isinstance(node, list):
+        for item in node:
+            _repair_selectors(item)
+    elif isinstance(node, dict):
+        if "operator" in node and "key" in node and node["key"] != "metadata.name":
+            values = node.get("values") or []
+            if node["operator"] in ("In", "NotIn") and not values:
+                node["values"] = ["a"]
+            elif node["operator"] in ("Exists", "DoesNotExist"):
+                node.pop("values", None)
+            elif node["operator"] in ("Gt", "Lt"):
+                node["values"] = ["1"]
+        for value in node.values():
+            _repair_selectors(value)
 
 
 def _all_rules_hold(doc: dict[str, Any]) -> bool:

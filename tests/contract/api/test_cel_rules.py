@@ -26,8 +26,17 @@ from tests.contract.api.api_support import (
 from tests.tiny_spec import minimal
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-BY_PATH = {rule.field_path: rule for rule in RULES}
 
+
+def key(rule: CrossFieldRule) -> str:
+    """A rule's name here: its field path, and for a second rule on the same field what it is about."""
+    return f"{rule.field_path}/valueFrom" if "valueFrom" in rule.rule else rule.field_path
+
+
+BY_PATH = {key(rule): rule for rule in RULES}
+assert len(BY_PATH) == len(RULES), "two rules share a name: extend key()"
+
+_SECRET = {"secretKeyRef": {"name": "hf", "key": "token"}}
 # (rule field path, patch of (dotted path, value) onto the minimal spec, does the rule hold?)
 CASES: list[tuple[str, dict[str, Any], bool]] = [
     (".dataset.format", {}, True),
@@ -190,10 +199,19 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     (".pod.tolerations", {"pod.tolerations": [{"operator": "Exists"}]}, True),
     (".pod.tolerations", {"pod.tolerations": [{"key": "k", "operator": "Exists", "value": ""}]}, True),
     (".pod.tolerations", {"pod.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, False),
-    (".pod.tolerations", {"pod.tolerations": [{"effect": "NoExecute", "tolerationSeconds": 60}]}, True),
+    (
+        ".pod.tolerations",
+        {"pod.tolerations": [{"key": "k", "effect": "NoExecute", "tolerationSeconds": 60}]},
+        True,
+    ),
+    # no key: every taint, with operator Exists only (an Equal's empty key matches no taint: refused)
+    (".pod.tolerations", {"pod.tolerations": [{"effect": "NoExecute", "tolerationSeconds": 60}]}, False),
+    (".pod.tolerations", {"pod.tolerations": [{"key": "", "operator": "Equal"}]}, False),
+    (".pod.tolerations", {"pod.tolerations": [{"key": "", "operator": "Exists"}]}, True),
     (".pod.tolerations", {"pod.tolerations": [{"effect": "NoSchedule", "tolerationSeconds": 60}]}, False),
     (".pod.tolerations", {"pod.tolerations": [{"key": "k", "tolerationSeconds": 60}]}, False),
     (".nodePool.tolerations", {"nodePool.tolerations": [{"operator": "Exists", "value": "v"}]}, False),
+    (".nodePool.tolerations", {"nodePool.tolerations": [{"value": "v"}]}, False),
     (
         ".nodePool.tolerations",
         {"nodePool.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]},
@@ -204,6 +222,18 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     (".pod.labels", {"pod.labels": {"Upper.example.com/x": "x"}}, False),
     (".pod.annotations", {"pod.annotations": {"k8s.io/x": "y"}}, True),
     (".pod.annotations", {"pod.annotations": {"x" * 64: "y"}}, False),
+    (".nodePool.nodeSelector", {}, True),
+    (".nodePool.nodeSelector", {"nodePool.nodeSelector": {"cloud.google.com/gke-nodepool": "gpu"}}, True),
+    (".nodePool.nodeSelector", {"nodePool.nodeSelector": {"gpu type": "a100"}}, False),
+    (".nodePool.nodeSelector", {"nodePool.nodeSelector": {"a/b/c": ""}}, False),
+    (".pod.env/valueFrom", {}, True),
+    (
+        ".pod.env/valueFrom",
+        {"pod.env": [{"name": "A", "value": "x"}, {"name": "B", "valueFrom": _SECRET}]},
+        True,
+    ),
+    (".pod.env/valueFrom", {"pod.env": [{"name": "A", "value": "", "valueFrom": _SECRET}]}, True),
+    (".pod.env/valueFrom", {"pod.env": [{"name": "A", "value": "x", "valueFrom": _SECRET}]}, False),
     (".pod.env", {}, True),
     (".pod.env", {"pod.env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]}, True),
     (".pod.env", {"pod.env": [{"name": "MY_EAGLE3_HOME", "value": "x"}]}, True),
@@ -235,7 +265,7 @@ def assert_twins_agree(doc: dict[str, Any]) -> None:
         )
 
 
-@pytest.mark.parametrize("rule", RULES, ids=[r.field_path for r in RULES])
+@pytest.mark.parametrize("rule", RULES, ids=[key(r) for r in RULES])
 def test_rule_compiles_and_names_real_fields(rule: CrossFieldRule) -> None:
     cel_program(rule.rule)
     schema = spec_schema()
@@ -267,9 +297,7 @@ def test_hand_picked_cases(path: str, patch: dict[str, Any], holds: bool) -> Non
 
 
 def test_every_rule_has_a_holding_and_a_breaking_case() -> None:
-    assert {(path, holds) for path, _, holds in CASES} == {
-        (r.field_path, h) for r in RULES for h in (True, False)
-    }
+    assert {(path, holds) for path, _, holds in CASES} == {(key(r), h) for r in RULES for h in (True, False)}
 
 
 def test_has_is_false_for_absent_optionals() -> None:

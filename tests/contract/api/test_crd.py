@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 from eagle3_contract.api.base import GROUP, KIND, PLURAL, SHORT_NAMES, VERSION
 from eagle3_contract.api.crd import CRD_NAME, HEADER, build_crd, render_crd_yaml, structural
-from eagle3_contract.api.fields import QUANTITY
+from eagle3_contract.api.fields import LABEL_VALUE, NON_NEGATIVE_QUANTITY, POSITIVE_QUANTITY
 from eagle3_contract.api.kubernetes_types import schema_of
 from eagle3_contract.api.reference import is_kubernetes_type
 from eagle3_contract.api.rules import RULES
@@ -37,7 +37,8 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 ALLOWED_KEYWORDS = {
     "description", "type", "format", "enum", "default", "minimum", "exclusiveMinimum", "maximum",
     "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "uniqueItems",
-    "maxProperties", "items", "properties", "additionalProperties", "required", PRESERVE, INT_OR_STRING,
+    "minProperties", "maxProperties", "items", "properties", "additionalProperties", "required", PRESERVE,
+    INT_OR_STRING,
     "x-kubernetes-validations",
 }  # fmt: skip
 
@@ -204,9 +205,11 @@ def test_conversion_cases() -> None:
     spec = spec_schema()["properties"]
     artifacts = spec["storage"]["properties"]["artifacts"]
     assert artifacts["properties"]["size"] == {
-        "description": "Size of the PVC the operator creates.",
+        "description": "Size of the PVC the operator creates (more than 0).",
         "default": "500Gi",
-        "pattern": QUANTITY,  # the API server's quantity grammar, on the string form (issue 13)
+        # the API server's quantity grammar, on the string form (issue 13), more than 0
+        "pattern": POSITIVE_QUANTITY,
+        "minimum": 1,  # the integer form's bound
         INT_OR_STRING: True,
     }
     assert artifacts["properties"]["accessModes"]["default"] == ["ReadWriteMany"]
@@ -221,7 +224,7 @@ def test_conversion_cases() -> None:
     assert (lr["minimum"], lr["exclusiveMinimum"], lr["maximum"]) == (0.0, True, 1.0)
     assert spec["dataset"]["properties"]["format"]["enum"] == ["auto", "sharegpt", "messages", "prompts"]
     pool = spec["nodePool"]["properties"]
-    assert pool["nodeSelector"]["additionalProperties"] == {"type": "string"}
+    assert pool["nodeSelector"]["additionalProperties"]["pattern"] == LABEL_VALUE
     # an embedded Kubernetes type: its schema, refs inlined, no free-form object (issue 28 item 9)
     assert pool["affinity"] == {
         **structural(schema_of("Affinity"), {}),
@@ -230,7 +233,11 @@ def test_conversion_cases() -> None:
     }
     assert PRESERVE not in pool["affinity"]
     requests = spec["stages"]["properties"]["train"]["properties"]["resources"]["properties"]["requests"]
-    assert requests["additionalProperties"] == {"pattern": QUANTITY, INT_OR_STRING: True}
+    assert requests["additionalProperties"] == {
+        "pattern": NON_NEGATIVE_QUANTITY,
+        "minimum": 0,
+        INT_OR_STRING: True,
+    }
 
 
 def test_cross_field_rules_are_on_spec_and_cel_false_strips_them() -> None:

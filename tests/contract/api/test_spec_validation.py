@@ -176,6 +176,8 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
                     {"key": "gpu", "operator": "Exists", "value": "x"},
                     {"key": "gpu", "operator": "Equal", "value": "x", "tolerationSeconds": 30},
                     {"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 30},
+                    {"operator": "Equal", "value": "x"},
+                    {"key": "", "effect": "NoSchedule"},
                 ]
             )
         )
@@ -203,6 +205,17 @@ def _break(rule: CrossFieldRule, doc: dict[str, Any], draw: st.DrawFn) -> None:
         else:
             evaluation["predict"] = False
             value = draw(st.integers(9, 16))
+    elif rule.field_path == ".nodePool.nodeSelector":
+        key = draw(st.sampled_from(["a=b", "-x", "x" * 64, "A.b/c", "gpu type"]))
+        doc.setdefault("nodePool", {})["nodeSelector"] = {key: "v"}
+        return
+    elif rule.field_path == ".pod.env" and "valueFrom" in rule.rule:
+        kept = doc.get("pod", {}).get("env", [])[:3]
+        source = {"secretKeyRef": {"name": "hf", "key": "token"}}
+        value = [
+            *kept,
+            {"name": "HF_TOKEN", "value": draw(st.text(min_size=1, max_size=4)), "valueFrom": source},
+        ]
     elif rule.field_path == ".pod.env":
         kept = doc.get("pod", {}).get("env", [])[:3]
         value = [
@@ -394,7 +407,10 @@ def test_field_errors_come_before_rules() -> None:
 
 
 def test_an_embedded_kubernetes_type_keeps_its_value_as_given() -> None:
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    term = {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}
+    affinity = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    }
     spec = parse_spec(minimal() | {"nodePool": {"affinity": affinity}})
     assert spec.node_pool.affinity == affinity
     assert get_path(spec_document(spec), ("nodePool", "affinity")) == affinity
