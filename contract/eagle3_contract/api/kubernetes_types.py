@@ -9,8 +9,8 @@ jsonschema checks it here when a spec is parsed: a value the API server would re
 creates a pod is refused with the run, naming the field. The rules no schema can state (a selector's values
 by its operator) are checked here after the schema (kubernetes_rules.semantic_problems). Explicit nulls are
 dropped first, as the API server prunes them. The schemas keep Kubernetes' descriptions, so `kubectl explain
-eagle3run.spec.pod.affinity` explains every field below it as it does a pod's; the field's own description (the
-model's) replaces the type's at the top.
+eagle3run.spec.pod.affinity` explains every field below it as it does a pod's; the field's own description
+(the model's) replaces the type's at the top.
 """
 
 from __future__ import annotations
