@@ -7,8 +7,9 @@ CPU subclasses: `CpuHiddenStatesConnector` (eagle3_pipeline/adapters/cpu_hidden_
 files, none of the CUDA calls of vLLM's connector) and `CpuMooncakeHiddenStatesConnector`
 (eagle3_pipeline/adapters/cpu_mooncake_connector.py: hs_connectors' own, on torch.cpu's no-op streams and
 events). vLLM imports them from its own environment, where eagle3_pipeline is not installed:
-`cpu_connector_env` copies the two modules alone into a directory and puts that on the server's PYTHONPATH
-(the package's own directory would expose every eagle3_pipeline module as a top-level name there).
+`cpu_connector_env` copies the two modules alone, with their patch guard, into a directory and puts that on
+the server's PYTHONPATH (the package's own directory would expose every eagle3_pipeline module as a top-level
+name there).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from eagle3_contract import patch_guard
 from eagle3_pipeline import adapters
 from eagle3_pipeline.runtime.errors import StageError
 
@@ -32,6 +34,8 @@ CPU_CONNECTOR_SOURCE = Path(adapters.__file__).with_name(f"{CPU_CONNECTOR_MODULE
 CPU_MOONCAKE_CONNECTOR = "CpuMooncakeHiddenStatesConnector"
 CPU_MOONCAKE_MODULE = "cpu_mooncake_connector"
 CPU_MOONCAKE_SOURCE = Path(adapters.__file__).with_name(f"{CPU_MOONCAKE_MODULE}.py")
+# The name the connectors import their guard by in vLLM's environment (a copy of eagle3_contract.patch_guard).
+PATCH_GUARD_MODULE = "eagle3_patch_guard"
 # On a CPU machine each Mooncake client (a producer, the trainer) lends this much memory to the store, not
 # hs_connectors' 4 GiB + 2 GiB of a GPU node: the tiny samples of a CPU run fit many times over.
 CPU_MOONCAKE_SEGMENT_GIB = 0.25
@@ -86,5 +90,7 @@ def cpu_connector_env(directory: Path, env: Mapping[str, str]) -> dict[str, str]
     directory.mkdir(parents=True, exist_ok=True)
     for source in (CPU_CONNECTOR_SOURCE, CPU_MOONCAKE_SOURCE):
         shutil.copyfile(source, directory / source.name)
+    # their guard (standard library only): vLLM's environment has no eagle3_contract
+    shutil.copyfile(patch_guard.__file__, directory / f"{PATCH_GUARD_MODULE}.py")
     existing = env.get("PYTHONPATH")
     return {"PYTHONPATH": os.pathsep.join([str(directory), *([existing] if existing else [])])}
