@@ -334,9 +334,10 @@ def test_a_stage_killed_at_its_memory_limit_halves_its_budget_then_names_the_rea
     killed = [
         t for p in stack.pods(namespace, **{stack.LABEL_STAGE: "extract"}) for t in stack.last_terminated(p)
     ]
-    # (the Job controller may have started another pod before the stop: killed by it, also exit 137)
-    assert any(t["reason"] == "OOMKilled" for t in killed), killed
-    assert all(t["exitCode"] == 137 for t in killed), killed
+    # (the Job controller may have started another pod before the stop: ended by it, SIGTERM answered with
+    # 143 or SIGKILL past the grace period, 137, wherever in the stage the stop landed)
+    assert any(t["reason"] == "OOMKilled" and t["exitCode"] == 137 for t in killed), killed
+    assert all(t["exitCode"] in (137, 143) for t in killed), killed
     # nothing earlier was lost: prepare's output is complete on the volume
     assert status["stages"]["prepare"]["phase"] == "Succeeded"
 

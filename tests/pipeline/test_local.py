@@ -246,9 +246,9 @@ def test_errors_are_printed_verbatim(tmp_path: Path, patch: dict[str, object], s
 
 STUBBORN_STAGE = """#!{python}
 import os, subprocess, sys, time
-open(os.environ["PIDFILE"], "w").write(str(os.getpid()))
 subprocess.Popen(["sleep", "60"])  # a grandchild in the stage's process group, as vLLM's workers are
-try:
+try:  # ready (the pid written) only once Popen has returned and Ctrl-C is answered: a signal inside
+    open(os.environ["PIDFILE"], "w").write(str(os.getpid()))  # Popen's fork raised outside the try
     time.sleep(60)
 except KeyboardInterrupt:  # as `eagle3 stage` answers Ctrl-C
     sys.exit(130)
