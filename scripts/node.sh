@@ -608,9 +608,14 @@ up() {
     # containers left in the persistent root by a node that was killed: nothing may come back from them
     local c
     for c in $(ctr_ containers list --quiet); do ctr_ containers delete "$c" >/dev/null 2>&1 || true; done
-    if ! ctr_ images list --quiet | grep -qxF "$PAUSE_REF"; then
-        ctr_ images import --base-name "${PAUSE_REF%:*}" "$PAUSE_ARCHIVE" >/dev/null
-    fi
+    # the import's own words go to containerd's log (they are what a failure needs); twice, with the load's
+    # bound rather than ctr_'s 60 s: once refused right after a start with a large persistent content store
+    local try
+    for try in 1 2; do
+        ctr_ images list --quiet | grep -qxF "$PAUSE_REF" && break
+        timeout 600 ctr --address "$CTRD_SOCK" --namespace k8s.io images import --base-name "${PAUSE_REF%:*}" \
+            "$PAUSE_ARCHIVE" >>"$STATE/logs/containerd.log" 2>&1 || log "pause image import, try $try, failed"
+    done
     ctr_ images list --quiet | grep -qxF "$PAUSE_REF" || fail_component containerd "did not import $PAUSE_REF"
 
     start dnsmasq "--conf-file=$STATE/dns/dnsmasq.conf" dnsmasq --keep-in-foreground \

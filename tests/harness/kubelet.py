@@ -121,7 +121,14 @@ class Kubelet:
         for attempt in range(limit + 1):
             if attempt and not await self._next_pod_or_ended(job):
                 break  # the operator stopped or deleted it before the controller's next pod
-            await self._end(job, reason, exit_code, message)
+            try:
+                await self._end(job, reason, exit_code, message)
+            except AssertionError as err:
+                # the pod went between its read and its patch: the controller deletes a stopped Job's pods
+                body = await self._job(job)
+                if "HTTP 404" in str(err) and (body is None or _stopped(body) or _failing(body)):
+                    break
+                raise
             if await self._gave_up(job, limit):
                 break
         await self._job_condition(job, "Failed")
