@@ -200,7 +200,7 @@ wait_for() {
     deadline=$((SECONDS + timeout))
     until "$@" >/dev/null 2>&1; do
         pid_of "$name" >/dev/null || fail_component "$name" "exited"
-        tail -c "+$((LOG_OFFSET + 1))" "$STATE/logs/$name.log" 2>/dev/null | grep -q '^\[supervise\]' &&
+        tail -c "+$((LOG_OFFSET + 1))" "$STATE/logs/$name.log" 2>/dev/null | grep '^\[supervise\]' >/dev/null &&
             fail_component "$name" "exited"
         ((SECONDS < deadline)) || fail_component "$name" "not ready after ${timeout}s"
         sleep 0.2
@@ -214,6 +214,15 @@ api() { # PATH [curl args]: a call as admin
 }
 
 ctr_() { timeout 60 ctr --address "$CTRD_SOCK" --namespace k8s.io "$@"; }
+
+# has_image REF: whether containerd lists REF. The list is read whole first: `ctr_ images list | grep -q`
+# under pipefail is false whenever grep's early exit cuts ctr's later writes (SIGPIPE), which grew likely as
+# the persistent root collected images of older keys ("did not import" for an image that was there).
+has_image() {
+    local images
+    images=$(ctr_ images list --quiet) || return 1
+    grep -qxF -- "$1" <<<"$images"
+}
 
 node_ready() {
     api "/api/v1/nodes/$NODE_NAME" | jq -e '.status.conditions[] | select(.type == "Ready") | .status == "True"'
@@ -609,14 +618,14 @@ up() {
     local c
     for c in $(ctr_ containers list --quiet); do ctr_ containers delete "$c" >/dev/null 2>&1 || true; done
     # the import's own words go to containerd's log (they are what a failure needs); twice, with the load's
-    # bound rather than ctr_'s 60 s: once refused right after a start with a large persistent content store
+    # bound rather than ctr_'s 60 s
     local try
     for try in 1 2; do
-        ctr_ images list --quiet | grep -qxF "$PAUSE_REF" && break
+        has_image "$PAUSE_REF" && break
         timeout 600 ctr --address "$CTRD_SOCK" --namespace k8s.io images import --base-name "${PAUSE_REF%:*}" \
             "$PAUSE_ARCHIVE" >>"$STATE/logs/containerd.log" 2>&1 || log "pause image import, try $try, failed"
     done
-    ctr_ images list --quiet | grep -qxF "$PAUSE_REF" || fail_component containerd "did not import $PAUSE_REF"
+    has_image "$PAUSE_REF" || fail_component containerd "did not import $PAUSE_REF"
 
     start dnsmasq "--conf-file=$STATE/dns/dnsmasq.conf" dnsmasq --keep-in-foreground \
         --conf-file="$STATE/dns/dnsmasq.conf"
@@ -940,7 +949,7 @@ healthy() { # COMPONENT: it answers (what `restart` waits for)
     kube-controller-manager) # its health endpoint answers before it has started its controllers (and an API
         # server going away before that stops it for good): until it says it started one
         curl -sfk --max-time 2 "https://$NODE_IP:10257/healthz" &&
-            tail -c "+$((LOG_OFFSET + 1))" "$STATE/logs/$1.log" | grep -q 'Started "' ;;
+            tail -c "+$((LOG_OFFSET + 1))" "$STATE/logs/$1.log" | grep 'Started "' >/dev/null ;;  # all read: no SIGPIPE
     kube-scheduler) curl -sfk --max-time 2 "https://$NODE_IP:10259/healthz" ;;
     containerd) ctr_ version ;;
     dnsmasq) [[ -s $STATE/dns/dnsmasq.pid ]] && kill -0 "$(<"$STATE/dns/dnsmasq.pid")" ;;
@@ -991,7 +1000,7 @@ load() {
         [[ $img == */* ]] || img=localhost/$img
         [[ $img == *:* ]] || img=$img:latest
         stamp=$dir/$(printf '%s' "$img" | sha256sum | cut -c1-16)
-        if [[ -f $stamp && $(<"$stamp") == "$id" ]] && ctr_ images list --quiet | grep -qxF "$img"; then
+        if [[ -f $stamp && $(<"$stamp") == "$id" ]] && has_image "$img"; then
             log "$img is loaded already"
             continue
         fi
@@ -1003,7 +1012,7 @@ load() {
         timeout 1800 ctr --address "$CTRD_SOCK" --namespace k8s.io images import --base-name "${img%:*}" \
             "$archive" >/dev/null
         rm -f "$LOAD_TMP/image.tar"
-        ctr_ images list --quiet | grep -qxF "$img" || die "containerd did not import $img"
+        has_image "$img" || die "containerd did not import $img"
         echo "$id" >"$stamp"
         log "loaded $img"
     done
