@@ -5,14 +5,15 @@ so a manifest gates the same way in a cluster and on a laptop; it is the only ve
 carries the figures, not a verdict). It is judged from evaluate's result against the *current* spec's
 `evaluation.minAcceptanceLength`: the gate is not part of evaluate's content hash, so a reused evaluation
 may have been measured under another gate. A draft whose d2t/t2d mapping
-disagrees fails whatever the gate: its proposals land on the wrong tokens.
+disagrees fails whatever the gate: its proposals land on the wrong tokens; so does one that draft.candidates'
+bake-off found no faster than a training-free rival (or no speculation) with its interval clear.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle3_contract.results import EvaluateResult
+from eagle3_contract.results import RIVAL_NOT_BEATEN, EvaluateResult
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,13 @@ def judge_evaluation(result: EvaluateResult | None, required: float | None) -> G
     choice = result.checkpoint_selection if result is not None else None
     if choice is None:
         return verdict
+    if verdict.passed and choice.verdict == RIVAL_NOT_BEATEN:
+        return GateVerdict(
+            False,
+            "RivalNotBeaten",
+            f"{choice.margin()}: a training-free method serves as well without a trained draft; the "
+            "previous draft (if any) keeps serving (train longer, or serve the rival)",
+        )
     return GateVerdict(verdict.passed, verdict.reason, f"{verdict.message}; {choice.margin()}")
 
 

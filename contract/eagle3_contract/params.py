@@ -23,6 +23,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from eagle3_contract.api.base import ApiModel
 from eagle3_contract.api.spec import (
+    CandidateMethod,
     CheckpointSelection,
     DatasetRows,
     Device,
@@ -38,6 +39,8 @@ from eagle3_contract.api.spec import (
     StorageDtype,
     Sweep,
     Training,
+    trained_methods,
+    training_free,
 )
 from eagle3_contract.vllm_command import VllmEngine
 
@@ -330,9 +333,12 @@ def train_params(spec: Eagle3RunSpec) -> TrainParams:
     online = None
     if x.mode == ExtractionMode.ONLINE:
         online = OnlineHiddenStates(layers=tuple(x.layers) if x.layers is not None else None, dtype=x.dtype)
+    trained = trained_methods(spec.draft.candidates)  # draft.candidates' training-free rivals: evaluate's
+    kept = [CandidateMethod(m.value) for m in trained] if len(trained) > 1 else None
+    draft = spec.draft.model_copy(update={"candidates": kept})
     return TrainParams(
         verifier=verifier_ref(spec),
-        draft=spec.draft,
+        draft=draft,
         # which epoch ships is evaluate's choice among the epochs trained (evaluate_params), not train's
         training=spec.training.model_copy(
             update={
@@ -369,6 +375,8 @@ class EvaluateParams(StageParams):
     sweep: Sweep | None = None
     concurrencies: tuple[int, ...] | None = None
     checkpoints_to_evaluate: int | None = None
+    rivals: tuple[CandidateMethod, ...] | None = None  # draft.candidates' training-free ones (None: none)
+    rounds: int | None = None  # evaluation.rounds where a speed decides something (sweep, candidates)
 
     @model_serializer(mode="wrap")
     def _unset_fields_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -381,6 +389,8 @@ class EvaluateParams(StageParams):
             ("concurrencies", self.concurrencies),
             ("checkpoints_to_evaluate", self.checkpoints_to_evaluate),
             ("checkpointsToEvaluate", self.checkpoints_to_evaluate),
+            ("rounds", self.rounds),
+            ("rivals", self.rivals),
         ):
             if value is None:
                 data.pop(key, None)
@@ -408,6 +418,8 @@ def evaluate_params(spec: Eagle3RunSpec) -> EvaluateParams:
         sweep=e.sweep,
         concurrencies=tuple(e.concurrencies) if e.sweep is not None else None,
         checkpoints_to_evaluate=checkpoints_to_evaluate(spec),
+        rivals=tuple(training_free(spec.draft.candidates)) or None,
+        rounds=e.rounds if e.sweep is not None or spec.draft.candidates is not None else None,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from eagle3_contract.api.comparison import Comparison
 from eagle3_contract.api.speculation import SpeculationTable
 from eagle3_contract.stages import Stage
 
@@ -320,6 +321,33 @@ class CheckpointFigures(ResultModel):
     acceptance_length: float | None = None
     acceptance_rate: float | None = None
     output_tokens_per_second: float | None = None
+    # draft.candidates: the paired rounds' speedup over the verifier alone, and each round's tokens/s
+    comparison: Comparison | None = None
+    rounds: list[float | None] | None = None
+
+
+class RivalFigures(ResultModel):
+    """draft.candidates: a training-free rival (ngram, suffix) or `none` (the verifier alone), as the
+    bake-off measured it beside the trained drafts."""
+
+    method: str
+    acceptance_length: float | None = None
+    output_tokens_per_second: float | None = None
+    comparison: Comparison | None = None  # its speedup over the verifier alone (None for `none`)
+    rounds: list[float | None] | None = None  # each round's output tokens/s
+
+
+class Versus(ResultModel):
+    """One paired comparison of the bake-off: `method` over `rival`, round by round."""
+
+    method: str
+    rival: str
+    comparison: Comparison
+
+
+BETTER = "better"  # CheckpointChoice.verdict: the shipped draft beat every rival and the other candidates
+NOT_DISTINGUISHABLE = "notDistinguishable"  # it beat every rival, not the other trained candidates
+RIVAL_NOT_BEATEN = "rivalNotBeaten"  # no trained draft beat every rival with its interval clear
 
 
 class CheckpointChoice(ResultModel):
@@ -333,10 +361,25 @@ class CheckpointChoice(ResultModel):
     checkpoint: str  # relative to train's output
     val_loss_epoch: int | None = None  # the epoch validation loss would have chosen (checkpoint_best)
     checkpoints: list[CheckpointFigures] = []
+    # draft.candidates: the bake-off's verdict, the rivals, the comparison that decided it (the shipped draft
+    # over the rival closest to it, or the best trained draft over the rival it did not beat) and, when the
+    # trained ones are not distinguishable, the best over the runner-up
+    verdict: str | None = None
+    rivals: list[RivalFigures] = []
+    decided_by: Versus | None = None
+    runner_up: Versus | None = None
 
     def line(self) -> str:
         """One line for a person (evaluate's log, the run's Event, `eagle3 status`): each epoch's acceptance
         next to its validation loss, and the choice."""
+        if self.verdict is not None:  # draft.candidates' bake-off
+            shown: list[CheckpointFigures | RivalFigures] = [*self.checkpoints, *self.rivals]
+            cells = ", ".join(
+                f"{c.method}: {_shown(c.output_tokens_per_second, 1)} output tokens/s"
+                + (f" ({c.comparison.text()} over none)" if c.comparison is not None else "")
+                for c in shown
+            )
+            return f"bake-off: {cells}; {self.bake_off_text()}"
         if self.by == OUTPUT_TOKENS_PER_SECOND:
             cells = ", ".join(
                 f"{c.method}: {_shown(c.output_tokens_per_second, 1)} output tokens/s (acceptance length "
@@ -356,6 +399,8 @@ class CheckpointChoice(ResultModel):
 
     def margin(self) -> str:
         """Which draft won and by how much over the runner-up, for the GatePassed condition."""
+        if self.verdict is not None:
+            return self.bake_off_text()
         chosen = next((c for c in self.checkpoints if c.checkpoint == self.checkpoint), None)
         others = [c for c in self.checkpoints if c is not chosen]
         if self.by == OUTPUT_TOKENS_PER_SECOND:
@@ -371,6 +416,27 @@ class CheckpointChoice(ResultModel):
         other = runner.method or f"epoch {runner.epoch}"
         ratio = f" ({mine / best:.2f}x)" if best > 0 else ""
         return f"{name} ships: {unit} {mine:.3f} against {other}'s {best:.3f}{ratio}"
+
+    def bake_off_text(self) -> str:
+        """The bake-off's verdict with the comparison that decided it."""
+        chosen = next((c.method for c in self.checkpoints if c.checkpoint == self.checkpoint), None)
+        decided, runner = self.decided_by, self.runner_up
+        against = (
+            f"{decided.method} over {decided.rival}: {decided.comparison.text()}"
+            if decided is not None
+            else ""
+        )
+        if self.verdict == RIVAL_NOT_BEATEN:
+            return f"no trained draft beats every training-free rival with its interval clear ({against})"
+        shipped = f"{chosen} ships, beating every rival ({against})"
+        if self.verdict == NOT_DISTINGUISHABLE and runner is not None:
+            return (
+                f"{shipped}; the trained candidates are not distinguishable ({runner.method} over "
+                f"{runner.rival}: {runner.comparison.text()}), so draft.method ships"
+            )
+        if runner is not None:
+            return f"{shipped}, and {runner.rival} ({runner.comparison.text()})"
+        return shipped
 
 
 OUTPUT_TOKENS_PER_SECOND = "outputTokensPerSecond"  # CheckpointChoice.by for draft.candidates

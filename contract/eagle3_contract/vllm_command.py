@@ -63,6 +63,25 @@ def draft_speculative_config(
     return method_row(method).speculative_config(draft, num_speculative_tokens)
 
 
+NGRAM_LOOKUP = (2, 4)  # prompt_lookup_min, prompt_lookup_max: vLLM's docs' example (its default is 5 and 5)
+
+
+def training_free_speculative_config(method: str, num_speculative_tokens: int) -> dict[str, Any]:
+    """A training-free rival of draft.candidates: `ngram` (vLLM's prompt lookup, the n-grams of 2 to 4
+    tokens of the context), or `suffix` (vLLM's suffix decoding, which needs arctic-inference beside it)."""
+    if method == "ngram":
+        low, high = NGRAM_LOOKUP
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": num_speculative_tokens,
+            "prompt_lookup_min": low,
+            "prompt_lookup_max": high,
+        }
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": num_speculative_tokens}
+    raise ValueError(f"{method!r} is not a training-free method (ngram, suffix)")
+
+
 def hidden_states_speculative_config(layer_ids: Sequence[int]) -> dict[str, Any]:
     """vLLM 0.32's `extract_hidden_states` method, as speculators' scripts/launch_vllm.py passes it.
 

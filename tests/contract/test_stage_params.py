@@ -321,6 +321,8 @@ FIXED = (
 # Leaves no stage reads in a variant only: evaluation.concurrencies without a sweep.
 UNREAD_IN = (
     {("no-sweep", "evaluation.concurrencies")}
+    # read where a speed decides something: the sweep, draft.candidates
+    | {("no-sweep", "evaluation.rounds")}
     # only the predict stage reads it, when predict is on
     | {(v, "evaluation.targetAcceptanceLength") for v in ALL if v != "predict"}
     # read with checkpointSelection acceptance only

@@ -4,15 +4,16 @@ good run."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from eagle3_contract.api.manifest import load_manifest
-from eagle3_contract.api.speculation import BaselineCell, SweepCell
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage
 from eagle3_pipeline.runtime.context import StageContext
+from eagle3_pipeline.serving.spec_metrics import SpecDecodeCounters
+from eagle3_pipeline.serving.vllm_server import VllmServer
+from eagle3_pipeline.stages.evaluate.rounds import Arm
 from eagle3_pipeline.stages.evaluate.summary import with_sweep
 from eagle3_pipeline.stages.evaluate.sweep import (
     SpeculationSweep,
@@ -50,7 +51,7 @@ def test_the_sweep_plans_its_cells_and_says_when_it_reuses_prompts(tmp_path: Pat
     # default max(2 x concurrency, 8) prompts, capped at the 10 held out, but 16 to keep 16 in flight
     assert {c: len(p) for c, p in sweep.prompts.items()} == {1: 8, 4: 8, 16: 16}
     assert list(sweep.prompts) == [1, 4, 16]
-    assert sweep.total_prompts == 3 * 32  # two ks and the baseline
+    assert sweep.total_prompts == 2 * 2 * 6 * 32  # two ks, each beside the verifier alone, 6 rounds
     assert sweep.notes() == [
         "the sweep reuses the 10 held-out prompts cyclically to keep concurrency 16 in flight"
     ]
@@ -68,7 +69,7 @@ def test_prompts_screened_as_degenerate_are_left_out_of_every_cell(tmp_path: Pat
     assert sweep is not None and sweep.prompts[1] == held_out[:4]
     sweep.leave_out([0, 2])  # the screening's indices into the held-out prompts
     kept = [held_out[i] for i in (1, 3, 4, 5)]
-    assert sweep.prompts == {1: kept, 2: kept} and sweep.total_prompts == 2 * 8
+    assert sweep.prompts == {1: kept, 2: kept} and sweep.total_prompts == 2 * 6 * 8
     assert sweep.notes() == ["the sweep leaves out the 2 prompts screened as degenerate"]
     everything = SpeculationSweep.of(ctx, held_out)
     assert everything is not None
@@ -85,33 +86,40 @@ def test_only_a_concurrency_above_vllms_defaults_sets_max_num_seqs(tmp_path: Pat
     assert options(concurrencies=[1, 512]) == []  # no sweep: the concurrencies are not read
 
 
+def measured(sweep: SpeculationSweep, k: int, rounds: dict[int, tuple[list[float], list[float]]]) -> None:
+    """k's rounds as the sweep records them: per concurrency, the verifier alone's and k's tokens/s."""
+    server = cast(VllmServer, None)  # record() reads only what the rounds measured
+    alone, drafted = Arm("verifier alone", server, False), Arm(f"k={k}", server, True)
+    for concurrency, (base, draft) in rounds.items():
+        alone.speeds[concurrency], drafted.speeds[concurrency] = list(base), list(draft)
+        drafted.counters[concurrency] = SpecDecodeCounters(
+            drafts=10.0, draft_tokens=10.0 * k, accepted=5.0, accepted_per_position=(5.0,) + (0.0,) * (k - 1)
+        )
+    sweep.record(k, alone, drafted)
+
+
+def steady(speed: float, rounds: int = 6) -> list[float]:
+    """Rounds that agree within 1 %."""
+    return [speed * (1 + 0.01 * ((i % 3) - 1)) for i in range(rounds)]
+
+
 def test_the_table_has_the_speedups_and_the_schedule_they_justify(tmp_path: Path) -> None:
     ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1, 2]}, concurrencies=[1, 8])
     sweep = SpeculationSweep.of(ctx, prompts_of(16))
     assert sweep is not None
-    for k, concurrency, tps in ((2, 1, 30.0), (2, 8, 90.0), (1, 1, 24.0), (1, 8, 120.0)):
-        sweep.cells.append(
-            SweepCell(
-                num_speculative_tokens=k,
-                concurrency=concurrency,
-                acceptance_length=1.5,
-                output_tokens_per_second=tps,
-            )
-        )
-    sweep.baselines += [
-        BaselineCell(concurrency=1, output_tokens_per_second=20.0),
-        BaselineCell(concurrency=8, output_tokens_per_second=100.0),
-    ]
+    measured(sweep, 2, {1: (steady(20.0), steady(30.0)), 8: (steady(100.0), steady(90.0))})
+    measured(sweep, 1, {1: (steady(20.0), steady(24.0)), 8: (steady(100.0), steady(120.0))})
     table = sweep.table()
     assert [(c.num_speculative_tokens, c.concurrency, c.speedup) for c in table.cells] == [
         (1, 1, 1.2), (1, 8, 1.2), (2, 1, 1.5), (2, 8, 0.9),
     ]  # fmt: skip
+    assert [b.output_tokens_per_second for b in table.baselines] == [20.0, 100.0]  # medians of all rounds
     ranges = [(r.min_batch_size, r.max_batch_size, r.num_speculative_tokens) for r in table.schedule]
     assert ranges == [(1, 2, 2), (3, 8, 1)]  # k 2 is fastest at 1, k 1 at 8 (k 2 is slower than no draft)
     result = with_sweep({"message": "measured on 3 held-out prompts"}, sweep)
-    assert result["speculation"]["schedule"][0] == {
-        "minBatchSize": 1, "maxBatchSize": 2, "numSpeculativeTokens": 2, "concurrency": 1, "speedup": 1.5,
-    }  # fmt: skip
+    first = result["speculation"]["schedule"][0]
+    assert (first["numSpeculativeTokens"], first["speedup"], first["verdict"]) == (2, 1.5, "better")
+    assert first["comparison"]["rounds"] == 6 and first["comparison"]["low"] > 1.0
     assert result["message"] == "measured on 3 held-out prompts"
     parsed = EvaluateResult.model_validate(result)
     assert parsed.speculation is not None and parsed.speculation.schedule == table.schedule
@@ -119,6 +127,37 @@ def test_the_table_has_the_speedups_and_the_schedule_they_justify(tmp_path: Path
     failed = with_sweep({"message": None}, sweep)["message"]
     assert failed.startswith("1 sweep requests failed") and "APITimeoutError" in failed
     assert with_sweep({"message": None}, None) == {"message": None, "speculation": None}
+
+
+def test_a_k_whose_interval_holds_1_is_not_distinguishable_and_speculation_stays_off(tmp_path: Path) -> None:
+    """Issue 43: the demo once tuned k 1 at concurrency 4 from one baseline run taken while a build had the
+    cores (3.96x). A k is chosen only where its rounds' interval lies above 1."""
+    ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1]}, concurrencies=[1, 4])
+    sweep = SpeculationSweep.of(ctx, prompts_of(16))
+    assert sweep is not None
+    straddles = [20.0 * r for r in (0.9, 1.2, 1.05, 1.15, 0.95, 1.1)]  # median 1.075, interval [0.9, 1.2]
+    measured(sweep, 1, {1: ([20.0] * 6, straddles), 4: (steady(50.0), steady(80.0))})
+    table = sweep.table()
+    assert [(r.num_speculative_tokens, r.verdict) for r in table.schedule] == [
+        (0, "notDistinguishable"), (1, "better"),
+    ]  # fmt: skip
+    message = with_sweep({"message": None}, sweep)["message"]
+    assert message.startswith(
+        "batch sizes 1-2: k 1 not distinguishable from the verifier alone, 1.07x [0.90, 1.20]"
+    )
+    assert "speculation stays off" in message
+
+
+def test_noisy_rounds_are_flagged_and_never_tune_k(tmp_path: Path) -> None:
+    ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1]}, concurrencies=[4])
+    sweep = SpeculationSweep.of(ctx, prompts_of(16))
+    assert sweep is not None
+    wild = [50.0 * r for r in (1.3, 3.9, 1.4, 3.5, 1.2, 4.0)]  # every round faster, but by 1.2x to 4x
+    measured(sweep, 1, {4: ([50.0] * 6, wild)})
+    table = sweep.table()
+    assert table.cells[0].comparison is not None and table.cells[0].comparison.noisy
+    assert [(r.num_speculative_tokens, r.verdict) for r in table.schedule] == [(0, "notDistinguishable")]
+    assert "noisy sweep cells" in (with_sweep({"message": None}, sweep)["message"] or "")
 
 
 def test_the_headline_speedup_is_the_sweeps_cell_at_evaluates_k_nearest_its_concurrency(
@@ -130,28 +169,20 @@ def test_the_headline_speedup_is_the_sweeps_cell_at_evaluates_k_nearest_its_conc
     ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1, 3]}, concurrencies=[1, 4])
     sweep = SpeculationSweep.of(ctx, prompts_of(16))
     assert sweep is not None
-    for k, concurrency, tps in ((3, 1, 25.5), (3, 4, 64.2), (1, 1, 22.0), (1, 4, 70.0)):
-        sweep.cells.append(
-            SweepCell(num_speculative_tokens=k, concurrency=concurrency, output_tokens_per_second=tps)
-        )
-    sweep.baselines += [
-        BaselineCell(concurrency=1, output_tokens_per_second=25.0),
-        BaselineCell(concurrency=4, output_tokens_per_second=60.0),
-    ]
+    measured(sweep, 3, {1: (steady(25.0), steady(25.5)), 4: (steady(60.0), steady(64.2))})
+    measured(sweep, 1, {1: (steady(25.0), steady(22.0)), 4: (steady(60.0), steady(70.0))})
     main = {"numSpeculativeTokens": 3, "speedup": 0.7059, "speedupConcurrency": 8, "message": None}
     result = with_sweep(main, sweep)
     assert (result["speedup"], result["speedupConcurrency"]) == (1.07, 4)  # 64.2 / 60, at 4 in flight
     assert EvaluateResult.model_validate(result).summary() == {"speedup": 1.07, "speedupConcurrency": 4}
     nearer_one = with_sweep(main | {"speedupConcurrency": 2}, sweep)  # 2 is 1 from 1 and 2 from 4
     assert (nearer_one["speedup"], nearer_one["speedupConcurrency"]) == (1.02, 1)
-    cells = [
-        SweepCell(num_speculative_tokens=3, concurrency=c, output_tokens_per_second=t)
-        for c, t in ((1, 25.5), (3, 64.2))
-    ]
-    bases = [BaselineCell(concurrency=c, output_tokens_per_second=t) for c, t in ((1, 25.0), (3, 60.0))]
-    tie = with_sweep(
-        main | {"speedupConcurrency": 2}, dataclasses.replace(sweep, cells=cells, baselines=bases)
+    other = SpeculationSweep.of(
+        context(tmp_path, sweep={"numSpeculativeTokens": [3]}, concurrencies=[1, 3]), prompts_of(16)
     )
+    assert other is not None
+    measured(other, 3, {1: (steady(25.0), steady(25.5)), 3: (steady(60.0), steady(64.2))})
+    tie = with_sweep(main | {"speedupConcurrency": 2}, other)
     assert tie["speedupConcurrency"] == 3  # equally near 1 and 3: the larger
     other_k = with_sweep(main | {"numSpeculativeTokens": 2}, sweep)  # the sweep never measured k 2
     assert (other_k["speedup"], other_k["speedupConcurrency"]) == (0.7059, 8)  # the main runs' figure

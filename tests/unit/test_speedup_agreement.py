@@ -14,7 +14,6 @@ from typing import Any
 from rich.console import Console
 
 from eagle3_cli.status import result_text
-from eagle3_contract.api.speculation import BaselineCell, SweepCell
 from eagle3_contract.api.status import Eagle3RunStatus, RunPhase
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage
@@ -25,7 +24,7 @@ from eagle3_operator.reconcile.run_report import RunReport
 from eagle3_pipeline.local.display import StageOutcome, summary_table, sweep_table
 from eagle3_pipeline.stages.evaluate.summary import with_sweep
 from eagle3_pipeline.stages.evaluate.sweep import SpeculationSweep
-from tests.pipeline.test_evaluate_sweep import context, prompts_of
+from tests.pipeline.test_evaluate_sweep import context, measured, prompts_of, steady
 from tests.unit.test_metrics import NOW
 
 # the demo's shape: k 1 and 3 at concurrency 1 and 4; evaluate's own k is 3, its main runs had 8 in flight
@@ -39,11 +38,9 @@ def evaluated(tmp_path: Path) -> EvaluateResult:
     ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1, 3]}, concurrencies=[1, 4])
     sweep = SpeculationSweep.of(ctx, prompts_of(16))
     assert sweep is not None
-    sweep.cells += [
-        SweepCell(num_speculative_tokens=k, concurrency=c, acceptance_length=3.0, output_tokens_per_second=t)
-        for k, c, t in CELLS
-    ]
-    sweep.baselines += [BaselineCell(concurrency=c, output_tokens_per_second=t) for c, t in BASELINES]
+    base = dict(BASELINES)
+    for k in (3, 1):
+        measured(sweep, k, {c: (steady(base[c]), steady(t)) for kk, c, t in CELLS if kk == k})
     return EvaluateResult.model_validate(with_sweep(MAIN | {"message": None}, sweep))
 
 
@@ -84,7 +81,7 @@ def test_the_summary_status_metrics_and_dashboard_show_the_sweeps_figure(tmp_pat
     # the sweep table under it: k 3's cell at concurrency 4 says the same
     sweep = rendered(sweep_table([outcome]))
     (k3,) = [line for line in sweep.splitlines() if re.match(r"^\W*3\s", line)]
-    assert "(3.00, 1.07x)" in k3.split("│")[3], sweep  # columns: k, concurrency 1, concurrency 4
+    assert "(1.50, 1.07x [" in k3.split("│")[3], sweep  # columns: k, concurrency 1, concurrency 4
     # eagle3 status
     assert (
         result_text(Stage.EVALUATE, result, None)

@@ -82,7 +82,7 @@ class Comparison(ApiModel):
 
 def coverage(n: int, j: int) -> float:
     """P(r(j) <= median <= r(n+1-j)) for n values sorted: 1 - 2 P(Binomial(n, 1/2) <= j - 1)."""
-    below = sum(math.comb(n, i) for i in range(j)) / 2**n
+    below = sum(math.comb(n, i) for i in range(j)) / float(2**n)
     return max(0.0, 1.0 - 2.0 * below)
 
 
@@ -102,7 +102,7 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
 def spread(values: Sequence[float]) -> float:
     """Coefficient of variation (population standard deviation over the mean); 0 for one value."""
     mean = statistics.fmean(values)
-    return statistics.pstdev(values) / mean if len(values) > 1 and mean > 0 else 0.0
+    return float(statistics.pstdev(values) / mean) if len(values) > 1 and mean > 0 else 0.0
 
 
 def compare_ratios(ratios: Sequence[float], noisy_spread: float = NOISY_SPREAD) -> Comparison:

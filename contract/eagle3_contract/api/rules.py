@@ -44,8 +44,8 @@ def _qualified(key: str) -> bool:
 
 
 def _methods(s: Eagle3RunSpec) -> set[str]:
-    """The methods the run trains: draft.method, and draft.candidates when set."""
-    return {s.draft.method, *(s.draft.candidates or ())}
+    """The methods the run trains: draft.method, and draft.candidates' trained ones when set."""
+    return {s.draft.method, *(c for c in s.draft.candidates or () if c not in ("ngram", "suffix"))}
 
 
 def _uses(method: str) -> str:
@@ -60,7 +60,7 @@ def _candidates_fit(s: Eagle3RunSpec) -> bool:
         return True
     return (
         _unique(c)
-        and s.draft.method in c
+        and s.draft.method.value in {m.value for m in c}
         and s.training.nodes == 1
         and s.extraction.mode == "offline"
         and s.training.checkpoint_selection == "valLoss"

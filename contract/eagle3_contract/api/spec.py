@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from eagle3_contract.api.base import ApiModel
+from eagle3_contract.api.comparison import DEFAULT_ROUNDS, MIN_ROUNDS
 from eagle3_contract.api.fields import (
     DNS_LABEL,
     HTTP_URL,
@@ -262,6 +263,31 @@ class DraftMethod(StrEnum):
     DFLASH = "dflash"
 
 
+class CandidateMethod(StrEnum):
+    """A method draft.candidates may name: a trained draft method, or a training-free rival."""
+
+    EAGLE3 = "eagle3"
+    PEAGLE = "peagle"
+    DFLASH = "dflash"
+    NGRAM = "ngram"  # vLLM's prompt lookup: proposes the tokens that followed the last n-gram in the context
+    SUFFIX = (
+        "suffix"  # vLLM's suffix decoding (arctic-inference): proposes from a suffix tree of past outputs
+    )
+
+
+TRAINING_FREE = frozenset({CandidateMethod.NGRAM, CandidateMethod.SUFFIX})
+
+
+def trained_methods(candidates: list[CandidateMethod] | None) -> list[DraftMethod]:
+    """The trained methods among draft.candidates, in their order."""
+    return [DraftMethod(c.value) for c in candidates or () if c not in TRAINING_FREE]
+
+
+def training_free(candidates: list[CandidateMethod] | None) -> list[CandidateMethod]:
+    """The training-free rivals among draft.candidates, in their order."""
+    return [c for c in candidates or () if c in TRAINING_FREE]
+
+
 class Draft(ApiModel):
     """The draft model: its method and its shape."""
 
@@ -277,15 +303,18 @@ class Draft(ApiModel):
     )
     vocab_size: int = Field(32000, ge=16, description="Draft vocabulary size (most frequent target tokens).")
     layers: int = Field(1, ge=1, le=8, description="Decoder layers in the draft.")
-    candidates: list[DraftMethod] | None = Field(
+    candidates: list[CandidateMethod] | None = Field(
         None,
         min_length=2,
-        max_length=3,
+        max_length=5,
         description=(
-            "Methods to compare (draft.method among them): train stage trains each from the same data, "
-            "evaluate measures each on the same held-out prompts in vLLM, and export ships the one with "
-            "the most output tokens/s (ties: the higher acceptance length); serving rolls out its method. "
-            "Offline extraction and training.nodes 1 only."
+            "Methods to compare (draft.method among them): the train stage trains each trained one "
+            "(eagle3, peagle, dflash) from the same data; ngram (vLLM's prompt lookup) and suffix (vLLM's "
+            "suffix decoding, arctic-inference) need no training and are rivals. evaluate serves every "
+            "candidate and the verifier alone side by side in evaluation.rounds paired rounds; a trained "
+            "draft ships only if it is faster than every rival and than no speculation with the interval "
+            "clear, and the fastest trained one only if it beats the others so (else: not "
+            "distinguishable, draft.method ships). Offline extraction and training.nodes 1 only."
         ),
     )
     block_size: int | None = Field(
@@ -412,6 +441,18 @@ class Evaluation(ApiModel):
         max_length=16,
         description="The serving concurrencies (requests in flight) the sweep measures and the prediction "
         "predicts at: the batch sizes the tuned schedule is derived at.",
+    )
+    rounds: int = Field(
+        DEFAULT_ROUNDS,
+        ge=MIN_ROUNDS,
+        le=50,
+        description=(
+            "Paired rounds behind every decision taken from a speed (the sweep's schedule, which of "
+            "draft.candidates ships): each round runs the same prompts on every server compared, in "
+            "alternating order, and a decision needs the 95 % interval of the median ratio to clear its "
+            "threshold (else: not distinguishable, the safe default stays). At least 6: fewer cannot give "
+            "a 95 % interval."
+        ),
     )
     predict: bool = Field(
         False,

@@ -357,6 +357,7 @@ def sweep_table(outcomes: list[StageOutcome]) -> Any:
     """evaluation.sweep's table, when evaluate measured one: per k and concurrency, output tokens/s and mean
     acceptance length, the verifier alone, and the k the tuned schedule serves; None otherwise."""
     from rich.table import Table
+    from rich.text import Text
 
     from eagle3_contract.results import EvaluateResult
 
@@ -365,7 +366,12 @@ def sweep_table(outcomes: list[StageOutcome]) -> Any:
     if table_of is None or not table_of.cells:
         return None
     concurrencies = sorted({c.concurrency for c in table_of.cells})
-    table = Table(title="speculation length: output tokens/s (acceptance length, speedup) per concurrency")
+    table = Table(
+        title=Text(
+            "speculation length: output tokens/s (acceptance length, speedup [95 % interval of its rounds]) "
+            "per concurrency"
+        )
+    )
     table.add_column("k")
     for c in concurrencies:
         table.add_column(f"concurrency {c}", justify="right")
@@ -383,7 +389,12 @@ def _served_k(schedule: Any, concurrency: int) -> str:
     there; "-": no range holds it)."""
     for r in schedule:
         if r.min_batch_size <= concurrency <= r.max_batch_size:
-            return str(r.num_speculative_tokens)
+            undecided = r.verdict == "notDistinguishable"
+            return (
+                f"{r.num_speculative_tokens} (not distinguishable)"
+                if undecided
+                else str(r.num_speculative_tokens)
+            )
     return "-"
 
 
@@ -392,6 +403,9 @@ def _cell_text(cell: Any) -> str:
         return "-"
     length = f"{cell.acceptance_length:.2f}" if cell.acceptance_length is not None else "-"
     speedup = f"{cell.speedup:.2f}x" if cell.speedup is not None else "-"
+    c = cell.comparison
+    if c is not None:
+        speedup += f" [{c.low:.2f}, {c.high:.2f}]" + (" noisy" if c.noisy else "")
     return f"{_short(cell.output_tokens_per_second)} ({length}, {speedup})"
 
 

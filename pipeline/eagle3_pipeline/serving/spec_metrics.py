@@ -48,6 +48,18 @@ class SpecDecodeCounters:
             generation_tokens=self.generation_tokens - before.generation_tokens,
         )
 
+    def __add__(self, other: SpecDecodeCounters) -> SpecDecodeCounters:
+        """The sum of two differences (rounds measured apart on one server)."""
+        width = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        mine, theirs = _padded(self.accepted_per_position, width), _padded(other.accepted_per_position, width)
+        return SpecDecodeCounters(
+            drafts=self.drafts + other.drafts,
+            draft_tokens=self.draft_tokens + other.draft_tokens,
+            accepted=self.accepted + other.accepted,
+            accepted_per_position=tuple(a + b for a, b in zip(mine, theirs, strict=True)),
+            generation_tokens=self.generation_tokens + other.generation_tokens,
+        )
+
 
 @dataclass(frozen=True)
 class Acceptance:

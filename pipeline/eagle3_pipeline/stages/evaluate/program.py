@@ -35,8 +35,8 @@ of the verifier's embeddings is the verifier's own (`embeddingsMatchVerifier`: a
 version of the verifier). The work directory keeps the vLLM logs and the screened answers (`answers.jsonl`);
 the slim draft is deleted after the run (export writes the one that ships).
 With `evaluation.sweep`, the result's `speculation` is the speculation-length table
-(`eagle3_pipeline.stages.evaluate.sweep`): the draft server measures its k's cells after its own runs, a
-server per other k measures theirs (before the slim draft is deleted), and the verifier alone its baselines.
+(`eagle3_pipeline.stages.evaluate.sweep`): after the draft server's runs (before the slim draft is deleted),
+the verifier alone and a server per k, two at a time, alternate in evaluation.rounds paired rounds.
 With training.checkpointSelection acceptance (the param `checkpointsToEvaluate`), the draft measured is not
 train's best by validation loss: after the verifier alone, a server per each of train's last epochs answers
 the kept prompts greedily, and the most accepted epoch (eagle3_pipeline.stages.evaluate.checkpoints) is the
@@ -58,7 +58,7 @@ from typing import Any
 
 from eagle3_contract.api.spec import Sampling
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
-from eagle3_contract.results import OUTPUT_TOKENS_PER_SECOND, CheckpointChoice
+from eagle3_contract.results import CheckpointChoice
 from eagle3_contract.stages import Stage
 from eagle3_contract.vllm_command import draft_speculative_config
 from eagle3_pipeline.data.draft_checkpoint import (
@@ -83,6 +83,7 @@ from eagle3_pipeline.serving.requests import (
     settled_counters,
 )
 from eagle3_pipeline.serving.vllm_server import VllmServer
+from eagle3_pipeline.stages.evaluate.bakeoff import bake_off, bake_off_prompts
 from eagle3_pipeline.stages.evaluate.checkpoints import (
     ACCEPTANCE,
     Candidate,
@@ -135,15 +136,18 @@ def run(ctx: Context) -> dict[str, Any]:
     # evaluation.sweep: not for a draft whose mapping is broken (it fails the gate whatever its speed)
     sweep = SpeculationSweep.of(ctx, available) if problem is None else None
     swept = sweep.total_prompts if sweep is not None else 0
-    ctx.progress.begin("prompts", len(prompts) * (passes + len(choosing)) + swept)
+    ctx.progress.begin("prompts", len(prompts) * passes + swept)
     if problem is None:
         # the verifier alone first: its greedy answers screen the prompts
         # (eagle3_pipeline.serving.degenerate), so the draft server's counters only see the prompts kept
-        baseline = measure(ctx, prompts, None, sweep)
+        baseline = measure(ctx, prompts, None)
         screening = screening_of(baseline)
         kept = screening.kept
+        if sweep is not None:
+            sweep.leave_out(screening.degenerate)  # its rounds measure the kept prompts only
         swept = sweep.total_prompts if sweep is not None else 0  # without the prompts screened out
-        each = len(kept) * len(choosing)  # training.checkpointSelection acceptance: a server per epoch
+        each = len(kept) * len(choosing) if ctx.params.checkpoints_to_evaluate else 0  # a server per epoch
+        each += bake_off_prompts(ctx.params, len(kept), len(choosing))  # draft.candidates
         ctx.progress.set_total(answered(len(prompts), len(kept), passes) + each + swept)
         with_draft = measure_draft(ctx, prompts, kept, draft, sweep, (train, choosing))
     else:
@@ -187,36 +191,50 @@ def measure_draft(
         return None
     run = None
     train, epochs = choosing
-    if epochs:
+    chosen: Candidate | None = None
+    if ctx.params.checkpoints_to_evaluate:  # training.checkpointSelection acceptance
         best, draft.chosen = choose_checkpoint(ctx, prompts, kept, train, epochs)
-        if best.candidate.path(train).resolve() != draft.source:  # the chosen epoch's draft is measured
-            draft.source = best.candidate.path(train).resolve()
-            draft.slim = write_serving_checkpoint(draft.source, draft.slim.path, ctx.params.verifier.model)
-        run = best.run if ctx.params.sampling is None and sweep is None else None
-    run = run or measure(ctx, prompts, draft.slim.path, sweep, kept)
+        chosen, run = best.candidate, best.run if ctx.params.sampling is None else None
+    elif epochs or ctx.params.rivals:  # draft.candidates: the bake-off
+        trained = epochs or [own_candidate(train, draft.source)]
+        subset = [prompts[i] for i in kept]
+        chosen, draft.chosen = bake_off(ctx, subset, train, trained, checkpoint_method(draft.source).value)
+    if chosen is not None and chosen.path(train).resolve() != draft.source:  # the chosen draft is measured
+        draft.source = chosen.path(train).resolve()
+        draft.slim = write_serving_checkpoint(draft.source, draft.slim.path, ctx.params.verifier.model)
+    run = run or measure(ctx, prompts, draft.slim.path, kept)
     if sweep is not None:
-        sweep.measure_other_ks(draft.slim.path, ctx.params.num_speculative_tokens)
+        sweep.run(draft.slim.path)
     return run
 
 
-# --- training.checkpointSelection acceptance, draft.candidates: a server per draft -----------------------
+# --- training.checkpointSelection acceptance: a server per epoch ----------------------------------------
+
+
+def own_candidate(train: Path, source: Path) -> Candidate:
+    """draft.candidates with one trained method: train's best checkpoint, the bake-off's trained entrant."""
+    result = read_result(train)
+    return Candidate(
+        int(result.get("bestEpoch") or 0),
+        str(source.resolve().relative_to(train.resolve())),
+        result.get("bestValLoss"),
+        checkpoint_method(source).value,
+    )
 
 
 def choose_checkpoint(
     ctx: Context, prompts: list[list[Message]], kept: list[int], train: Path, choosing: list[Candidate]
 ) -> tuple[Measured, dict[str, Any]]:
-    """Serve each draft to choose from on the kept prompts (greedy), and choose: the most accepted epoch, or
-    the fastest of draft.candidates (eagle3_pipeline.stages.evaluate.checkpoints); the result's
-    `checkpointSelection` with it."""
+    """Serve each epoch's draft on the kept prompts (greedy), and choose the most accepted
+    (eagle3_pipeline.stages.evaluate.checkpoints); the result's `checkpointSelection` with it."""
     k = ctx.params.num_speculative_tokens
-    by = ACCEPTANCE if ctx.params.checkpoints_to_evaluate else OUTPUT_TOKENS_PER_SECOND
+    by = ACCEPTANCE
     measured: list[Measured] = []
     for c in choosing:
         name = f"{DRAFT_DIR}-{c.method}" if c.method is not None else f"{DRAFT_DIR}-epoch{c.epoch}"
         slim = write_serving_checkpoint(c.path(train), ctx.work / name, ctx.params.verifier.model)
-        try:  # candidates are compared by speed: each server answers once unmeasured first, as it will serve
-            warm = c.method is not None
-            run = measure(ctx, prompts, slim.path, None, kept, label=name, extras=False, warm=warm)
+        try:
+            run = measure(ctx, prompts, slim.path, kept, label=name, extras=False)
         finally:
             shutil.rmtree(slim.path, ignore_errors=True)
         _, acceptance = acceptance_of(run, k)
@@ -229,7 +247,7 @@ def choose_checkpoint(
             run.tokens_per_second or 0.0,
         )
     best = choose(measured, by)
-    lowest = read_result(train).get("bestEpoch") if by == ACCEPTANCE else None  # the epochs' lowest loss
+    lowest = read_result(train).get("bestEpoch")  # the epoch of the lowest validation loss
     document = choice_document(measured, best, lowest, by)
     logger.info("evaluate: %s", CheckpointChoice.model_validate(document).line())
     return best, document
@@ -242,7 +260,6 @@ def measure(
     ctx: Context,
     prompts: list[list[Message]],
     draft: Path | None,
-    sweep: SpeculationSweep | None = None,
     kept: list[int] | None = None,
     label: str | None = None,
     extras: bool = True,
@@ -252,8 +269,7 @@ def measure(
     it. Without `kept`, every prompt, and the answers are screened (`screened`); with it, those prompts only
     (when fewer than all, after answering them once unmeasured: the screening server measured them with
     their prefixes cached). With a draft and evaluation.sampling, the kept prompts are answered again with
-    those settings on the same server; with evaluation.sweep, its cells at this server's k (or its
-    baselines) are measured there too; `extras` false: neither (a candidate checkpoint's greedy run). `warm`:
+    those settings on the same server; `extras` false: not (a candidate checkpoint's greedy run). `warm`:
     the prompts answered once unmeasured first in any case (draft.candidates compares the servers' speeds)."""
     label = label or ("draft" if draft is not None else "baseline")
     # the serving Deployment's speculative config (eagle3_contract.vllm_command), with the slim draft
@@ -262,7 +278,6 @@ def measure(
     engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
     log = ctx.work / f"vllm-{label}.log"
     sampling = ctx.params.sampling if draft is not None and extras else None
-    sweep = sweep if extras else None
     options = server_options(ctx.params)
     with VllmServer(
         ctx, engine, seed=ctx.tuning.seed, speculative_config=config, log_path=log, options=options
@@ -281,12 +296,6 @@ def measure(
             result.sampled = counted_run(ctx, server, subset, sampling, counted=True)
             server.check()
             checked(ctx, result.sampled, f"{label} (sampled)", len(subset))
-        if sweep is not None and draft is not None:
-            sweep.measure_draft(server, k)
-        elif sweep is not None:
-            if result.screening is not None:
-                sweep.leave_out(result.screening.degenerate)  # its cells measure the kept prompts only
-            sweep.measure_baseline(server)
     return result
 
 

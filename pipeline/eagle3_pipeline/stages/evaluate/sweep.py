@@ -1,50 +1,56 @@
 """evaluate's sweep of the speculation length (`evaluation.sweep`): per k and concurrency, the output tokens/s
 and the mean acceptance length, against the verifier alone, and the batch-size schedule they justify.
 
-A cell is one k of sweep.numSpeculativeTokens at one concurrency c of evaluation.concurrencies: held-out
+A cell is one k of sweep.numSpeculativeTokens at one concurrency c of evaluation.concurrencies, measured in
+evaluation.rounds rounds (`eagle3_pipeline.stages.evaluate.rounds`): each round sends the same held-out
 prompts (sweep.prompts, default max(2c, 8)), c requests in flight, greedy, at most evaluation.maxTokens new
-tokens each, sent to the verifier served with the draft at k. Its output tokens/s is the cell's output
-tokens over its wall seconds; its mean acceptance length is the spec-decode counters' difference over the
-cell (`eagle3_pipeline.serving.spec_metrics`). The baseline is the same at each c on the verifier alone, and a
-cell's speedup is its tokens/s over the baseline's at that c. The prompts are the first held-out ones, capped
-at what the validation split has; only when it has fewer than c are they reused cyclically (the result's
-message says so), so that c requests are in flight.
+tokens each, to the verifier with the draft at k and to the verifier alone, in alternating order. The
+cell's speedup is the median of its rounds' ratios with that median's 95 % interval
+(eagle3_contract.api.comparison), its output tokens/s the median of its rounds, its mean acceptance length
+the spec-decode counters' differences summed over its rounds (`eagle3_pipeline.serving.spec_metrics`). A
+baseline cell is the median of the verifier alone's rounds at c (beside every k). The prompts are the first
+held-out ones, capped at what the validation split has; only when it has fewer than c are they reused
+cyclically (the result's message says so), so that c requests are in flight.
 
-Servers: evaluate's own draft server (at evaluation.numSpeculativeTokens) measures that k's cells and its
-baseline server the baselines; every other k gets a server of its own, one at a time (each is stopped before
-the next starts). Before its cells a server answers the cells' prompts once with one token (not measured):
-every server measures with the prompts' prefixes cached, as evaluate's own servers have them from the
-main run. vLLM's default max-num-seqs is at least MIN_DEFAULT_MAX_NUM_SEQS (its CPU default; 256 to 1024
-on GPUs): a larger concurrency passes --max-num-seqs to every server of the stage.
+Servers: the sweep's own. The verifier alone stays up while each k's server comes up beside it in turn
+(two servers at a time); where they cannot be up together (an accelerator), each server is measured alone
+in turn and rounds pair by index. Every server answers the rounds' prompts once with one token before its
+rounds (not measured): every round measures with the prompts' prefixes cached. vLLM's default max-num-seqs
+is at least MIN_DEFAULT_MAX_NUM_SEQS (its CPU default; 256 to 1024 on GPUs): a larger concurrency passes
+--max-num-seqs to every server of the stage.
 
-The result's `speculation` is an `eagle3_contract.api.speculation.SpeculationTable`: the cells, the
-baselines, and `plan_schedule`'s best k per batch-size range (k 0 where no k beat the baseline), which
-`serving.speculationLength: tuned` serves. Progress counts the cells' prompts; one log line per cell.
+The result's `speculation` is an `eagle3_contract.api.speculation.SpeculationTable`: the cells with their
+comparisons, the baselines, and `plan_schedule`'s best k per batch-size range (k 0 where no k's interval
+clears 1; `notDistinguishable` where one looked faster without clearing it), which
+`serving.speculationLength: tuned` serves. Progress counts the rounds' prompts; one log line per cell.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
+from eagle3_contract.api.comparison import DEFAULT_ROUNDS, NOISY_SPREAD, compare_rounds
+from eagle3_contract.api.speculation import (
+    BaselineCell,
+    SpeculationRange,
+    SpeculationTable,
+    SweepCell,
+    plan_schedule,
+    undecided,
+)
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
 from eagle3_contract.vllm_command import draft_speculative_config
 from eagle3_pipeline.data.draft_checkpoint import checkpoint_method
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
-from eagle3_pipeline.serving.requests import (
-    Measurement,
-    Message,
-    answer_all,
-    read_counters,
-    settled_counters,
-)
-from eagle3_pipeline.serving.spec_metrics import Acceptance, consistency_problems
-from eagle3_pipeline.serving.vllm_server import VllmServer
+from eagle3_pipeline.serving.requests import Message
+from eagle3_pipeline.serving.spec_metrics import Acceptance, SpecDecodeCounters, consistency_problems
+from eagle3_pipeline.serving.vllm_server import VllmServer, accelerator_present
+from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave, warm
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +102,7 @@ class SpeculationSweep:
     source: list[list[Message]] = field(default_factory=list)  # the held-out prompts the cells come from
     left_out: int = 0  # of those, screened out as degenerate
     cells: list[SweepCell] = field(default_factory=list)
-    baselines: list[BaselineCell] = field(default_factory=list)
+    baseline_rounds: list[tuple[int, float]] = field(default_factory=list)  # (concurrency, tokens/s)
     failures: list[str] = field(default_factory=list)
 
     @classmethod
@@ -129,81 +135,90 @@ class SpeculationSweep:
 
     @property
     def total_prompts(self) -> int:
-        """The prompts the cells answer: every k's and the baseline's, at every concurrency."""
-        return (len(self.ks) + 1) * sum(len(p) for p in self.prompts.values())
+        """The prompts the rounds answer: every k's and the verifier alone's beside it, at every
+        concurrency, in every round."""
+        rounds = self.ctx.params.rounds or DEFAULT_ROUNDS
+        return 2 * len(self.ks) * rounds * sum(len(p) for p in self.prompts.values())
 
     # --- the servers ------------------------------------------------------------------------------------
 
-    def measure_draft(self, server: VllmServer, k: int) -> None:
-        """k's cells on a server with the draft at k (evaluate's own, or one of `measure_other_ks`)."""
-        if k not in self.ks:
-            return
-        self.warm(server)
-        for concurrency, prompts in self.prompts.items():
-            run = self.cell(server, prompts, concurrency, counted=True)
-            acceptance = self.acceptance(run, k)
+    def run(self, draft: Path) -> None:
+        """Every k's rounds against the verifier alone's: paired on servers up together, or each server in
+        turn where they cannot be (an accelerator: `eagle3_pipeline.stages.evaluate.rounds`)."""
+        if accelerator_present():
+            self._in_turn(draft)
+        else:
+            self._paired(draft)
+
+    def _paired(self, draft: Path) -> None:
+        """The verifier alone stays up; each k's server comes up beside it in turn, and the two alternate."""
+        rounds, max_tokens = self.ctx.params.rounds or DEFAULT_ROUNDS, self.ctx.params.max_tokens
+        progress = self.ctx.progress
+        with self.server(None) as base:
+            warm(base, self.prompts)
+            for k in self.ks:
+                with self.server((draft, k)) as server:
+                    warm(server, self.prompts)
+                    alone, drafted = Arm("verifier alone", base, False), Arm(f"k={k}", server, True)
+                    interleave([alone, drafted], self.prompts, rounds, max_tokens, progress, warmed=True)
+                    server.check()
+                self.record(k, alone, drafted)
+            base.check()
+
+    def _in_turn(self, draft: Path) -> None:
+        """One server at a time: the verifier alone's rounds, then each k's; rounds pair by their index."""
+        rounds, max_tokens = self.ctx.params.rounds or DEFAULT_ROUNDS, self.ctx.params.max_tokens
+        progress = self.ctx.progress
+        with self.server(None) as base:
+            alone = Arm("verifier alone", base, False)
+            interleave([alone], self.prompts, rounds, max_tokens, progress)
+        for k in self.ks:
+            with self.server((draft, k)) as server:
+                drafted = Arm(f"k={k}", server, True)
+                interleave([drafted], self.prompts, rounds, max_tokens, progress)
+            self.record(k, alone, drafted)
+
+    def server(self, draft: tuple[Path, int] | None) -> VllmServer:
+        """A server of the verifier alone (None) or with the draft at k, the stage's options."""
+        params, tuning = self.ctx.params, self.ctx.tuning
+        engine = params.verifier.engine(tuning.tensor_parallel_size)
+        config = None
+        if draft is not None:
+            path, k = draft
+            config = draft_speculative_config(str(path), k, checkpoint_method(path))
+        name = f"vllm-sweep-k{draft[1]}.log" if draft is not None else "vllm-sweep-baseline.log"
+        return VllmServer(
+            self.ctx, engine, seed=tuning.seed, speculative_config=config, log_path=self.ctx.work / name,
+            options=server_options(params),
+        )  # fmt: skip
+
+    def record(self, k: int, alone: Arm, drafted: Arm) -> None:
+        """k's cells from its rounds and the verifier alone's beside them."""
+        self.failures += alone.failures + drafted.failures
+        self.baseline_rounds += [(c, s) for c, speeds in alone.speeds.items() for s in speeds if s]
+        for concurrency in self.prompts:
+            comparison = compare_rounds(
+                alone.speeds.get(concurrency, []), drafted.speeds.get(concurrency, [])
+            )
+            acceptance = self.acceptance(drafted.counters.get(concurrency), k)
+            speed_ = drafted.speed(concurrency)
             cell = SweepCell(
                 num_speculative_tokens=k,
                 concurrency=concurrency,
                 acceptance_length=round(acceptance.length, 4) if acceptance is not None else None,
-                output_tokens_per_second=speed(run),
+                output_tokens_per_second=round(speed_, 2) if speed_ else None,
+                speedup=comparison.ratio if comparison is not None else None,
+                comparison=comparison,
             )
             self.cells.append(cell)
             logger.info(
-                "sweep k=%d concurrency %d: %d prompts, %s output tokens/s, acceptance length %s",
-                k, concurrency, len(prompts), cell.output_tokens_per_second, cell.acceptance_length,
+                "sweep k=%d concurrency %d: %s output tokens/s, acceptance length %s, speedup %s",
+                k, concurrency, cell.output_tokens_per_second, cell.acceptance_length,
+                comparison.text() if comparison is not None else "n/a",
             )  # fmt: skip
 
-    def measure_baseline(self, server: VllmServer) -> None:
-        """The baseline cells, on evaluate's server of the verifier alone."""
-        self.warm(server)
-        for concurrency, prompts in self.prompts.items():
-            run = self.cell(server, prompts, concurrency, counted=False)
-            self.baselines.append(BaselineCell(concurrency=concurrency, output_tokens_per_second=speed(run)))
-            logger.info(
-                "sweep baseline concurrency %d: %d prompts, %s output tokens/s",
-                concurrency, len(prompts), self.baselines[-1].output_tokens_per_second,
-            )  # fmt: skip
-
-    def measure_other_ks(self, draft: Path, served: int) -> None:
-        """The cells of every k but `served` (evaluate's draft server's), one server each, in turn."""
-        params, tuning = self.ctx.params, self.ctx.tuning
-        engine = params.verifier.engine(tuning.tensor_parallel_size)
-        for k in self.ks:
-            if k == served:
-                continue
-            config = draft_speculative_config(str(draft), k, checkpoint_method(draft))
-            log = self.ctx.work / f"vllm-draft-k{k}.log"
-            with VllmServer(
-                self.ctx, engine, seed=tuning.seed, speculative_config=config, log_path=log,
-                options=server_options(params),
-            ) as server:  # fmt: skip
-                self.measure_draft(server, k)
-                server.check()
-
-    def warm(self, server: VllmServer) -> None:
-        """Every cell prompt once, one token each, not measured: the prompts' prefixes are cached."""
-        largest = max(self.prompts.values(), key=len)
-        concurrency = max(self.prompts)
-        asyncio.run(answer_all(server, largest, 1, None, None, concurrency))
-
-    def cell(
-        self, server: VllmServer, prompts: list[list[Message]], concurrency: int, counted: bool
-    ) -> Measurement:
-        before = read_counters(server) if counted else None
-        run = asyncio.run(
-            answer_all(server, prompts, self.ctx.params.max_tokens, self.ctx.progress, None, concurrency)
-        )
-        server.check()
-        if counted:
-            after = settled_counters(server, before, run.output_tokens)
-            run.counters = after - before if before is not None else after
-        self.failures += run.failures
-        return run
-
-    def acceptance(self, run: Measurement, k: int) -> Acceptance | None:
-        """The cell's acceptance from its counters' difference; None when the draft proposed nothing."""
-        counters = run.counters
+    def acceptance(self, counters: SpecDecodeCounters | None, k: int) -> Acceptance | None:
+        """A cell's acceptance from its rounds' counters; None when the draft proposed nothing."""
         if counters is None or counters.drafts <= 0:
             return None
         problems = consistency_problems(counters, k)
@@ -217,16 +232,21 @@ class SpeculationSweep:
 
     def table(self) -> SpeculationTable:
         """The cells with their speedups, the baselines, and the schedule they justify."""
-        base = {b.concurrency: b.output_tokens_per_second for b in self.baselines}
-        cells = [
-            c.model_copy(update={"speedup": speedup(c.output_tokens_per_second, base.get(c.concurrency))})
-            for c in sorted(self.cells, key=lambda c: (c.num_speculative_tokens, c.concurrency))
-        ]
-        return SpeculationTable(cells=cells, baselines=self.baselines, schedule=plan_schedule(cells))
+        cells = sorted(self.cells, key=lambda c: (c.num_speculative_tokens, c.concurrency))
+        return SpeculationTable(cells=cells, baselines=self.baselines(), schedule=plan_schedule(cells))
+
+    def baselines(self) -> list[BaselineCell]:
+        """The verifier alone per concurrency: the median of all its rounds (beside every k)."""
+        out = []
+        for concurrency in self.prompts:
+            speeds = sorted(s for c, s in self.baseline_rounds if c == concurrency)
+            tps = statistics.median(speeds) if speeds else None
+            out.append(BaselineCell(concurrency=concurrency, output_tokens_per_second=speed(tps)))
+        return out
 
     def notes(self) -> list[str]:
-        """What the table does not say: reused prompts, failed requests."""
-        out: list[str] = []
+        """What the table does not say: undecided ranges, noisy cells, reused prompts, failed requests."""
+        out: list[str] = [*undecided_notes(self.table().schedule), *noisy_notes(self.cells)]
         if self.left_out:
             out.append(f"the sweep leaves out the {self.left_out} prompts screened as degenerate")
         cycled = [c for c, p in self.prompts.items() if len(p) > self.held_out]
@@ -243,13 +263,31 @@ class SpeculationSweep:
         return out
 
 
-def speed(run: Measurement) -> float | None:
-    """A cell's output tokens/s; None when it produced nothing."""
-    tps = run.tokens_per_second
-    return round(tps, 2) if tps else None
+def undecided_notes(schedule: list[SpeculationRange]) -> list[str]:
+    """`batch sizes 1-2: k 3 not distinguishable from the verifier alone, 1.08x [0.93, 1.21] ...`."""
+    return [
+        f"batch sizes {r.min_batch_size}-{r.max_batch_size}: k {r.measured_k} not distinguishable from the "
+        f"verifier alone, {r.comparison.text() if r.comparison is not None else 'n/a'}: speculation stays off"
+        for r in undecided(schedule)
+    ]
 
 
-def speedup(tokens_per_second: float | None, baseline: float | None) -> float | None:
-    if not tokens_per_second or not baseline:
-        return None
-    return round(tokens_per_second / baseline, 4)
+def noisy_notes(cells: list[SweepCell]) -> list[str]:
+    """The cells whose rounds disagree beyond the noise bound: flagged, never used for the schedule."""
+    noisy = [c for c in cells if c.comparison is not None and c.comparison.noisy]
+    if not noisy:
+        return []
+    named = ", ".join(
+        f"k {c.num_speculative_tokens} at concurrency {c.concurrency} ({c.comparison.spread:.0%})"
+        for c in noisy
+        if c.comparison is not None
+    )
+    return [
+        f"noisy sweep cells (rounds vary beyond {NOISY_SPREAD:.0%}; not used): {named}: the machine was "
+        "busy; more rounds (evaluation.rounds) or a quieter node decide them"
+    ]
+
+
+def speed(tokens_per_second: float | None) -> float | None:
+    """A cell's output tokens/s, rounded; None when it produced nothing."""
+    return round(tokens_per_second, 2) if tokens_per_second else None

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_contract.api.spec import Device, DraftMethod
+from eagle3_contract.api.spec import Device, DraftMethod, trained_methods
 from eagle3_contract.params import TrainParams, TrainTuning
 from eagle3_contract.stages import Stage
 from eagle3_pipeline.adapters.speculators_cpu import has_accelerator
@@ -84,7 +84,7 @@ Context = StageContext[TrainParams, TrainTuning]
 def run(ctx: Context) -> dict[str, Any]:
     started = time.monotonic()
     src = sources(ctx)
-    methods = ctx.params.draft.candidates
+    methods = trained_methods(ctx.params.draft.candidates)  # train_params keeps only the trained ones
     if not methods:
         result = train_draft(ctx, ctx.params, ctx.work, src)
         seconds = round(time.monotonic() - started, 3)

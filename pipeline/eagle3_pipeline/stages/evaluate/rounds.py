@@ -1,0 +1,115 @@
+"""Repeated, interleaved measurement of several vLLM servers: the rounds every speed decision is taken from.
+
+An arm is one server (the verifier alone, or with a draft at some k, or with a training-free rival) and a
+round is one short run of the same prompts at one concurrency on it. `interleave` measures every arm in
+every round, the arms' order rotating from round to round (two arms alternate: AB, BA, AB, ...), with each
+server warm (its prompts answered once, one token each, not measured: their prefixes cached, as a serving
+server has them). A disturbance of the machine (another tenant, a build, a throttle) then lands on every
+arm of a round alike, and the per-round ratios (eagle3_contract.api.comparison) cancel it where one run per
+arm would not.
+
+Where the servers cannot be up together (an accelerator holds one server's weights and KV cache: vLLM
+claims most of its memory), the caller measures each arm alone in turn (`interleave` with one arm), and
+rounds pair by their index: the repetition still gives an interval, but a slow drift between the arms'
+turns is not cancelled (docs/serving.md says so).
+
+Each arm keeps its per-round output tokens/s per concurrency and, for a server with a draft, the
+spec-decode counters' differences summed over its rounds (their acceptance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from eagle3_pipeline.runtime.reporter import StageReporter
+from eagle3_pipeline.serving.requests import Message, answer_all, read_counters, settled_counters
+from eagle3_pipeline.serving.spec_metrics import SpecDecodeCounters
+from eagle3_pipeline.serving.vllm_server import VllmServer
+
+logger = logging.getLogger(__name__)
+
+Prompts = dict[int, list[list[Message]]]  # by concurrency: the prompts of one round
+
+
+@dataclass
+class Arm:
+    """One server in the rounds and what it measured."""
+
+    name: str
+    server: VllmServer
+    counted: bool  # a server with a draft: its spec-decode counters are read around each round
+    speeds: dict[int, list[float | None]] = field(default_factory=dict)  # by concurrency, per round
+    counters: dict[int, SpecDecodeCounters] = field(default_factory=dict)  # by concurrency, all rounds
+    output_tokens: dict[int, int] = field(default_factory=dict)  # by concurrency, all rounds
+    failures: list[str] = field(default_factory=list)
+
+    def speed(self, concurrency: int) -> float | None:
+        """The median of the arm's rounds at `concurrency` (rounds that measured something)."""
+        measured = sorted(s for s in self.speeds.get(concurrency, []) if s)
+        if not measured:
+            return None
+        middle = len(measured) // 2
+        return measured[middle] if len(measured) % 2 else (measured[middle - 1] + measured[middle]) / 2
+
+    def counted_total(self) -> SpecDecodeCounters | None:
+        """The counters' differences over every round at every concurrency (None: not counted)."""
+        if not self.counted or not self.counters:
+            return None
+        total: SpecDecodeCounters | None = None
+        for counters in self.counters.values():
+            total = counters if total is None else total + counters
+        return total
+
+
+def warm(server: VllmServer, prompts: Prompts) -> None:
+    """Every prompt of the rounds once, one token each, not measured: the prefixes are cached."""
+    largest = max(prompts.values(), key=len)
+    asyncio.run(answer_all(server, largest, 1, None, None, max(prompts)))
+
+
+def interleave(
+    arms: Sequence[Arm],
+    prompts: Prompts,
+    rounds: int,
+    max_tokens: int,
+    progress: StageReporter | None = None,
+    warmed: bool = False,
+) -> None:
+    """`rounds` rounds of every arm at every concurrency of `prompts`, the arms' order rotating each round;
+    every server warmed first unless `warmed`."""
+    if not warmed:
+        for arm in arms:
+            warm(arm.server, prompts)
+    for index in range(rounds):
+        shift = index % len(arms)
+        order = [*arms[shift:], *arms[:shift]]
+        for concurrency, cell in prompts.items():
+            for arm in order:
+                one_round(arm, cell, concurrency, max_tokens, progress)
+        logger.debug("round %d of %d done (%s)", index + 1, rounds, ", ".join(a.name for a in order))
+
+
+def one_round(
+    arm: Arm,
+    prompts: list[list[Message]],
+    concurrency: int,
+    max_tokens: int,
+    progress: StageReporter | None,
+) -> None:
+    """One run of `prompts` on the arm's server: its tokens/s, and the counters' difference around it."""
+    server = arm.server
+    before = read_counters(server) if arm.counted else None
+    run = asyncio.run(answer_all(server, prompts, max_tokens, progress, None, concurrency))
+    server.check()
+    tps = run.tokens_per_second
+    arm.speeds.setdefault(concurrency, []).append(tps if tps else None)
+    arm.output_tokens[concurrency] = arm.output_tokens.get(concurrency, 0) + run.output_tokens
+    arm.failures += run.failures
+    if arm.counted:
+        after = settled_counters(server, before, run.output_tokens)
+        difference = after - before if before is not None else after
+        known = arm.counters.get(concurrency)
+        arm.counters[concurrency] = difference if known is None else known + difference

@@ -1,0 +1,103 @@
+"""draft.candidates' bake-off decision (eagle3_pipeline.stages.evaluate.bakeoff.decide), pure: which trained
+draft ships from each contender's paired rounds, and the gate's verdict when none beats every rival."""
+
+from __future__ import annotations
+
+from eagle3_contract.gate import judge_evaluation
+from eagle3_contract.results import CheckpointChoice, EvaluateResult
+from eagle3_pipeline.stages.evaluate.bakeoff import NONE, Decision, Versus, decide
+
+ROUNDS = 6
+
+
+def rounds(speed: float, jitter: float = 0.01) -> list[float | None]:
+    """Rounds that agree within `jitter`, a machine's drift shared by every contender of a round."""
+    drift = (1.0, 0.8, 1.1, 0.7, 1.2, 0.9)  # the machine's load moves every contender of a round alike
+    return [speed * d * (1 + jitter * ((i % 3) - 1)) for i, d in enumerate(drift)]
+
+
+def test_a_draft_faster_than_every_rival_with_its_interval_clear_ships() -> None:
+    speeds = {NONE: rounds(300.0), "eagle3": rounds(480.0), "ngram": rounds(310.0)}
+    decision = decide(speeds, ["eagle3"], [NONE, "ngram"], default="eagle3")
+    assert (decision.shipped, decision.verdict) == ("eagle3", "better")
+    assert decision.decided_by is not None and decision.decided_by.rival == "ngram"  # the closest rival
+    assert decision.decided_by.comparison.low > 1.0
+
+
+def test_the_same_draft_as_two_candidates_is_not_distinguishable_never_a_winner() -> None:
+    """Issue 43: a forced tie. Two candidates with the same speed (within the rounds' noise) both beat the
+    rivals; neither beats the other, so draft.method ships and the result says why."""
+    same = rounds(480.0)
+    twin = [v * (1.0 + 0.02 * (-1) ** i) for i, v in enumerate(same) if v is not None]
+    speeds = {NONE: rounds(300.0), "eagle3": same, "peagle": list(twin)}
+    for default in ("eagle3", "peagle"):
+        decision = decide(speeds, ["eagle3", "peagle"], [NONE], default=default)
+        assert (decision.shipped, decision.verdict) == (default, "notDistinguishable")
+        assert decision.runner_up is not None and decision.runner_up.comparison.low <= 1.0
+    choice = document(decide(speeds, ["eagle3", "peagle"], [NONE], default="peagle"), "peagle")
+    assert "not distinguishable" in choice.margin() and "draft.method ships" in choice.margin()
+
+
+def test_a_clearly_faster_candidate_ships_over_the_others() -> None:
+    speeds = {NONE: rounds(300.0), "eagle3": rounds(480.0), "dflash": rounds(380.0)}
+    decision = decide(speeds, ["eagle3", "dflash"], [NONE], default="dflash")
+    assert (decision.shipped, decision.verdict) == ("eagle3", "better")
+    assert decision.runner_up is not None and decision.runner_up.rival == "dflash"
+
+
+def test_no_draft_ships_when_a_training_free_rival_is_as_fast_and_the_gate_says_which() -> None:
+    speeds = {NONE: rounds(300.0), "eagle3": rounds(480.0), "ngram": rounds(470.0, jitter=0.05)}
+    decision = decide(speeds, ["eagle3"], [NONE, "ngram"], default="eagle3")
+    assert decision.verdict == "rivalNotBeaten" and decision.shipped == "eagle3"  # measured in full
+    assert decision.decided_by is not None and decision.decided_by.rival == "ngram"
+    result = EvaluateResult.model_validate(
+        {
+            "acceptanceLength": 3.1,
+            "mappingConsistent": True,
+            "checkpointSelection": document(decision, "eagle3").model_dump(by_alias=True),
+        }
+    )
+    verdict = judge_evaluation(result, 1.5)
+    assert not verdict.passed and verdict.reason == "RivalNotBeaten"
+    assert "eagle3 over ngram" in verdict.message and "interval" in verdict.message
+
+
+def test_a_draft_slower_than_no_speculation_never_ships() -> None:
+    speeds = {NONE: rounds(300.0), "eagle3": rounds(200.0)}
+    decision = decide(speeds, ["eagle3"], [NONE], default="eagle3")
+    assert decision.verdict == "rivalNotBeaten"
+    assert decision.decided_by is not None and decision.decided_by.comparison.high < 1.0
+
+
+def test_noisy_rounds_never_decide() -> None:
+    wild = [300.0 * r for r in (1.3, 3.9, 1.4, 3.5, 1.2, 4.0)]
+    decision = decide({NONE: [300.0] * ROUNDS, "eagle3": wild}, ["eagle3"], [NONE], default="eagle3")
+    assert decision.verdict == "rivalNotBeaten"
+    assert decision.decided_by is not None and decision.decided_by.comparison.noisy
+
+
+def document(decision: Decision, shipped: str) -> CheckpointChoice:
+    def dumped(v: Versus | None) -> dict[str, object] | None:
+        return (
+            None
+            if v is None
+            else {"method": v.method, "rival": v.rival, "comparison": v.comparison.model_dump(by_alias=True)}
+        )
+
+    return CheckpointChoice.model_validate(
+        {
+            "by": "outputTokensPerSecond",
+            "epoch": 1,
+            "checkpoint": f"candidates/{shipped}/checkpoints/checkpoint_best",
+            "checkpoints": [
+                {
+                    "epoch": 1,
+                    "checkpoint": f"candidates/{shipped}/checkpoints/checkpoint_best",
+                    "method": shipped,
+                }
+            ],
+            "verdict": decision.verdict,
+            "decidedBy": dumped(decision.decided_by),
+            "runnerUp": dumped(decision.runner_up),
+        }
+    )
