@@ -377,11 +377,12 @@ class EvaluateParams(StageParams):
     checkpoints_to_evaluate: int | None = None
     rivals: tuple[CandidateMethod, ...] | None = None  # draft.candidates' training-free ones (None: none)
     rounds: int | None = None  # evaluation.rounds where a speed decides something (sweep, candidates)
+    categories: tuple[str, ...] | None = None  # evaluation.categories (None: the categories found)
 
     @model_serializer(mode="wrap")
     def _unset_fields_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """An unset evaluation.sampling or sweep, and checkpoint selection by validation loss, are left out
-        of the hash payload: the hashes of specs written before they existed stay the same."""
+        """An unset evaluation.sampling, sweep or categories, and checkpoint selection by validation loss,
+        are left out of the hash payload: the hashes of specs written before they existed stay the same."""
         data: dict[str, Any] = handler(self)
         for key, value in (
             ("sampling", self.sampling),
@@ -391,6 +392,7 @@ class EvaluateParams(StageParams):
             ("checkpointsToEvaluate", self.checkpoints_to_evaluate),
             ("rounds", self.rounds),
             ("rivals", self.rivals),
+            ("categories", self.categories),
         ):
             if value is None:
                 data.pop(key, None)
@@ -420,6 +422,7 @@ def evaluate_params(spec: Eagle3RunSpec) -> EvaluateParams:
         checkpoints_to_evaluate=checkpoints_to_evaluate(spec),
         rivals=tuple(training_free(spec.draft.candidates)) or None,
         rounds=e.rounds if e.sweep is not None or spec.draft.candidates is not None else None,
+        categories=tuple(e.categories) if e.categories is not None else None,
     )
 
 

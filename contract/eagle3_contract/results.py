@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from eagle3_contract.api.categories import CategoryFigures
 from eagle3_contract.api.comparison import Comparison
 from eagle3_contract.api.speculation import SpeculationTable
 from eagle3_contract.stages import Stage
@@ -493,6 +494,9 @@ class EvaluateResult(StageResult):
     degenerate_examples: list[str] | None = None  # a few of those prompts' ids
     # training.checkpointSelection acceptance: every measured epoch's figures and the one chosen
     checkpoint_selection: CheckpointChoice | None = None
+    # acceptance and speedup per category of the held-out prompts (eagle3_contract.api.categories); None
+    # when they have one category only
+    categories: list[CategoryFigures] | None = None
 
     @property
     def tokens_processed(self) -> int | None:

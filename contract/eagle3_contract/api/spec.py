@@ -8,6 +8,12 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from eagle3_contract.api.base import ApiModel
+from eagle3_contract.api.categories import (
+    CATEGORY_MAX_LENGTH,
+    CATEGORY_NAME,
+    MAX_CATEGORIES,
+    OTHER_CATEGORY,
+)
 from eagle3_contract.api.comparison import DEFAULT_ROUNDS, MIN_ROUNDS
 from eagle3_contract.api.fields import (
     DNS_LABEL,
@@ -461,6 +467,18 @@ class Evaluation(ApiModel):
     )
     target_acceptance_length: float | None = Field(
         None, ge=1.0, le=17.0, description="Your own target acceptance length, predicted too."
+    )
+    categories: (
+        list[Annotated[str, Field(min_length=1, max_length=CATEGORY_MAX_LENGTH, pattern=CATEGORY_NAME)]]
+        | None
+    ) = Field(
+        None,
+        max_length=MAX_CATEGORIES,
+        description="The held-out prompts' categories to report acceptance and speedup for (a dataset row's "
+        "`category`, or its file's name when dataset.source is a directory of several files); prompts of any "
+        f"other category count as `{OTHER_CATEGORY}`. Default: the categories found, at most "
+        f"{MAX_CATEGORIES} (the rest as `{OTHER_CATEGORY}`). Each category's prompts are answered once more "
+        "with the draft and by the verifier alone; one category: no per-category runs.",
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from eagle3_contract.api.base import ApiModel
+from eagle3_contract.api.categories import CategoryFigures
 from eagle3_contract.api.spec import DraftMethod
 from eagle3_contract.api.speculation import SpeculationTable
 
@@ -174,6 +175,12 @@ class Checkpoint(StatusModel):
         None,
         description="The draft's method (export's or verify's reading of its config): the one vLLM serves "
         "it with; unset: draft.method.",
+    )
+    categories: list[CategoryFigures] | None = Field(
+        None,
+        description="evaluate's acceptance and speedup per category of the held-out prompts (a dataset row's "
+        "`category` or its file; evaluation.categories); unset when they had one category, or for a pinned "
+        "draft.",
     )
 
 

@@ -161,6 +161,7 @@ def _exported(progress: Progress) -> Checkpoint | None:
         acceptance_length=figures.acceptance_length,
         acceptance_rate=figures.acceptance_rate,
         speculation=figures.speculation,
+        categories=figures.categories,
         method=exported.method if exported.method in {m.value for m in DraftMethod} else None,
     )
 

@@ -1,11 +1,12 @@
 """Chat datasets in, normalized conversations out: OpenAI messages, ShareGPT or prompt-only rows.
 
-Every row becomes `{"id", "messages": [...], "tools"?: [...]}`. A message is `{"role", "content"}` with roles
-system, user, assistant and tool; an assistant turn may add `reasoning_content` and `tool_calls` (each
-`{"id"?, "type": "function", "function": {"name", "arguments": {...}}}`, the arguments decoded from their
-JSON text as vLLM hands them to a chat template), a tool turn `tool_call_id` and `name`. A row's `tools` (the
-function schemas, a list or its JSON text) are what the chat template is rendered with. Rows that cannot be
-read that way are counted by reason, never silently dropped.
+Every row becomes `{"id", "messages": [...], "tools"?: [...], "category"?: ...}`. A message is `{"role",
+"content"}` with roles system, user, assistant and tool; an assistant turn may add `reasoning_content` and
+`tool_calls` (each `{"id"?, "type": "function", "function": {"name", "arguments": {...}}}`, the arguments
+decoded from their JSON text as vLLM hands them to a chat template), a tool turn `tool_call_id` and `name`. A
+row's `tools` (the function schemas, a list or its JSON text) are what the chat template is rendered with; its
+`category` (or the file it came from, in a directory of files: `category_of`) is what evaluate reports
+acceptance by. Rows that cannot be read that way are counted by reason, never silently dropped.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
-from eagle3_pipeline.data.dataset_files import read_rows
+from eagle3_contract.api.categories import CATEGORY_MAX_LENGTH
+from eagle3_pipeline.data.dataset_files import COMPRESSIONS, DATA_SUFFIXES, read_rows
 from eagle3_pipeline.data.json_rows import RowError as RowError
 from eagle3_pipeline.data.json_rows import value_error
 
@@ -327,11 +330,30 @@ def conversations_of(
             tools = tools_of(_decodable(row))
             if tools is not None:
                 conv["tools"] = tools
+            category = category_of(position, row)
+            if category is not None:
+                conv["category"] = category
             _check_encodable(conv)
         except RowError as exc:
             skips.add(exc.reason, row_id, str(exc))
             continue
         yield conv, row_format
+
+
+def category_of(position: str, row: Any) -> str | None:
+    """The row's category (evaluate reports acceptance per category: eagle3_contract.api.categories): its
+    own `category` (a non-blank string), else the file it came from when it was read from a directory
+    (`position` is then `<file>:<row>`), without the data suffixes; None otherwise."""
+    value = row.get("category") if isinstance(row, dict) else None
+    if isinstance(value, str) and value.strip():
+        return value.strip()[:CATEGORY_MAX_LENGTH].strip()
+    file, separator, _ = position.rpartition(":")
+    if not separator or not file:
+        return None
+    name = PurePosixPath(file)
+    while name.suffix.lower() in (*DATA_SUFFIXES, *COMPRESSIONS) and name.stem:
+        name = name.with_suffix("")
+    return str(name)[:CATEGORY_MAX_LENGTH].strip() or None
 
 
 def _row_id(position: str, row: Any) -> str:

@@ -3,7 +3,8 @@
 Under the models root (`--models`, else `$EAGLE3_MODELS_ROOT`, else
 `${XDG_CACHE_HOME:-~/.cache}/eagle3-operator/models`) it writes `tiny-llama/`, a plain Hugging Face Llama
 checkpoint with its tokenizer and chat template, and `datasets/tiny-chat.jsonl` (OpenAI messages),
-`tiny-chat-sharegpt.jsonl` (the same rows as ShareGPT) and `tiny-prompts.jsonl` (their first user turns).
+`tiny-chat-sharegpt.jsonl` (the same rows as ShareGPT) and `tiny-prompts.jsonl` (their first user turns),
+each row with its `category` (the task kind of its first request).
 
 A build is stamped (`tiny-llama/.eagle3-tiny-build`) with a hash of the builder's source files and parameters:
 a complete build with the current hash is reused at once; a changed builder, or `--force`, rebuilds. The build
@@ -30,7 +31,7 @@ from typing import Any
 
 from eagle3_pipeline.runtime.context import models_root
 from eagle3_pipeline.tiny import CHAT_FILE, DATASET_FILES, MODEL_DIR, PROMPTS_FILE, SHAREGPT_FILE, STAMP_FILE
-from eagle3_pipeline.tiny.corpus import messages_row, prompt_row, sample, sharegpt_row
+from eagle3_pipeline.tiny.corpus import categorized_sample, messages_row, prompt_row, sharegpt_row
 from eagle3_pipeline.tiny.pretrain import PretrainParams
 
 log = logging.getLogger(__name__)
@@ -104,10 +105,10 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def write_datasets(directory: Path, params: BuildParams) -> None:
     """The example chat dataset in its three formats, from the corpus with the dataset seed."""
-    rows = sample(params.dataset_seed, params.dataset_rows)
-    write_jsonl(directory / CHAT_FILE, [messages_row(messages) for messages in rows])
-    write_jsonl(directory / SHAREGPT_FILE, [sharegpt_row(messages) for messages in rows])
-    write_jsonl(directory / PROMPTS_FILE, [prompt_row(messages) for messages in rows])
+    rows = categorized_sample(params.dataset_seed, params.dataset_rows)  # each with its task kind
+    write_jsonl(directory / CHAT_FILE, [messages_row(messages, kind) for messages, kind in rows])
+    write_jsonl(directory / SHAREGPT_FILE, [sharegpt_row(messages, kind) for messages, kind in rows])
+    write_jsonl(directory / PROMPTS_FILE, [prompt_row(messages, kind) for messages, kind in rows])
     log.info("wrote %d example conversations to %s", len(rows), directory)
 
 

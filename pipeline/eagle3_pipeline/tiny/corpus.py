@@ -7,6 +7,9 @@ answer: a request containing "please" is answered with "Sure! " first, and one e
 " Happy to help!". A request ending in " Think step by step." gets an assistant `reasoning_content` (a short
 numbered step list, rendered by the chat template inside `<think>` ... `</think>`).
 
+The example dataset's rows carry a `category`: the task kind of their first request (`count`, `add`, ...:
+`tasks.TASKS`), the categories evaluate reports acceptance by.
+
 Everything is a pure function of a seed: the same seed gives the same conversations, byte for byte.
 """
 
@@ -49,7 +52,13 @@ def turn_messages(turn: Turn, think: bool = False, thanks: bool = False) -> list
 
 def conversation(rng: random.Random) -> list[Message]:
     """One conversation: optional system message, then one to three request/answer turns."""
+    return categorized(rng)[0]
+
+
+def categorized(rng: random.Random) -> tuple[list[Message], str]:
+    """One conversation and its category: the kind of its first request (the one evaluate asks)."""
     messages: list[Message] = []
+    kinds: list[str] = []
     if rng.random() < SYSTEM_RATE:
         messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
     turns = rng.choice((2, 3)) if rng.random() < MULTI_TURN_RATE else 1
@@ -58,8 +67,9 @@ def conversation(rng: random.Random) -> list[Message]:
     for index in range(turns):
         turn = again(previous) if previous is not None and rng.random() < AGAIN_RATE else random_turn(rng)
         messages += turn_messages(turn, think=index == think_at, thanks=rng.random() < THANKS_RATE)
+        kinds.append(turn.kind)
         previous = turn
-    return messages
+    return messages, kinds[0]
 
 
 def conversations(seed: int) -> Iterator[list[Message]]:
@@ -74,17 +84,25 @@ def sample(seed: int, count: int) -> list[list[Message]]:
     return [next(stream) for _ in range(count)]
 
 
-def messages_row(messages: list[Message]) -> dict[str, Any]:
+def categorized_sample(seed: int, count: int) -> list[tuple[list[Message], str]]:
+    """`sample`'s conversations (the same ones) with their categories."""
+    rng = random.Random(seed)
+    return [categorized(rng) for _ in range(count)]
+
+
+def messages_row(messages: list[Message], category: str | None = None) -> dict[str, Any]:
     """OpenAI messages format."""
-    return {"messages": messages}
+    return {"messages": messages} | ({"category": category} if category else {})
 
 
-def sharegpt_row(messages: list[Message]) -> dict[str, Any]:
+def sharegpt_row(messages: list[Message], category: str | None = None) -> dict[str, Any]:
     """ShareGPT format; reasoning has no ShareGPT field and is dropped."""
     names = {"system": "system", "user": "human", "assistant": "gpt"}
-    return {"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in messages]}
+    turns = [{"from": names[m["role"]], "value": m["content"]} for m in messages]
+    return {"conversations": turns} | ({"category": category} if category else {})
 
 
-def prompt_row(messages: list[Message]) -> dict[str, Any]:
+def prompt_row(messages: list[Message], category: str | None = None) -> dict[str, Any]:
     """The first user turn, as a bare prompt."""
-    return {"prompt": next(m["content"] for m in messages if m["role"] == "user")}
+    prompt = next(m["content"] for m in messages if m["role"] == "user")
+    return {"prompt": prompt} | ({"category": category} if category else {})

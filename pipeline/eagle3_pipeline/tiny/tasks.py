@@ -7,6 +7,7 @@ of every generated conversation (`is_held_out`), so tests can ask the verifier q
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import string
 from collections.abc import Callable
@@ -92,17 +93,20 @@ ADD_TEMPLATES = (
     "Please add {a} and {b}.",
     "What do you get when you add {a} and {b}?",
 )
+AGAIN = "again"  # the kind of a follow-up asking for the previous answer again
 COUNT_MAX_START, COUNT_MAX_SPAN = 30, 8
 ADD_MAX = 9
 
 
 @dataclass(frozen=True)
 class Turn:
-    """One request and its answer; `steps` is what a reasoning variant thinks before answering."""
+    """One request and its answer; `steps` is what a reasoning variant thinks before answering; `kind` is
+    the task's name (`count`, `add`, ...: the example dataset's categories), `again` for a follow-up."""
 
     request: str
     answer: str
     steps: tuple[str, ...]
+    kind: str = ""
 
     @property
     def reasoning(self) -> str:
@@ -234,12 +238,18 @@ def random_turn(rng: random.Random) -> Turn:
     """One request of a task drawn by weight."""
     tasks, weights = zip(*TASKS, strict=True)
     task: Callable[[random.Random], Turn] = rng.choices(tasks, weights=weights)[0]
-    return task(rng)
+    return dataclasses.replace(task(rng), kind=task_kind(task))
+
+
+def task_kind(task: Callable[[random.Random], Turn]) -> str:
+    """A task's kind: its function's name without the underscore (`_count_down`: `count_down`)."""
+    return task.__name__.lstrip("_")
 
 
 def again(previous: Turn) -> Turn:
     """A follow-up asking for the previous answer once more."""
-    return Turn("Say that again.", previous.answer, ("The user wants the same answer.", "Repeat it."))
+    steps = ("The user wants the same answer.", "Repeat it.")
+    return Turn("Say that again.", previous.answer, steps, AGAIN)
 
 
 def held_out_turns(kind: str) -> list[Turn]:

@@ -42,8 +42,12 @@ train's best by validation loss: after the verifier alone, a server per each of 
 the kept prompts greedily, and the most accepted epoch (eagle3_pipeline.stages.evaluate.checkpoints) is the
 one measured in full (its greedy run reused when there is nothing more to measure) and named in the
 result's `checkpointSelection` with every epoch's figures; export ships it.
+With more than one category among the held-out prompts, the result's `categories` holds the acceptance
+and speedup per category (eagle3_pipeline.stages.evaluate.categories): each server answers each category's
+kept prompts as a run of its own after its main runs.
 Progress: prompts answered, by the verifier alone and then by the draft server (greedy, then sampled)
-(failed requests included, and counted as failures), and their output tokens; the sweep's cells' too.
+(failed requests included, and counted as failures), and their output tokens; the sweep's and the
+categories' runs too.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ from eagle3_pipeline.serving.requests import (
 )
 from eagle3_pipeline.serving.vllm_server import VllmServer
 from eagle3_pipeline.stages.evaluate.bakeoff import bake_off, bake_off_prompts
+from eagle3_pipeline.stages.evaluate.categories import CategoryRuns
 from eagle3_pipeline.stages.evaluate.checkpoints import (
     ACCEPTANCE,
     Candidate,
@@ -136,20 +141,23 @@ def run(ctx: Context) -> dict[str, Any]:
     # evaluation.sweep: not for a draft whose mapping is broken (it fails the gate whatever its speed)
     sweep = SpeculationSweep.of(ctx, available) if problem is None else None
     swept = sweep.total_prompts if sweep is not None else 0
+    cats = CategoryRuns.of(ctx, held, len(prompts)) if problem is None else None  # evaluation.categories
+    swept += cats.total(range(len(prompts))) if cats is not None else 0
     ctx.progress.begin("prompts", len(prompts) * passes + swept)
     if problem is None:
         # the verifier alone first: its greedy answers screen the prompts
         # (eagle3_pipeline.serving.degenerate), so the draft server's counters only see the prompts kept
-        baseline = measure(ctx, prompts, None)
+        baseline = measure(ctx, prompts, None, categories=cats)
         screening = screening_of(baseline)
         kept = screening.kept
         if sweep is not None:
             sweep.leave_out(screening.degenerate)  # its rounds measure the kept prompts only
         swept = sweep.total_prompts if sweep is not None else 0  # without the prompts screened out
+        swept += cats.total(kept) if cats is not None else 0
         each = len(kept) * len(choosing) if ctx.params.checkpoints_to_evaluate else 0  # a server per epoch
         each += bake_off_prompts(ctx.params, len(kept), len(choosing))  # draft.candidates
         ctx.progress.set_total(answered(len(prompts), len(kept), passes) + each + swept)
-        with_draft = measure_draft(ctx, prompts, kept, draft, sweep, (train, choosing))
+        with_draft = measure_draft(ctx, prompts, kept, draft, sweep, (train, choosing), cats)
     else:
         # a broken mapping fails the gate whatever its speed: no need to serve the verifier alone; the draft
         # server's greedy answers (the verifier's own, up to numerics) screen the prompts
@@ -163,6 +171,7 @@ def run(ctx: Context) -> dict[str, Any]:
     )
     result = with_sweep(summarize(ctx, ev), sweep if with_draft is not None else None)
     result["checkpointSelection"] = draft.chosen  # None: train's best by validation loss was measured
+    result["categories"] = cats.rows(screening.kept) if cats is not None else None
     return result | {"seconds": round(time.monotonic() - started, 3)}
 
 
@@ -183,6 +192,7 @@ def measure_draft(
     draft: Drafted,
     sweep: SpeculationSweep | None,
     choosing: tuple[Path, list[Candidate]],
+    categories: CategoryRuns | None = None,
 ) -> Measurement | None:
     """The draft server's measurement on the kept prompts (None when none is kept), and the sweep's other
     k's. With epochs to choose among (`choosing`: train's output and its candidate epochs), the most accepted
@@ -194,7 +204,8 @@ def measure_draft(
     chosen: Candidate | None = None
     if ctx.params.checkpoints_to_evaluate:  # training.checkpointSelection acceptance
         best, draft.chosen = choose_checkpoint(ctx, prompts, kept, train, epochs)
-        chosen, run = best.candidate, best.run if ctx.params.sampling is None else None
+        chosen = best.candidate
+        run = best.run if ctx.params.sampling is None and categories is None else None
     elif epochs or ctx.params.rivals:  # draft.candidates: the bake-off
         trained = epochs or [own_candidate(train, draft.source)]
         subset = [prompts[i] for i in kept]
@@ -202,7 +213,7 @@ def measure_draft(
     if chosen is not None and chosen.path(train).resolve() != draft.source:  # the chosen draft is measured
         draft.source = chosen.path(train).resolve()
         draft.slim = write_serving_checkpoint(draft.source, draft.slim.path, ctx.params.verifier.model)
-    run = run or measure(ctx, prompts, draft.slim.path, kept)
+    run = run or measure(ctx, prompts, draft.slim.path, kept, categories=categories)
     if sweep is not None:
         sweep.run(draft.slim.path)
     return run
@@ -264,6 +275,7 @@ def measure(
     label: str | None = None,
     extras: bool = True,
     warm: bool = False,
+    categories: CategoryRuns | None = None,
 ) -> Measurement:
     """Serve the verifier (with `draft` when given), answer the prompts greedily, and read the counters around
     it. Without `kept`, every prompt, and the answers are screened (`screened`); with it, those prompts only
@@ -296,6 +308,9 @@ def measure(
             result.sampled = counted_run(ctx, server, subset, sampling, counted=True)
             server.check()
             checked(ctx, result.sampled, f"{label} (sampled)", len(subset))
+        if categories is not None and extras:  # each category's kept prompts as a run of their own
+            measured = kept if kept is not None else screening_of(result).kept
+            categories.measure(server, prompts, measured, counted=draft is not None)
     return result
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_pipeline.data.conversations import prompt_of
@@ -37,13 +37,14 @@ class HeldOut:
     ids: list[str]
     available: int  # validation conversations with a user turn to answer
     skipped: int  # validation conversations without one
+    categories: list[str | None] = field(default_factory=list)  # each prompt's (the row's `category`)
 
 
 def held_out_prompts(path: Path, wanted: int) -> HeldOut:
     """Up to `wanted` prompts from the validation rows of `path`, in file order."""
     rows = [row for row in read_conversations(path) if row.get("split") == VAL]
-    found = [(str(row.get("id", i)), prompt_of(row.get("messages") or [])) for i, row in enumerate(rows)]
-    prompts = [(row_id, p) for row_id, p in found if p is not None]
+    found = [(str(row.get("id", i)), prompt_of(row.get("messages") or []), row) for i, row in enumerate(rows)]
+    prompts = [(row_id, p, row) for row_id, p, row in found if p is not None]
     if not prompts:
         raise StageError(
             f"{path} has no validation conversation with a user turn to answer ({len(rows)} validation "
@@ -55,7 +56,8 @@ def held_out_prompts(path: Path, wanted: int) -> HeldOut:
     if skipped:
         logger.info("%d validation conversations have no user turn to answer: skipped", skipped)
     taken = prompts[:wanted]
-    return HeldOut([p for _, p in taken], [i for i, _ in taken], len(prompts), skipped)
+    categories = [row.get("category") if isinstance(row.get("category"), str) else None for *_, row in taken]
+    return HeldOut([p for _, p, _ in taken], [i for i, _, _ in taken], len(prompts), skipped, categories)
 
 
 def degenerate_note(screening: Screening, ids: Sequence[str]) -> str | None:

@@ -13,7 +13,8 @@ the draft vLLM serves (`--speculative-config '{"method": "eagle3", "model": <out
                      (vLLM shares the verifier's), no optimizer or scheduler state
   manifest.json      sha256 and size of each file; `sha256` is model.safetensors' digest; with
                      evaluation.sweep, `speculation`: evaluate's speculation-length table (its cells, the
-                     baselines and the schedule), which verify reads back for a pinned draft
+                     baselines and the schedule), which verify reads back for a pinned draft, and
+                     evaluate's acceptance per category (`categories`) when it measured them
 
 The result's `sha256` and `bytes` (all files but the manifest) become the run's `status.checkpoint`. The stage
 fails when the draft's mapping is not the vocab stage's, when d2t and t2d disagree, or when the checkpoint
@@ -129,11 +130,14 @@ def shipped_checkpoint(train: Path, evaluated: EvaluateResult | None) -> tuple[P
 
 def speculation_of(evaluated: EvaluateResult | None) -> dict[str, Any]:
     """{SPECULATION_KEY: evaluate's speculation-length table} when evaluate measured one (evaluation.sweep);
-    {} otherwise (the manifest then has no such key, as before the sweep)."""
+    {} otherwise (the manifest then has no such key, as before the sweep). With it, evaluate's acceptance
+    per category (`categories`) where it measured them."""
     table = evaluated.speculation if evaluated is not None else None
     if table is None:
         return {}
-    return {SPECULATION_KEY: table.model_dump(mode="json", by_alias=True)}
+    rows = evaluated.categories if evaluated is not None else None
+    by_category = {"categories": [r.model_dump(mode="json", by_alias=True) for r in rows]} if rows else {}
+    return {SPECULATION_KEY: table.model_dump(mode="json", by_alias=True)} | by_category
 
 
 def check_size(manifest: dict[str, Any], weights: ServingWeights) -> float:
