@@ -14,6 +14,7 @@ from dataclasses import astuple, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from eagle3_contract.api.categories import categories_line
 from eagle3_contract.api.status import (
     Condition,
     ConditionType,
@@ -242,6 +243,12 @@ def prediction_lines(status: Eagle3RunStatus) -> list[str]:
     return lines
 
 
+def category_lines(status: Eagle3RunStatus) -> list[str]:
+    """status.checkpoint.categories: `acceptance per category: add 2.41 (0.47, 1.62x, 5 prompts); ...`."""
+    rows = status.checkpoint.categories if status.checkpoint is not None else None
+    return [f"acceptance per category: {categories_line(rows)}"] if rows else []
+
+
 def finished(status: Eagle3RunStatus) -> bool:
     """Nothing more will happen without a change: a final phase, or Serving and Ready."""
     ready = _ready(status)
@@ -320,7 +327,12 @@ def plain_table(
     ]
     lines = [*lines, *under] if found else []
     told = [note] if note else []
-    return "\n".join([headline(title, status), *told, *lines, *prediction_lines(status)]) + "\n"
+    return (
+        "\n".join(
+            [headline(title, status), *told, *lines, *prediction_lines(status), *category_lines(status)]
+        )
+        + "\n"
+    )
 
 
 def _continued(cells: list[str], result_lines: list[str]) -> Iterator[list[str]]:
@@ -373,4 +385,5 @@ def rich_table(title: str, status: Eagle3RunStatus, now: datetime | None = None,
     parts: list[Any] = [Text(headline(title, status))]
     parts += [Text(note)] if note else []
     parts += [_StageTable(found)] if found else []
-    return Group(*parts, *(Text(line) for line in prediction_lines(status)))
+    shown = [*prediction_lines(status), *category_lines(status)]
+    return Group(*parts, *(Text(line) for line in shown))

@@ -10,9 +10,9 @@ counters at zero (as Prometheus expects of a restart), never counts an old failu
 Per-run gauges are read from the status each reconcile writes, so a restart rebuilds them: the run's phase
 (`eagle3_run_phase`, 1 for the current phase and 0 for the others, as kube-state-metrics does) and the
 evaluated figures (acceptance by `sampling`: greedy, and sampled at evaluation.sampling when the run has it;
-per draft position; the speedup), and the canary's and the sweep's (speculation_metrics). A run has a bounded
-set of series (its phases, its stages, k positions, sweep cells) and loses every one when it is deleted
-(`forget_run`).
+per draft position; the speedup), and the canary's, the sweep's and the categories' (speculation_metrics). A
+run has a bounded set of series (its phases, its stages, k positions, sweep cells, at most 17 categories) and
+loses every one when it is deleted (`forget_run`).
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ from eagle3_operator.reconcile.run_report import (
 )
 from eagle3_operator.speculation_metrics import (
     CANARY_SLOTS,
+    CATEGORY_SLOTS,
     CHOICE_SLOTS,
     SWEEP_SLOTS,
     Sample,
     SpeculationGauges,
     canary_samples,
+    category_samples,
     choice_samples,
     sweep_samples,
 )
@@ -162,6 +164,9 @@ class OperatorMetrics:
         self._samples(memory, CANARY_SLOTS, canary_samples(self.speculation, ns, run, status))
         self._samples(memory, SWEEP_SLOTS, sweep_samples(self.speculation, ns, run, report.model, status))
         self._samples(memory, CHOICE_SLOTS, choice_samples(self.speculation, ns, run, report.model, status))
+        self._samples(
+            memory, CATEGORY_SLOTS, category_samples(self.speculation, ns, run, report.model, status)
+        )
 
     def forget_run(self, namespace: str, name: str) -> None:
         """A deleted run: every series with its `run` label goes, and it leaves its phase."""

@@ -6,7 +6,8 @@ longer has drops its series. The canary's come from `status.canary` (its phase, 
 its observation window, the time to its decision); the sweep's from `status.checkpoint.speculation` (each k by
 concurrency cell, the verifier alone as k 0, and the tuned schedule): at most 17 k by 16 concurrencies a run;
 `choice_samples` the drafts evaluate chose the exported one from (draft.candidates or the epochs of
-training.checkpointSelection acceptance), from its result's `checkpointSelection`.
+training.checkpointSelection acceptance), from its result's `checkpointSelection`; `category_samples` the
+acceptance per category of the held-out prompts, from `status.checkpoint.categories` (at most 17 a run).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from eagle3_contract.stages import Stage
 RUN = ("namespace", "run")
 STABLE, CANARY = "stable", "canary"  # the `track` of the incumbent's and the canary's pods (the PodMonitor's)
 BASELINE_K = "0"  # the sweep's `k` of the verifier alone (as in the schedule: k 0 = speculation off)
-CANARY_SLOTS, SWEEP_SLOTS, CHOICE_SLOTS = "canary_", "sweep_", "choice_"
+CANARY_SLOTS, SWEEP_SLOTS, CHOICE_SLOTS, CATEGORY_SLOTS = "canary_", "sweep_", "choice_", "category_"
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,20 @@ class SpeculationGauges:
         self.choice_speed = gauge(
             "eagle3_run_choice_output_tokens_per_second", "The drafts evaluate chose from: output tokens "
             "per second of all requests at evaluate's concurrency; chosen 1 for the one exported.", *choice,
+        )  # fmt: skip
+        category = ("model", "category")
+        self.category_length = gauge(
+            "eagle3_run_category_acceptance_length", "evaluate's mean acceptance length (greedy) per "
+            "category of the held-out prompts (status.checkpoint.categories: at most 17 a run).", *category,
+        )  # fmt: skip
+        self.category_rate = gauge(
+            "eagle3_run_category_acceptance_rate", "evaluate's fraction of draft tokens accepted per "
+            "category of the held-out prompts.", *category,
+        )  # fmt: skip
+        self.category_speedup = gauge(
+            "eagle3_run_category_speedup", "evaluate's output tokens/s with the draft / the verifier alone's "
+            "per category of the held-out prompts (each category's prompts answered as a run of their own).",
+            *category,
         )  # fmt: skip
 
 
@@ -180,4 +195,25 @@ def choice_samples(
         ):
             if value is not None:
                 out.append(Sample(f"{CHOICE_SLOTS}{name}/{draft}", gauge, labels, float(value)))
+    return out
+
+
+def category_samples(
+    g: SpeculationGauges, namespace: str, run: str, model: str | None, status: Eagle3RunStatus
+) -> list[Sample]:
+    """status.checkpoint.categories: each category's acceptance length, rate and speedup (the category
+    label is bounded: eagle3_contract.api.categories)."""
+    rows = status.checkpoint.categories if status.checkpoint is not None else None
+    if not rows or model is None:
+        return []
+    out = []
+    for row in rows:
+        labels = (namespace, run, model, row.category)
+        for name, gauge, value in (
+            ("length", g.category_length, row.acceptance_length),
+            ("rate", g.category_rate, row.acceptance_rate),
+            ("speedup", g.category_speedup, row.speedup),
+        ):
+            if value is not None:
+                out.append(Sample(f"{CATEGORY_SLOTS}{name}/{row.category}", gauge, labels, float(value)))
     return out

@@ -132,6 +132,7 @@ UNSET = {
     "targetAcceptanceLength": 2.5,
     "sweep": {"numSpeculativeTokens": [2, 4]},
     "prompts": 16,  # evaluation.sweep.prompts
+    "categories": ["add", "count"],  # evaluation.categories
     "canary": {"replicas": 2, "duration": "5m"},  # serving.canary (the operator's only)
     "resources": {"requests": {"cpu": "8"}},
     "serviceAccountName": "runner",

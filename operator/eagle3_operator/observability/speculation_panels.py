@@ -135,8 +135,8 @@ def _table(
 
 
 def sweep_panels() -> list[p.Panel | table.Panel]:
-    """evaluate's headline speedup, its sweep and the schedule serving.speculationLength tuned serves, and
-    the drafts it chose the exported one from."""
+    """evaluate's headline speedup, its sweep and the schedule serving.speculationLength tuned serves, the
+    drafts it chose the exported one from, and its acceptance per category."""
     return [
         _table(
             "Drafts compared: candidates or epochs",
@@ -189,5 +189,21 @@ def sweep_panels() -> list[p.Panel | table.Panel]:
             [(sq.speculation_schedule(), "k")],
             ["namespace", "run", "min_batch_size", "max_batch_size"],
             8,
+        ),
+        _table(
+            "Acceptance per category",
+            "evaluate's acceptance per category of the held-out prompts (status.checkpoint.categories: a "
+            "dataset row's category, its file in a directory of files, evaluation.categories, other for the "
+            "rest): each category's prompts answered as a run of their own, with the draft (the "
+            "speculative-decoding counters' difference over that run) and by the verifier alone (the "
+            "speedup's baseline). A category well below the others is one the draft was not trained for.",
+            "none",
+            [
+                (sq.category(sq.CATEGORY_LENGTH), "acceptance length"),
+                (sq.category(sq.CATEGORY_RATE), "acceptance rate"),
+                (sq.category(sq.CATEGORY_SPEEDUP), "speedup"),
+            ],
+            ["namespace", "run", "category"],
+            24,
         ),
     ]

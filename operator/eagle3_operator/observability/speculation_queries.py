@@ -5,7 +5,8 @@ Deployment's), from vLLM's series: the two figures the operator decides on are c
 expressions (mean acceptance length, output tokens/s of a request), over the dashboard's rate interval
 instead of the canary's observation window, and the finished requests per second.
 The operator's own series (speculation_metrics): the figures it decided on (status.canary), its phase, and
-evaluate's sweep (status.checkpoint.speculation) with the schedule it justifies.
+evaluate's sweep (status.checkpoint.speculation) with the schedule it justifies, and its acceptance per
+category (status.checkpoint.categories).
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ SPECULATION_LENGTH = "eagle3_run_speculation_length"
 EVALUATED_SPEEDUP = "eagle3_run_speedup"
 CHOICE_LENGTH = "eagle3_run_choice_acceptance_length"
 CHOICE_SPEED = "eagle3_run_choice_output_tokens_per_second"
+CATEGORY_LENGTH = "eagle3_run_category_acceptance_length"
+CATEGORY_RATE = "eagle3_run_category_acceptance_rate"
+CATEGORY_SPEEDUP = "eagle3_run_category_speedup"
 
 TRACK_BY = cq.TRACK_BY
 TRACKED = f'{cq.TRACK_LABEL}!=""'  # series the canary's PodMonitor labelled (a scrape without it has none)
 CELL_BY = f"{q.LIVE_BY}, k, concurrency"
 RANGE_BY = f"{q.LIVE_BY}, min_batch_size, max_batch_size"
 CHOICE_BY = f"{q.LIVE_BY}, draft, chosen"
+CATEGORY_BY = f"{q.LIVE_BY}, category"
 
 
 def tracked(s: Scope) -> Scope:
@@ -97,3 +102,9 @@ def speculation_schedule(s: Scope = DASHBOARD) -> str:
 def choice(metric: str, s: Scope = DASHBOARD) -> str:
     """One figure of every draft evaluate chose from, per run (`chosen` 1: the one exported)."""
     return f"max by ({CHOICE_BY}) ({selector(metric, s.evaluated)})"
+
+
+# --- evaluate's acceptance per category (status.checkpoint.categories). -----------------------------------
+def category(metric: str, s: Scope = DASHBOARD) -> str:
+    """One figure of every category of the held-out prompts, per run."""
+    return f"max by ({CATEGORY_BY}) ({selector(metric, s.evaluated)})"

@@ -69,6 +69,9 @@ OPERATOR_LABELS: dict[str, frozenset[str]] = {
     ),
     "eagle3_run_choice_acceptance_length": frozenset({"namespace", "run", "model", "draft", "chosen"}),
     "eagle3_run_choice_output_tokens_per_second": frozenset({"namespace", "run", "model", "draft", "chosen"}),
+    "eagle3_run_category_acceptance_length": frozenset({"namespace", "run", "model", "category"}),
+    "eagle3_run_category_acceptance_rate": frozenset({"namespace", "run", "model", "category"}),
+    "eagle3_run_category_speedup": frozenset({"namespace", "run", "model", "category"}),
 }
 # `track`: the canary's PodMonitor label (stable: the incumbent's pods, canary: the canary Deployment's)
 VLLM_LABELS = frozenset({"namespace", "run", "model_name", "engine", "track"})
