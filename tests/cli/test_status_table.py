@@ -332,3 +332,15 @@ def test_eagle3_status_of_a_manifest_reads_its_artifacts(tmp_path, capsys) -> No
     assert "local run t" in out and "Pending" in out and "prepare" in out and "export" in out
     assert main(["status", str(tmp_path / "missing.yaml")]) == 1
     assert "missing.yaml" in capsys.readouterr().err
+
+
+def test_the_acceptance_per_category_is_one_line_under_the_table() -> None:
+    rows = [
+        {"category": "add", "prompts": 3, "acceptanceLength": 2.4, "acceptanceRate": 0.47, "speedup": 1.62},
+        {"category": "other", "prompts": 2, "acceptanceLength": None},
+    ]
+    status = status_of({"phase": "Serving", "checkpoint": {"path": "export/x", "categories": rows}})
+    assert table.category_lines(status) == [
+        "acceptance per category: add 2.40 (0.47, 1.62x, 3 prompts); other n/a (2 prompts)"
+    ]
+    assert table.category_lines(status_of({"phase": "Serving"})) == []

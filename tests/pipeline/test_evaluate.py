@@ -635,3 +635,31 @@ def test_the_sweep_measures_every_k_and_concurrency_against_the_baseline(good_ru
     # the verifier alone stays up beside each k's server: one server each, the sweep's own
     for name in ("vllm-sweep-baseline.log", "vllm-sweep-k1.log", "vllm-sweep-k3.log"):
         assert (good_run.output / name).read_text().count("Starting vLLM server on") == 1
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_acceptance_per_category_is_measured_for_the_tiny_task_kinds(good_run: Run) -> None:
+    """The tiny dataset's rows carry their task kind (`category`); the crafted rows have none (`other`).
+    Each category's kept prompts are answered as a run of their own on the same two servers, so: their
+    prompts add up to the measured ones exactly, and, being the same prompts answered greedily again, their
+    drafts and accepted tokens add up to the main run's up to batch numerics (fewer requests in flight)."""
+    from eagle3_pipeline.tiny.tasks import TASKS, task_kind
+
+    r, rows = good_run.result, good_run.result["categories"]
+    assert rows is not None and len(rows) >= 2
+    names = [row["category"] for row in rows]
+    assert set(names) - {"other"} <= {task_kind(task) for task, _ in TASKS} and len(set(names)) == len(names)
+    assert sum(row["prompts"] for row in rows) == r["prompts"] - len(flagged(good_run))
+    for row in rows:
+        assert row["outputTokensPerSecond"] > 0 and row["speedup"] > 0
+        if row["drafts"]:
+            assert row["acceptanceLength"] == pytest.approx(
+                1 + row["acceptedTokens"] / row["drafts"], abs=1e-5
+            )
+    drafts, accepted = sum(row["drafts"] for row in rows), sum(row["acceptedTokens"] for row in rows)
+    assert drafts == pytest.approx(r["drafts"], rel=0.1) and accepted == pytest.approx(
+        r["acceptedTokens"], rel=0.1
+    )
+    log = (good_run.output / "vllm-draft.log").read_text()
+    assert log.count("Starting vLLM server on") == 1  # the same draft server

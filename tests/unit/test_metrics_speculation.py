@@ -183,3 +183,32 @@ def test_the_drafts_evaluate_chose_from_each_have_their_figures_and_the_chosen_i
     assert sample(metrics, length, **labels, draft="eagle3", chosen="0") == 3.1
     metrics.observe(report(RunPhase.SERVING, status={"stages": {}}, model=MODEL))
     assert sample(metrics, speed, **labels, draft="dflash", chosen="1") is None  # gone with the choice
+
+
+def with_categories(rows: list[dict[str, Any]] | None) -> dict[str, Any]:
+    checkpoint: dict[str, Any] = {"path": "export/abc", "sha256": "f" * 64}
+    if rows is not None:
+        checkpoint["categories"] = rows
+    return {"phase": "Serving", "checkpoint": checkpoint}
+
+
+def test_acceptance_per_category_is_labelled_by_category_and_goes_with_it() -> None:
+    rows = [
+        {"category": "add", "prompts": 3, "acceptanceLength": 2.4, "acceptanceRate": 0.47, "speedup": 1.6},
+        {"category": "other", "prompts": 2, "acceptanceLength": 1.2, "acceptanceRate": None, "speedup": None},
+    ]
+    metrics = OperatorMetrics()
+    metrics.observe(report(RunPhase.SERVING, status=with_categories(rows), model=MODEL))
+
+    def of(name: str, category: str) -> float | None:
+        return sample(metrics, name, namespace="ns", run="a", model=MODEL, category=category)
+
+    assert of("eagle3_run_category_acceptance_length", "add") == 2.4
+    assert of("eagle3_run_category_acceptance_rate", "add") == 0.47
+    assert of("eagle3_run_category_speedup", "add") == 1.6
+    assert of("eagle3_run_category_acceptance_length", "other") == 1.2
+    assert of("eagle3_run_category_speedup", "other") is None  # unknown: no series, not 0
+    metrics.observe(report(RunPhase.SERVING, status=with_categories(rows[1:]), model=MODEL))
+    assert of("eagle3_run_category_acceptance_length", "add") is None  # a category gone drops its series
+    metrics.observe(report(RunPhase.SERVING, status=with_categories(None), model=MODEL))
+    assert not {name for name, _ in series(metrics, "a") if name.startswith("eagle3_run_category_")}

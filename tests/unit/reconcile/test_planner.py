@@ -861,3 +861,17 @@ def test_pods_that_never_start_are_refused_whatever_the_floor() -> None:
     assert plan.problems[0].startswith(
         "spec.pod.containerSecurityContext: runAsUser 0 with runAsNonRoot true"
     )
+
+
+def test_the_exported_checkpoint_carries_evaluates_acceptance_per_category() -> None:
+    world = gated(1.5)
+    world.run_to("evaluate")
+    rows = [
+        {"category": "add", "prompts": 3, "acceptanceLength": 2.4, "acceptanceRate": 0.47, "speedup": 1.6},
+        {"category": "other", "prompts": 2, "acceptanceLength": 1.2, "acceptanceRate": 0.07, "speedup": 0.9},
+    ]
+    world.succeed("evaluate", {"acceptanceLength": 1.6, "categories": rows})
+    world.step()
+    world.succeed("export", {"sha256": "cd" * 32, "bytes": 4096})
+    checkpoint = world.step().status.document()["checkpoint"]
+    assert checkpoint["categories"] == rows  # as evaluate wrote them, for the canary to compare later
