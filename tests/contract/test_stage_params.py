@@ -51,7 +51,11 @@ def example() -> Doc:
 
 
 def variants() -> dict[str, Doc]:
+    # the example's bake-off (draft.candidates [eagle3, ngram]) is a variant of its own: the others explore
+    # the fields of a run without candidates
+    bake_off = example()
     base = example()
+    base["draft"]["candidates"] = None
     off = copy.deepcopy(base)
     off["regeneration"]["enabled"] = False
     pinned = copy.deepcopy(base)
@@ -81,6 +85,7 @@ def variants() -> dict[str, Doc]:
     candidates["draft"]["candidates"] = ["eagle3", "peagle"]
     candidates["evaluation"]["predict"] = False
     return {
+        "bake-off": bake_off,
         "candidates": candidates,
         "acceptance": acceptance,
         "dflash": dflash,
@@ -298,7 +303,7 @@ TUNING_ONLY = {
 # Leaves a cross-field rule fixes in a variant (a pinned draft needs serving.enabled; speculationLength tuned
 # needs evaluation.sweep or a pin).
 ALL = ("example", "no-regeneration", "pinned", "online", "no-sweep", "predict", "acceptance", "dflash")
-ALL += ("candidates",)
+ALL += ("candidates", "bake-off")
 FIXED = (
     {
         ("pinned", "serving.enabled"),
@@ -310,6 +315,9 @@ FIXED = (
         ("candidates", "training.nodes"),  # candidates: one node, offline, the best by validation loss
         ("candidates", "extraction.mode"),
         ("candidates", "training.checkpointSelection"),
+        ("bake-off", "evaluation.predict"),  # a prediction is of runs without candidates
+        ("bake-off", "draft.method"),  # among the candidates
+        ("bake-off", "training.checkpointSelection"),  # the best by validation loss
     }
     | {(v, "draft.blockSize") for v in ALL if v != "dflash"}  # DFlash's only
     # candidates are refused with a prediction, online, by acceptance, and without draft.method among them
@@ -472,6 +480,7 @@ def test_draft_method_eagle3_keeps_every_hash_and_peagle_changes_train_onward() 
     """Issue 31: manifests written before draft.method (eagle3, its default) keep their stage hashes; P-EAGLE
     trains another draft from the same prepared data, hidden states and vocabulary."""
     base = example()
+    base["draft"]["candidates"] = None  # the example's bake-off names draft.method among its candidates
     explicit = put(base, ("draft", "method"), "eagle3")
     peagle = put(base, ("draft", "method"), "peagle")
     before = plans(Eagle3RunSpec.model_validate(base))

@@ -105,16 +105,20 @@ def run(tokens: int, seconds: float, drafts: float | None = None, accepted: floa
 def test_category_rows_hold_each_runs_acceptance_and_speedup() -> None:
     draft = {"code": run(120, 1.0, drafts=40, accepted=80), "chat": run(60, 1.0, drafts=50, accepted=10)}
     baseline = {"code": run(120, 2.0), "chat": run(60, 1.5)}
-    rows = category_rows({"code": 3, "chat": 2}, draft, baseline, k=3)
+    rows = category_rows({"code": 9, "chat": 8}, draft, baseline, k=3)
     assert rows is not None
     code, chat_ = (CategoryFigures.model_validate(r) for r in rows)
-    assert code.category == "code" and code.prompts == 3 and code.drafts == 40 and code.accepted_tokens == 80
+    assert code.category == "code" and code.prompts == 9 and code.drafts == 40 and code.accepted_tokens == 80
     assert code.acceptance_length == 3.0 and code.acceptance_rate == pytest.approx(80 / 120)
     assert code.output_tokens_per_second == 120.0 and code.speedup == 2.0
     assert chat_.acceptance_length == 1.2 and chat_.speedup == 1.5
     # the summed counters are what one run over every category would give (drafts and accepted tokens add)
     assert sum(r["drafts"] for r in rows) == 90 and sum(r["acceptedTokens"] for r in rows) == 90
-    assert code.line() == "code 3.00 (0.67, 2.00x, 3 prompts)"
+    assert code.line() == "code 3.00 (0.67, 2.00x, 9 prompts)"
+    # a run of a few short answers times request overheads, not decoding: no speedup is reported for it
+    few = category_rows({"code": 3, "chat": 2}, draft, baseline, k=3)
+    assert few is not None and [r["speedup"] for r in few] == [None, None]
+    assert [r["acceptanceLength"] for r in few] == [3.0, 1.2]  # the acceptance is reported all the same
 
 
 def test_a_category_without_drafts_or_baseline_has_null_figures() -> None:

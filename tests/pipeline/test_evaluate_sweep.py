@@ -148,16 +148,20 @@ def test_a_k_whose_interval_holds_1_is_not_distinguishable_and_speculation_stays
     assert "speculation stays off" in message
 
 
-def test_noisy_rounds_are_flagged_and_never_tune_k(tmp_path: Path) -> None:
-    ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1]}, concurrencies=[4])
+def test_noisy_rounds_are_flagged_and_decide_only_through_their_interval(tmp_path: Path) -> None:
+    ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1]}, concurrencies=[1, 4])
     sweep = SpeculationSweep.of(ctx, prompts_of(16))
     assert sweep is not None
     wild = [50.0 * r for r in (1.3, 3.9, 1.4, 3.5, 1.2, 4.0)]  # every round faster, but by 1.2x to 4x
-    measured(sweep, 1, {4: ([50.0] * 6, wild)})
+    wilder = [50.0 * r for r in (0.6, 3.9, 1.4, 3.5, 1.2, 4.0)]  # one round slower
+    measured(sweep, 1, {1: ([50.0] * 6, wilder), 4: ([50.0] * 6, wild)})
     table = sweep.table()
-    assert table.cells[0].comparison is not None and table.cells[0].comparison.noisy
-    assert [(r.num_speculative_tokens, r.verdict) for r in table.schedule] == [(0, "notDistinguishable")]
-    assert "noisy sweep cells" in (with_sweep({"message": None}, sweep)["message"] or "")
+    assert all(c.comparison is not None and c.comparison.noisy for c in table.cells)
+    assert [(r.num_speculative_tokens, r.verdict) for r in table.schedule] == [
+        (0, "notDistinguishable"), (1, "better"),
+    ]  # fmt: skip
+    message = with_sweep({"message": None}, sweep)["message"] or ""
+    assert "noisy sweep cells" in message and "k 1 at concurrency 4" in message
 
 
 def test_the_headline_speedup_is_the_sweeps_cell_at_evaluates_k_nearest_its_concurrency(

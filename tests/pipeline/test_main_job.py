@@ -121,6 +121,7 @@ def test_another_draft_method_of_the_same_data_is_served_losslessly(
         shutil.copytree(demo_art / stage, art / stage)
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["draft"].update(draft)
+    doc["spec"]["draft"].pop("candidates")  # one trained method, no bake-off: the demo has one
     doc["spec"]["evaluation"].pop("sweep")  # one draft server is enough here (the demo measures the sweep)
     doc["spec"]["serving"]["speculationLength"] = "fixed"
     manifest = tmp_path / f"{method}.yaml"

@@ -15,9 +15,11 @@ both arms of a round. Each round gives a ratio A/B; the comparison is
 
 A decision against a threshold t (1.0: "B is faster than A"; 1 - tolerance for the canary) is taken only
 where the interval excludes t: `better` when it lies above, `worse` below, else `notDistinguishable`. A
-comparison whose rounds disagree beyond NOISY_SPREAD (their spread; chosen from the tiny example's sweep on
-2 shared CPU cores, docs/serving.md) is `noisy`: flagged, and never a decision (its verdict is
-`notDistinguishable`), so the incumbent or the safe default stays.
+comparison whose rounds disagree beyond NOISY_SPREAD (their coefficient of variation; docs/serving.md says
+how it was chosen) is `noisy`: the measurement extends its rounds once when it can (the pipeline's rounds,
+the canary's observation), and a comparison still noisy after that is flagged wherever it is shown, never
+silently used. The interval itself already widens with the noise (it is distribution-free), so a noisy
+comparison decides only where even its widest rounds agree.
 
 Pure: the pipeline measures rounds, the operator reads live windows; both compare here.
 """
@@ -44,7 +46,7 @@ class Verdict(StrEnum):
 
     BETTER = "better"  # the whole interval above the threshold
     WORSE = "worse"  # the whole interval below it
-    NOT_DISTINGUISHABLE = "notDistinguishable"  # the interval holds the threshold, or the rounds are noisy
+    NOT_DISTINGUISHABLE = "notDistinguishable"  # the interval holds the threshold
 
 
 class Comparison(ApiModel):
@@ -59,12 +61,10 @@ class Comparison(ApiModel):
     confidence: float = Field(description="Coverage of the interval (order statistics), e.g. 0.969.")
     rounds: int = Field(description="Paired rounds measured.")
     spread: float = Field(description="Coefficient of variation of the per-round ratios.")
-    noisy: bool = Field(False, description="The rounds disagree beyond the noise bound: no decision.")
+    noisy: bool = Field(False, description="The rounds disagree beyond the noise bound (flagged).")
 
     def verdict(self, threshold: float = 1.0) -> Verdict:
-        """BETTER or WORSE only where the interval excludes `threshold` and the rounds agree."""
-        if self.noisy:
-            return Verdict.NOT_DISTINGUISHABLE
+        """BETTER or WORSE only where the interval excludes `threshold`."""
         if self.low > threshold:
             return Verdict.BETTER
         if self.high < threshold:

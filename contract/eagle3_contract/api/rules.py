@@ -58,11 +58,11 @@ def _candidates_fit(s: Eagle3RunSpec) -> bool:
     c = s.draft.candidates
     if c is None:
         return True
+    several = len([m for m in c if m not in ("ngram", "suffix")]) > 1  # train trains several methods
     return (
         _unique(c)
         and s.draft.method.value in {m.value for m in c}
-        and s.training.nodes == 1
-        and s.extraction.mode == "offline"
+        and (not several or (s.training.nodes == 1 and s.extraction.mode == "offline"))
         and s.training.checkpoint_selection == "valLoss"
     )
 
@@ -155,11 +155,13 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         ".draft.candidates",
         "!has(self.draft.candidates) || (self.draft.candidates.all(x, self.draft.candidates.exists_one(y, "
-        "y == x)) && self.draft.method in self.draft.candidates && self.training.nodes == 1"
-        " && self.extraction.mode == 'offline' && self.training.checkpointSelection == 'valLoss')",
+        "y == x)) && self.draft.method in self.draft.candidates && (self.draft.candidates.filter(x, "
+        "x != 'ngram' && x != 'suffix').size() < 2 || (self.training.nodes == 1"
+        " && self.extraction.mode == 'offline')) && self.training.checkpointSelection == 'valLoss')",
         "draft.candidates lists each method once, draft.method among them (its default is eagle3), and "
-        "needs training.nodes 1, extraction.mode offline and training.checkpointSelection valLoss (this "
-        "version compares the candidates' best checkpoints by validation loss)",
+        "needs training.checkpointSelection valLoss (this version compares each method's best checkpoint "
+        "by validation loss); with two trained methods or more, also training.nodes 1 and "
+        "extraction.mode offline",
         _candidates_fit,
     ),
     CrossFieldRule(

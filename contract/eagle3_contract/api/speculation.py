@@ -4,7 +4,7 @@ evaluate measures, at each concurrency of `evaluation.sweep`, the output tokens/
 baseline) and with the draft at each number of speculative tokens k, in `evaluation.rounds` paired rounds
 (eagle3_contract.api.comparison): a cell's speedup is the median of its rounds' ratios over the baseline's
 rounds measured beside them, with that median's interval. The best k at a concurrency is the one with the
-highest median speedup among those whose interval lies above 1 (and whose rounds are not noisy); where none
+highest median speedup among those whose interval lies above 1 (noisy rounds flagged); where none
 does, speculation is off there (k = 0), and where some k's median is above 1 without its interval clearing
 it, the range says `notDistinguishable`: the safe default stays, and the result says so with the interval.
 vLLM 0.32 takes such a schedule as `num_speculative_tokens_per_batch_size` in the speculative
@@ -173,8 +173,8 @@ def plan_schedule(cells: Sequence[SweepCell]) -> list[SpeculationRange]:
 
 
 def range_verdict(best: SweepCell | None, shown: SweepCell | None) -> Verdict | None:
-    """BETTER with a k chosen; NOT_DISTINGUISHABLE where the closest k's median is above 1 (or its rounds
-    are noisy) without a clear interval; WORSE where every k is slower; None where nothing was measured."""
+    """BETTER with a k chosen; NOT_DISTINGUISHABLE where the closest k's median is above 1 without a clear
+    interval; WORSE where every k is slower; None where nothing was measured."""
     if best is not None:
         return Verdict.BETTER
     if shown is None or shown.speedup is None:

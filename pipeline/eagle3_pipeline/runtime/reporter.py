@@ -107,6 +107,11 @@ class StageReporter:
         with self._lock:
             self._total = total
 
+    def grow_total(self, more: int) -> None:
+        """`more` units on top of the total (work found necessary on the way, e.g. more rounds)."""
+        with self._lock:
+            self._total = (self._total or self._done) + more
+
     def advance(self, n: int = 1, tokens: int = 0) -> None:
         """`n` more units done (failed ones included: they are handled), `tokens` more tokens."""
         with self._lock:

@@ -132,6 +132,16 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
         {"draft.candidates": ["eagle3", "dflash"], "training.checkpointSelection": "acceptance"},
         False,
     ),
+    # training-free rivals: one trained method trains as without candidates (any nodes, online too)
+    (".draft.candidates", {"draft.candidates": ["eagle3", "ngram"], "training.nodes": 2}, True),
+    (
+        ".draft.candidates",
+        {"draft.candidates": ["eagle3", "ngram", "suffix"], "extraction.mode": "online"},
+        True,
+    ),
+    (".draft.candidates", {"draft.candidates": ["eagle3", "peagle", "ngram"], "training.nodes": 2}, False),
+    (".draft.candidates", {"draft.candidates": ["ngram", "suffix"]}, False),  # draft.method is trained
+    (".draft.candidates", {"draft.candidates": ["eagle3", "ngram", "ngram"]}, False),
     # the candidates' own rules: P-EAGLE's depths, DFlash's block, no prediction
     (
         ".evaluation.numSpeculativeTokens",

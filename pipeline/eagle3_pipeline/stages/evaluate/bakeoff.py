@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,14 +44,14 @@ from eagle3_pipeline.serving.requests import CONCURRENCY, Message
 from eagle3_pipeline.serving.spec_metrics import Acceptance
 from eagle3_pipeline.serving.vllm_server import VllmServer, accelerator_present
 from eagle3_pipeline.stages.evaluate.checkpoints import Candidate
-from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave
+from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave, interleave_settled
 
 logger = logging.getLogger(__name__)
 
 Context = StageContext[EvaluateParams, EvaluateTuning]
 
 NONE = "none"  # the verifier alone: a rival of every bake-off
-ROUND_PROMPTS = 2 * CONCURRENCY  # the kept prompts a round answers (fewer when fewer are kept)
+ROUND_PROMPTS = 4 * CONCURRENCY  # the kept prompts a round answers (fewer when fewer are kept)
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,13 @@ def decide(
     return Decision(shipped, NOT_DISTINGUISHABLE, closest(shipped), runner)
 
 
+def settled(decision: Decision) -> bool:
+    """Whether the rounds decided cleanly: a draft better than every rival (and the others), no comparison
+    behind it noisy. Else the bake-off runs its rounds again once (`interleave_settled`)."""
+    shown = [v for v in (decision.decided_by, decision.runner_up) if v is not None]
+    return decision.verdict == BETTER and not any(v.comparison.noisy for v in shown)
+
+
 def _median(values: Sequence[float | None]) -> float:
     measured = sorted(v for v in values if v)
     if not measured:
@@ -160,8 +167,14 @@ def contenders(ctx: Context, train: Path, trained: Sequence[Candidate]) -> list[
     return out
 
 
-def measure(ctx: Context, kept: list[list[Message]], entrants: Sequence[Contender]) -> list[Arm]:
-    """Every contender's rounds: servers up together (in turn on an accelerator)."""
+def measure(
+    ctx: Context,
+    kept: list[list[Message]],
+    entrants: Sequence[Contender],
+    judge: Callable[[list[Arm]], Decision],
+) -> list[Arm]:
+    """Every contender's rounds: servers up together, the rounds doubled once when `judge`'s decision is not
+    settled; on an accelerator, one server at a time."""
     prompts = {CONCURRENCY: kept[:ROUND_PROMPTS]}
     rounds, max_tokens, progress = ctx.params.rounds or DEFAULT_ROUNDS, ctx.params.max_tokens, ctx.progress
     arms: list[Arm] = []
@@ -173,7 +186,7 @@ def measure(ctx: Context, kept: list[list[Message]], entrants: Sequence[Contende
                 interleave(arms[-1:], prompts, rounds, max_tokens, progress)
                 stack.close()  # one server at a time
         if not accelerator_present():
-            interleave(arms, prompts, rounds, max_tokens, progress)
+            interleave_settled(arms, prompts, rounds, max_tokens, progress, lambda: settled(judge(arms)))
     return arms
 
 
@@ -189,8 +202,14 @@ def bake_off(
     """Measure the contenders, decide, and the result's `checkpointSelection`; the trained candidate to
     measure in full (the one that ships, or the best when none may)."""
     entrants = contenders(ctx, train, trained)
+    names = [str(c.method) for c in trained]
+    rivals = [e.name for e in entrants if e.candidate is None]
+
+    def judge(arms: list[Arm]) -> Decision:
+        return decide({a.name: a.speeds[CONCURRENCY] for a in arms}, names, rivals, default)
+
     try:
-        arms = {a.name: a for a in measure(ctx, kept, entrants)}
+        arms = {a.name: a for a in measure(ctx, kept, entrants, judge)}
     except StageError as exc:
         if "suffix" in (r.value for r in ctx.params.rivals or ()) and "arctic" in str(exc).lower():
             raise StageError(
@@ -203,9 +222,7 @@ def bake_off(
         for entrant in entrants:
             if entrant.candidate is not None:
                 shutil.rmtree(ctx.work / f"bakeoff-{entrant.name}", ignore_errors=True)
-    names = [str(c.method) for c in trained]
-    rivals = [e.name for e in entrants if e.candidate is None]
-    decision = decide({n: a.speeds[CONCURRENCY] for n, a in arms.items()}, names, rivals, default)
+    decision = judge(list(arms.values()))
     chosen = next(c for c in trained if str(c.method) == decision.shipped)
     document = choice_document(arms, trained, chosen, decision)
     logger.info("evaluate: bake-off: %s", _line(document))

@@ -10,7 +10,11 @@ screening's: degenerate answers stay out) are answered as a run of their own, gr
 server after its main runs, and the counters' difference over that run is the category's acceptance; the
 verifier-alone server answers the same runs after its own, and a category's speedup is its run's output
 tokens/s with the draft over the verifier alone's. Each run has min(CONCURRENCY, its prompts) requests in
-flight, so a category's speedup is at that concurrency (a small category's near 1 request at a time). The
+flight, so a category's speedup is at that concurrency (a small category's near 1 request at a time). A
+speedup is one run of each server, not paired rounds (eagle3_pipeline.stages.evaluate.rounds): it informs,
+it decides nothing, and it is reported only for a category of at least MIN_TIMED_PROMPTS prompts (a run of
+1 to 3 short answers times request overheads, not decoding: the tiny example's ranged from 0.01x to 18x).
+The
 runs answer the kept prompts once more greedily: their counters add up to the main run's up to batch
 numerics (vLLM on CPU batches differently with fewer requests in flight), and their prompts exactly to the
 main run's. With one category among the kept prompts there are no such runs and `categories` is null.
@@ -35,6 +39,8 @@ from eagle3_pipeline.serving.vllm_server import VllmServer
 from eagle3_pipeline.stages.evaluate.prompts import HeldOut
 
 logger = logging.getLogger(__name__)
+
+MIN_TIMED_PROMPTS = 8  # a category's speedup is reported from this many kept prompts on
 
 Context = StageContext[EvaluateParams, EvaluateTuning]
 
@@ -142,7 +148,9 @@ def category_rows(
                 **acceptance_columns(run, name, k),
                 "outputTokens": run.output_tokens,
                 "outputTokensPerSecond": round(speed, 2) if speed else None,
-                "speedup": round(speed / base_speed, 4) if speed and base_speed else None,
+                "speedup": round(speed / base_speed, 4)
+                if speed and base_speed and prompts >= MIN_TIMED_PROMPTS
+                else None,
             }
         )
     return rows

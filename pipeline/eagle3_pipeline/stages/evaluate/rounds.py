@@ -13,6 +13,11 @@ claims most of its memory), the caller measures each arm alone in turn (`interle
 rounds pair by their index: the repetition still gives an interval, but a slow drift between the arms'
 turns is not cancelled (docs/serving.md says so).
 
+A comparison the rounds leave undecided (an interval holding its threshold, or rounds that vary beyond the
+noise bound) gets the same number of rounds once more (`interleave_settled`): the decision is then taken on
+all of them, the interval narrower (12 rounds: the 3rd to the 10th ratio, 96.1 %), and a comparison still
+noisy is flagged in the result, never silently used.
+
 Each arm keeps its per-round output tokens/s per concurrency and, for a server with a draft, the
 spec-decode counters' differences summed over its rounds (their acceptance).
 """
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from eagle3_pipeline.runtime.reporter import StageReporter
@@ -90,6 +95,28 @@ def interleave(
             for arm in order:
                 one_round(arm, cell, concurrency, max_tokens, progress)
         logger.debug("round %d of %d done (%s)", index + 1, rounds, ", ".join(a.name for a in order))
+
+
+def interleave_settled(
+    arms: Sequence[Arm],
+    prompts: Prompts,
+    rounds: int,
+    max_tokens: int,
+    progress: StageReporter | None,
+    settled: Callable[[], bool],
+    warmed: bool = False,
+) -> bool:
+    """`interleave`, then as many rounds again once when `settled()` says the rounds did not decide; True
+    when it did so (the rounds were extended)."""
+    interleave(arms, prompts, rounds, max_tokens, progress, warmed)
+    if settled():
+        return False
+    names = ", ".join(a.name for a in arms)
+    logger.info("%s: undecided after %d rounds (or noisy): %d rounds more", names, rounds, rounds)
+    if progress is not None:
+        progress.grow_total(rounds * len(arms) * sum(len(p) for p in prompts.values()))
+    interleave(arms, prompts, rounds, max_tokens, progress, warmed=True)
+    return True
 
 
 def one_round(

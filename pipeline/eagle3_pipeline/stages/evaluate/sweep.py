@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_contract.api.comparison import DEFAULT_ROUNDS, NOISY_SPREAD, compare_rounds
+from eagle3_contract.api.comparison import DEFAULT_ROUNDS, NOISY_SPREAD, Verdict, compare_rounds
 from eagle3_contract.api.speculation import (
     BaselineCell,
     SpeculationRange,
@@ -50,7 +50,7 @@ from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.requests import Message
 from eagle3_pipeline.serving.spec_metrics import Acceptance, SpecDecodeCounters, consistency_problems
 from eagle3_pipeline.serving.vllm_server import VllmServer, accelerator_present
-from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave, warm
+from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave, interleave_settled, warm
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ class SpeculationSweep:
     left_out: int = 0  # of those, screened out as degenerate
     cells: list[SweepCell] = field(default_factory=list)
     baseline_rounds: list[tuple[int, float]] = field(default_factory=list)  # (concurrency, tokens/s)
+    extended: list[int] = field(default_factory=list)  # the ks whose rounds were extended once
     failures: list[str] = field(default_factory=list)
 
     @classmethod
@@ -160,7 +161,17 @@ class SpeculationSweep:
                 with self.server((draft, k)) as server:
                     warm(server, self.prompts)
                     alone, drafted = Arm("verifier alone", base, False), Arm(f"k={k}", server, True)
-                    interleave([alone, drafted], self.prompts, rounds, max_tokens, progress, warmed=True)
+                    arms = [alone, drafted]
+
+                    def settled(alone: Arm = alone, drafted: Arm = drafted) -> bool:
+                        return all(
+                            decided(alone.speeds.get(c, []), drafted.speeds.get(c, [])) for c in self.prompts
+                        )
+
+                    if interleave_settled(
+                        arms, self.prompts, rounds, max_tokens, progress, settled, warmed=True
+                    ):
+                        self.extended.append(k)
                     server.check()
                 self.record(k, alone, drafted)
             base.check()
@@ -247,6 +258,9 @@ class SpeculationSweep:
     def notes(self) -> list[str]:
         """What the table does not say: undecided ranges, noisy cells, reused prompts, failed requests."""
         out: list[str] = [*undecided_notes(self.table().schedule), *noisy_notes(self.cells)]
+        if self.extended:
+            ks = ", ".join(map(str, self.extended))
+            out.append(f"the sweep doubled the rounds of k {ks}: the first rounds did not decide")
         if self.left_out:
             out.append(f"the sweep leaves out the {self.left_out} prompts screened as degenerate")
         cycled = [c for c, p in self.prompts.items() if len(p) > self.held_out]
@@ -263,6 +277,16 @@ class SpeculationSweep:
         return out
 
 
+def decided(alone: list[float | None], drafted: list[float | None]) -> bool:
+    """Whether a cell's rounds decide: an interval clear of 1 and rounds within the noise bound."""
+    comparison = compare_rounds(alone, drafted)
+    return (
+        comparison is not None
+        and not comparison.noisy
+        and comparison.verdict() is not Verdict.NOT_DISTINGUISHABLE
+    )
+
+
 def undecided_notes(schedule: list[SpeculationRange]) -> list[str]:
     """`batch sizes 1-2: k 3 not distinguishable from the verifier alone, 1.08x [0.93, 1.21] ...`."""
     return [
@@ -273,7 +297,7 @@ def undecided_notes(schedule: list[SpeculationRange]) -> list[str]:
 
 
 def noisy_notes(cells: list[SweepCell]) -> list[str]:
-    """The cells whose rounds disagree beyond the noise bound: flagged, never used for the schedule."""
+    """The cells whose rounds disagree beyond the noise bound: flagged (their intervals decide, wide)."""
     noisy = [c for c in cells if c.comparison is not None and c.comparison.noisy]
     if not noisy:
         return []
@@ -283,8 +307,9 @@ def noisy_notes(cells: list[SweepCell]) -> list[str]:
         if c.comparison is not None
     )
     return [
-        f"noisy sweep cells (rounds vary beyond {NOISY_SPREAD:.0%}; not used): {named}: the machine was "
-        "busy; more rounds (evaluation.rounds) or a quieter node decide them"
+        f"noisy sweep cells (rounds vary beyond {NOISY_SPREAD:.0%}, after doubling their rounds): {named}: "
+        "the machine was busy; their intervals are wide, and more rounds (evaluation.rounds) or a quieter "
+        "node narrow them"
     ]
 
 
