@@ -113,3 +113,31 @@ def document(decision: Decision, shipped: str) -> CheckpointChoice:
             "runnerUp": dumped(decision.runner_up),
         }
     )
+
+
+def test_the_demo_prints_the_bake_off_with_each_contenders_interval_and_the_verdict() -> None:
+    from rich.console import Console
+
+    from eagle3_pipeline.local.display import StageOutcome
+    from eagle3_pipeline.local.evaluation_tables import bake_off_table
+
+    speeds = {NONE: rounds(300.0), "eagle3": rounds(480.0), "ngram": rounds(310.0)}
+    decision = decide(speeds, ["eagle3"], [NONE, "ngram"], default="eagle3")
+    choice = document(decision, "eagle3").model_dump(by_alias=True)
+    interval = {"ratio": 1.6, "low": 1.55, "high": 1.65, "confidence": 0.969, "rounds": 6, "spread": 0.02}
+    choice["checkpoints"][0] |= {
+        "outputTokensPerSecond": 480.0,
+        "acceptanceLength": 3.1,
+        "comparison": interval,
+    }
+    choice["rivals"] = [
+        {"method": "none", "outputTokensPerSecond": 300.0},
+        {"method": "ngram", "outputTokensPerSecond": 310.0},
+    ]
+    result = EvaluateResult.model_validate({"acceptanceLength": 3.1, "checkpointSelection": choice})
+    assert bake_off_table([StageOutcome("prepare", "done")]) is None  # no bake-off: no table
+    console = Console(record=True, width=200)
+    console.print(bake_off_table([StageOutcome("evaluate", "done", result=result)]))
+    text = console.export_text()
+    assert "eagle3 (ships)" in text and "1.60x [1.55, 1.65]" in text and "ngram" in text, text
+    assert "eagle3 ships, beating every rival (eagle3 over ngram:" in text, text

@@ -346,7 +346,8 @@ def test_the_summary_tables_key_value_figures_carry_no_thousands_separators() ->
 def test_the_sweep_table_shows_each_cell_against_the_verifier_alone_and_the_tuned_k() -> None:
     from rich.console import Console
 
-    from eagle3_pipeline.local.display import StageOutcome, sweep_table
+    from eagle3_pipeline.local.display import StageOutcome
+    from eagle3_pipeline.local.evaluation_tables import sweep_table
     from tests.harness.results import fake_model
 
     evaluate = fake_model("evaluate")
@@ -372,7 +373,8 @@ def test_the_tuned_k_row_shows_the_k_served_at_every_measured_concurrency() -> N
 
     from eagle3_contract.api.speculation import BaselineCell, SpeculationTable, SweepCell, plan_schedule
     from eagle3_contract.results import EvaluateResult
-    from eagle3_pipeline.local.display import StageOutcome, sweep_table
+    from eagle3_pipeline.local.display import StageOutcome
+    from eagle3_pipeline.local.evaluation_tables import sweep_table
 
     measured = [(1, 1, 30.0, 1.5), (1, 4, 60.0, 1.2), (1, 8, 90.0, 0.9), (3, 1, 36.0, 1.8), (3, 4, 70.0, 1.4),
                 (3, 8, 80.0, 0.8)]  # fmt: skip

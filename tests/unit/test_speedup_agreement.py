@@ -21,7 +21,8 @@ from eagle3_operator.metrics import OperatorMetrics
 from eagle3_operator.observability import speculation_queries as sq
 from eagle3_operator.observability.dashboard import build_dashboard
 from eagle3_operator.reconcile.run_report import RunReport
-from eagle3_pipeline.local.display import StageOutcome, summary_table, sweep_table
+from eagle3_pipeline.local.display import StageOutcome, summary_table
+from eagle3_pipeline.local.evaluation_tables import sweep_table
 from eagle3_pipeline.stages.evaluate.summary import with_sweep
 from eagle3_pipeline.stages.evaluate.sweep import SpeculationSweep
 from tests.pipeline.test_evaluate_sweep import context, measured, prompts_of, steady

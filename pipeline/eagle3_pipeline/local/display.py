@@ -353,63 +353,7 @@ def summary_table(outcomes: list[StageOutcome]) -> Any:
     return table
 
 
-def sweep_table(outcomes: list[StageOutcome]) -> Any:
-    """evaluation.sweep's table, when evaluate measured one: per k and concurrency, output tokens/s and mean
-    acceptance length, the verifier alone, and the k the tuned schedule serves; None otherwise."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from eagle3_contract.results import EvaluateResult
-
-    found = [o.result for o in outcomes if isinstance(o.result, EvaluateResult)]
-    table_of = found[-1].speculation if found else None
-    if table_of is None or not table_of.cells:
-        return None
-    concurrencies = sorted({c.concurrency for c in table_of.cells})
-    table = Table(
-        title=Text(
-            "speculation length: output tokens/s (acceptance length, speedup [95 % interval of its rounds]) "
-            "per concurrency"
-        )
-    )
-    table.add_column("k")
-    for c in concurrencies:
-        table.add_column(f"concurrency {c}", justify="right")
-    base = {b.concurrency: b.output_tokens_per_second for b in table_of.baselines}
-    table.add_row("alone", *(_short(base.get(c)) if base.get(c) else "-" for c in concurrencies))
-    for k in sorted({c.num_speculative_tokens for c in table_of.cells}):
-        cells = {c.concurrency: c for c in table_of.cells if c.num_speculative_tokens == k}
-        table.add_row(str(k), *(_cell_text(cells.get(c)) for c in concurrencies))
-    table.add_row("tuned k", *(_served_k(table_of.schedule, c) for c in concurrencies))
-    return table
-
-
-def _served_k(schedule: Any, concurrency: int) -> str:
-    """The k the tuned schedule serves at `concurrency`: that of the range holding it ("0": speculation off
-    there; "-": no range holds it)."""
-    for r in schedule:
-        if r.min_batch_size <= concurrency <= r.max_batch_size:
-            undecided = r.verdict == "notDistinguishable"
-            return (
-                f"{r.num_speculative_tokens} (not distinguishable)"
-                if undecided
-                else str(r.num_speculative_tokens)
-            )
-    return "-"
-
-
-def _cell_text(cell: Any) -> str:
-    if cell is None or not cell.output_tokens_per_second:
-        return "-"
-    length = f"{cell.acceptance_length:.2f}" if cell.acceptance_length is not None else "-"
-    speedup = f"{cell.speedup:.2f}x" if cell.speedup is not None else "-"
-    c = cell.comparison
-    if c is not None:
-        speedup += f" [{c.low:.2f}, {c.high:.2f}]" + (" noisy" if c.noisy else "")
-    return f"{_short(cell.output_tokens_per_second)} ({length}, {speedup})"
-
-
-def _short(value: Any) -> str:
+def figure_text(value: Any) -> str:
     """A table cell's figure: thousands separated."""
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"

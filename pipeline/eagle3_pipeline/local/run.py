@@ -52,9 +52,9 @@ from eagle3_pipeline.local.display import (
     display_for,
     metrics_url,
     summary_table,
-    sweep_table,
 )
 from eagle3_pipeline.local.display import StageOutcome as StageOutcome  # re-exported: tests use it
+from eagle3_pipeline.local.evaluation_tables import bake_off_table, sweep_table
 from eagle3_pipeline.local.stage_process import StageProcess
 from eagle3_pipeline.local.status import StatusRecorder, snapshot_name, status_file
 from eagle3_pipeline.local.storage_check import storage_problem
@@ -390,10 +390,14 @@ def main(path: str, artifacts: str | None, models: str | None, vllm: str | None,
         done = exc.args[1] if len(exc.args) > 1 else []
         if done and table:
             console.print(summary_table(done))
+            if (bake_off := bake_off_table(done)) is not None:  # why nothing ships, when that is why
+                console.print(bake_off)
         console.print(f"[red]error:[/red] {escape(str(exc.args[0]))}", highlight=False, soft_wrap=True)
         return 1
     if table:
         console.print(summary_table(outcomes))
+        if (bake_off := bake_off_table(outcomes)) is not None:
+            console.print(bake_off)
         if (sweep := sweep_table(outcomes)) is not None:
             console.print(sweep)
     console.print(f"artifacts: {options.artifacts.resolve()}", highlight=False, markup=False)
