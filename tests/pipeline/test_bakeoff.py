@@ -3,8 +3,15 @@ draft ships from each contender's paired rounds, and the gate's verdict when non
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from eagle3_contract.api.spec import CandidateMethod
 from eagle3_contract.gate import judge_evaluation
 from eagle3_contract.results import CheckpointChoice, EvaluateResult
+from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.stages.evaluate.bakeoff import NONE, Decision, Versus, decide, settled
 
 ROUNDS = 6
@@ -141,3 +148,23 @@ def test_the_demo_prints_the_bake_off_with_each_contenders_interval_and_the_verd
     text = console.export_text()
     assert "eagle3 (ships)" in text and "1.60x [1.55, 1.65]" in text and "ngram" in text, text
     assert "eagle3 ships, beating every rival (eagle3 over ngram:" in text, text
+
+
+@pytest.mark.vllm
+def test_suffix_is_refused_before_any_server_starts_where_vllm_lacks_arctic_inference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This project's vLLM CPU environment has no arctic-inference (vLLM's suffix decoding): a bake-off
+    naming suffix stops at once, saying what is missing and the ways on, before any server starts."""
+    from eagle3_pipeline.serving.vllm_server import has_package
+    from eagle3_pipeline.stages.evaluate.bakeoff import refuse_unservable
+    from tests.pipeline.test_evaluate_sweep import context
+    from tests.pipeline.test_vllm_server import vllm_or_skip
+
+    monkeypatch.setenv("EAGLE3_VLLM", vllm_or_skip())
+    assert has_package("vllm") and not has_package("arctic_inference")
+    ctx = context(tmp_path)
+    refuse_unservable(ctx)  # no suffix: nothing to refuse
+    with_suffix = ctx.params.model_copy(update={"rivals": (CandidateMethod.NGRAM, CandidateMethod.SUFFIX)})
+    with pytest.raises(StageError, match=r"draft.candidates suffix needs the arctic-inference package"):
+        refuse_unservable(dataclasses.replace(ctx, params=with_suffix))

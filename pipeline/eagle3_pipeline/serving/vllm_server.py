@@ -124,6 +124,16 @@ def find_vllm(env: dict[str, str] | None = None) -> str:
     return found
 
 
+def has_package(module: str, env: dict[str, str] | None = None) -> bool:
+    """Whether vLLM's own environment (the Python beside its executable) can import `module`."""
+    executable = Path(find_vllm(env)).resolve()
+    python = executable.parent / "python"
+    if not python.exists():
+        python = Path(sys.executable)  # a `vllm` installed in this very environment
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([str(python), "-c", probe], capture_output=True, check=False).returncode == 0
+
+
 def accelerator_present() -> bool:
     """A GPU device node is visible: CUDA graphs and torch.compile pay off; without one, run eagerly."""
     return any(os.path.exists(device) for device in ACCELERATOR_DEVICES)

@@ -42,7 +42,7 @@ from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.requests import CONCURRENCY, Message
 from eagle3_pipeline.serving.spec_metrics import Acceptance
-from eagle3_pipeline.serving.vllm_server import VllmServer, accelerator_present
+from eagle3_pipeline.serving.vllm_server import VllmServer, accelerator_present, find_vllm, has_package
 from eagle3_pipeline.stages.evaluate.checkpoints import Candidate
 from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave, interleave_settled
 
@@ -201,6 +201,7 @@ def bake_off(
 ) -> tuple[Candidate, dict[str, Any]]:
     """Measure the contenders, decide, and the result's `checkpointSelection`; the trained candidate to
     measure in full (the one that ships, or the best when none may)."""
+    refuse_unservable(ctx)
     entrants = contenders(ctx, train, trained)
     names = [str(c.method) for c in trained]
     rivals = [e.name for e in entrants if e.candidate is None]
@@ -210,14 +211,6 @@ def bake_off(
 
     try:
         arms = {a.name: a for a in measure(ctx, kept, entrants, judge)}
-    except StageError as exc:
-        if "suffix" in (r.value for r in ctx.params.rivals or ()) and "arctic" in str(exc).lower():
-            raise StageError(
-                "draft.candidates suffix needs the arctic-inference package in vLLM's environment, and this "
-                f"vLLM cannot serve it ({exc}); remove suffix from draft.candidates or install "
-                "arctic-inference beside vLLM"
-            ) from None
-        raise
     finally:
         for entrant in entrants:
             if entrant.candidate is not None:
@@ -227,6 +220,20 @@ def bake_off(
     document = choice_document(arms, trained, chosen, decision)
     logger.info("evaluate: bake-off: %s", _line(document))
     return chosen, document
+
+
+def refuse_unservable(ctx: Context) -> None:
+    """draft.candidates suffix where vLLM's environment lacks arctic-inference (vLLM's suffix decoding is
+    its): a StageError that says so before any server starts. The CPU environment and image of this project
+    do not carry it (it builds from source, and its vLLM plugin wants CUDA); vLLM 0.32 CPU serves `suffix`
+    where it is installed beside vLLM (docs/benchmarks.md)."""
+    if "suffix" in (r.value for r in ctx.params.rivals or ()) and not has_package("arctic_inference"):
+        raise StageError(
+            "draft.candidates suffix needs the arctic-inference package in vLLM's environment, and this vLLM "
+            f"({find_vllm()}) has none: remove suffix from draft.candidates, or install "
+            "arctic-inference==0.3.0 beside vLLM (leave ARCTIC_INFERENCE_ENABLED unset on a CPU: its plugin "
+            "wants CUDA)"
+        )
 
 
 def choice_document(
