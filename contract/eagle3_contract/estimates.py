@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_contract.api.rules import _text_config
-from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Eagle3RunSpec, trained_methods
 from eagle3_contract.api.status import (
     Estimates,
     HiddenStatesEstimate,
@@ -34,6 +34,7 @@ from eagle3_contract.stages import Stage, StagePlan, on_cpu, plan_stages
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1}
 TOKEN_ID_BYTES = 8  # int64 token_ids
+BAKE_OFF_ROUND_PROMPTS = 16  # the kept prompts a round of draft.candidates' bake-off answers (at most)
 FP8_SCALE_BYTES = 4  # float32 per-token scale of fp8 files
 DEFAULT_AUX_LAYERS = 3  # [2, n // 2, n - 3]
 _UNITS = ("B", "kB", "MB", "GB", "TB", "PB", "EB")
@@ -161,9 +162,9 @@ def _stage_tokens(spec: Eagle3RunSpec, plan: StagePlan, tokens: int | None) -> t
     if stage in (Stage.PREPARE, Stage.GENERATE, Stage.EXTRACT, Stage.VOCAB) and tokens is not None:
         return tokens, "the dataset's tokens"
     if stage is Stage.TRAIN and tokens is not None:
-        epochs, candidates = spec.training.epochs, spec.draft.candidates or []
+        epochs, candidates = spec.training.epochs, trained_methods(spec.draft.candidates)
         basis = f"the dataset's tokens x {epochs} training.epochs"
-        if candidates:  # trained in turn, each from the same data
+        if len(candidates) > 1:  # trained in turn, each from the same data (ngram, suffix: not trained)
             names = ", ".join(c.value for c in candidates)
             return tokens * epochs * len(
                 candidates
@@ -171,14 +172,22 @@ def _stage_tokens(spec: Eagle3RunSpec, plan: StagePlan, tokens: int | None) -> t
         return tokens * epochs, basis
     if stage is Stage.EVALUATE:
         ev = spec.evaluation
-        chosen = checkpoints_to_evaluate(spec) or (len(spec.draft.candidates or []) or None)
+        if spec.draft.candidates:  # the bake-off: each draft, each rival and the verifier alone, in rounds
+            contenders = len(spec.draft.candidates) + 1
+            answers = contenders * 2 * ev.rounds * min(ev.prompts, BAKE_OFF_ROUND_PROMPTS)
+            return (2 * ev.prompts + answers) * ev.max_tokens, (
+                "upper bound: evaluation.prompts x maxTokens without and with the draft, and the bake-off's "
+                f"{contenders} servers x up to {2 * ev.rounds} rounds (evaluation.rounds, doubled when "
+                f"undecided) x {min(ev.prompts, BAKE_OFF_ROUND_PROMPTS)} prompts x maxTokens"
+            )
+        chosen = checkpoints_to_evaluate(spec)
         if chosen is None:
             return 2 * ev.prompts * ev.max_tokens, (
                 "upper bound: evaluation.prompts x maxTokens, generated with and without the draft"
             )
         return (2 + chosen) * ev.prompts * ev.max_tokens, (
             "upper bound: evaluation.prompts x maxTokens, generated without the draft, with it, and with "
-            f"each of {chosen} drafts to choose from (the last epochs, or draft.candidates)"
+            f"each of {chosen} drafts to choose from (the last epochs)"
         )
     return None, None
 

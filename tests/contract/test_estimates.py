@@ -125,7 +125,8 @@ def test_candidates_and_checkpoint_selection_count_what_they_train_and_serve() -
     assert (
         stages["train"].basis is not None and "x 2 draft.candidates (eagle3, dflash)" in stages["train"].basis
     )
-    assert stages["evaluate"].tokens == (2 + 2) * 10 * 100
+    # without and with the draft, then the bake-off: 3 servers (eagle3, dflash, none) x up to 12 rounds
+    assert stages["evaluate"].tokens == (2 * 10 + 3 * 12 * 10) * 100
     chosen = kimi(training={"epochs": 5, "checkpointSelection": "acceptance"}, evaluation={"prompts": 10})
     assert stages_of(run_estimates(chosen, KIMI, KIMI_TOKENS))["evaluate"].tokens == (2 + 3) * 10 * 128
 

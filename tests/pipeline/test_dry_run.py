@@ -59,9 +59,16 @@ def test_draft_candidates_show_what_each_one_trains_and_the_servers_evaluate_add
     assert train == 2 * alone  # both trained, in turn, from the same data
     each = f"{alone:,}"
     assert (
-        f"draft.candidates eagle3, dflash: each trains {each} tokens on 0 GPUs in the train stage" in out
+        f"draft.candidates eagle3, dflash: each trained one trains {each} tokens on 0 GPUs in the train "
+        "stage" in " ".join(out.split())
     ), out
-    assert "draft.candidates" not in plain
+    # the example's own bake-off trains one draft (ngram needs no training) and serves three
+    plain_text = " ".join(plain.split())
+    assert (
+        "draft.candidates eagle3, ngram: evaluate serves eagle3, ngram beside the verifier alone"
+        in plain_text
+    )
+    assert "(3 vLLM servers at once) in 6 paired rounds" in plain_text
 
 
 @pytest.mark.pipeline

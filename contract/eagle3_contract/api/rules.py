@@ -160,7 +160,7 @@ RULES: tuple[CrossFieldRule, ...] = (
         " && self.extraction.mode == 'offline')) && self.training.checkpointSelection == 'valLoss')",
         "draft.candidates lists each method once, draft.method among them (its default is eagle3), and "
         "needs training.checkpointSelection valLoss (this version compares each method's best checkpoint "
-        "by validation loss); with two trained methods or more, also training.nodes 1 and "
+        "by validation loss), and with two trained methods or more also training.nodes 1 and "
         "extraction.mode offline",
         _candidates_fit,
     ),

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.manifest import Manifest, load_manifest
-from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.api.spec import Eagle3RunSpec, trained_methods
 from eagle3_contract.api.status import Estimates, ModeEstimate
 from eagle3_contract.estimates import (
     TokenCount,
@@ -332,17 +332,25 @@ def summary_lines(spec: Eagle3RunSpec, estimates: Estimates, shape_unknown: str)
 
 
 def candidate_lines(spec: Eagle3RunSpec, estimates: Estimates) -> list[str]:
-    """draft.candidates: what each candidate costs, trained in turn by the one train stage from the same
-    hidden states (so the bytes above are stored once), then served once each by evaluate."""
-    candidates = spec.draft.candidates or []
+    """draft.candidates: what each trained candidate costs, trained in turn by the one train stage from the
+    same hidden states (so the bytes above are stored once), and the bake-off evaluate adds."""
+    candidates, trained = spec.draft.candidates or [], trained_methods(spec.draft.candidates)
     train = next((s for s in estimates.stages if s.stage == Stage.TRAIN.value), None)
     if not candidates or train is None:
         return []
-    each = _n(train.tokens // len(candidates)) if train.tokens is not None else "unknown"
+    served = ", ".join(c.value for c in candidates)
+    bake_off = (
+        f"evaluate serves {served} beside the verifier alone "
+        f"({len(candidates) + 1} vLLM servers at once) in {spec.evaluation.rounds} paired rounds (doubled "
+        "when undecided); a trained draft ships only if it beats every rival with its interval clear"
+    )
+    if len(trained) < 2:
+        return [f"draft.candidates {served}: {bake_off}"]
+    each = _n(train.tokens // len(trained)) if train.tokens is not None else "unknown"
     return [
-        f"draft.candidates {', '.join(c.value for c in candidates)}: each trains {each} tokens on "
+        f"draft.candidates {served}: each trained one trains {each} tokens on "
         f"{_n(train.gpus)} GPUs in the train stage (in turn, from the same stored hidden states), and "
-        "evaluate serves each on the held-out prompts (a vLLM server each); the fastest is exported"
+        f"{bake_off}"
     ]
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.comparison import DEFAULT_ROUNDS, Comparison, Verdict, compare_rounds
+from eagle3_contract.estimates import BAKE_OFF_ROUND_PROMPTS
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
 from eagle3_contract.results import (
     BETTER,
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 Context = StageContext[EvaluateParams, EvaluateTuning]
 
 NONE = "none"  # the verifier alone: a rival of every bake-off
-ROUND_PROMPTS = 4 * CONCURRENCY  # the kept prompts a round answers (fewer when fewer are kept)
+ROUND_PROMPTS = BAKE_OFF_ROUND_PROMPTS  # the kept prompts a round answers (fewer when fewer are kept)
 
 
 @dataclass(frozen=True)
