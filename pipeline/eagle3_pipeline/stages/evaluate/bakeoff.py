@@ -45,7 +45,7 @@ from eagle3_pipeline.serving.requests import CONCURRENCY, Message
 from eagle3_pipeline.serving.spec_metrics import Acceptance
 from eagle3_pipeline.serving.vllm_server import VllmServer, accelerator_present, find_vllm, has_package
 from eagle3_pipeline.stages.evaluate.checkpoints import Candidate
-from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave, interleave_settled
+from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave, interleave_settled, long_enough, warm
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,15 @@ def measure(
                 interleave(arms[-1:], prompts, rounds, max_tokens, progress)
                 stack.close()  # one server at a time
         if not accelerator_present():
-            interleave_settled(arms, prompts, rounds, max_tokens, progress, lambda: settled(judge(arms)))
+            for arm in arms:
+                warm(arm.server, prompts)
+            longer = long_enough(arms[0].server, prompts, max_tokens)
+            if progress is not None:
+                progress.grow_total(
+                    len(arms) * rounds * (len(longer[CONCURRENCY]) - len(prompts[CONCURRENCY]))
+                )
+            check = lambda: settled(judge(arms))  # noqa: E731
+            interleave_settled(arms, longer, rounds, max_tokens, progress, check, warmed=True)
     return arms
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +39,11 @@ from eagle3_pipeline.serving.vllm_server import VllmServer
 logger = logging.getLogger(__name__)
 
 Prompts = dict[int, list[list[Message]]]  # by concurrency: the prompts of one round
+MIN_ROUND_S = 1.0  # a round's least duration (long_enough)
+# a pause before each arm's round: the previous server's OpenMP threads spin on for a while after their work
+# (vLLM CPU's), and the next server's round would start on a machine they still hold
+SETTLE_S = 0.5
+MAX_REPEATS = 16
 
 
 @dataclass
@@ -73,6 +80,19 @@ def warm(server: VllmServer, prompts: Prompts) -> None:
     """Every prompt of the rounds once, one token each, not measured: the prefixes are cached."""
     largest = max(prompts.values(), key=len)
     asyncio.run(answer_all(server, largest, 1, None, None, max(prompts)))
+
+
+def long_enough(server: VllmServer, prompts: Prompts, max_tokens: int) -> Prompts:
+    """The rounds' prompts, each concurrency's list repeated so that a round lasts at least MIN_ROUND_S on
+    `server` (timed by one unmeasured pass): a round of a few short answers times request overheads and the
+    machine's bursts, not decoding (8 tiny answers at 4 in flight take 0.1 s, and their ratios varied by
+    50 to 80 % on a quiet machine). At most MAX_REPEATS times."""
+    longer: Prompts = {}
+    for concurrency, cell in prompts.items():
+        run = asyncio.run(answer_all(server, cell, max_tokens, None, None, concurrency))
+        repeats = min(MAX_REPEATS, max(1, math.ceil(MIN_ROUND_S / max(run.seconds, 1e-3))))
+        longer[concurrency] = cell * repeats
+    return longer
 
 
 def interleave(
@@ -128,6 +148,7 @@ def one_round(
 ) -> None:
     """One run of `prompts` on the arm's server: its tokens/s, and the counters' difference around it."""
     server = arm.server
+    time.sleep(SETTLE_S)
     before = read_counters(server) if arm.counted else None
     run = asyncio.run(answer_all(server, prompts, max_tokens, progress, None, concurrency))
     server.check()

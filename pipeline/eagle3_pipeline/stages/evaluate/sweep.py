@@ -50,7 +50,13 @@ from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.requests import Message
 from eagle3_pipeline.serving.spec_metrics import Acceptance, SpecDecodeCounters, consistency_problems
 from eagle3_pipeline.serving.vllm_server import VllmServer, accelerator_present
-from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave, interleave_settled, warm
+from eagle3_pipeline.stages.evaluate.rounds import (
+    Arm,
+    interleave,
+    interleave_settled,
+    long_enough,
+    warm,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +163,8 @@ class SpeculationSweep:
         progress = self.ctx.progress
         with self.server(None) as base:
             warm(base, self.prompts)
+            prompts = long_enough(base, self.prompts, max_tokens)
+            self.grow(prompts)
             for k in self.ks:
                 with self.server((draft, k)) as server:
                     warm(server, self.prompts)
@@ -182,12 +190,22 @@ class SpeculationSweep:
         progress = self.ctx.progress
         with self.server(None) as base:
             alone = Arm("verifier alone", base, False)
-            interleave([alone], self.prompts, rounds, max_tokens, progress)
+            warm(base, self.prompts)
+            prompts = long_enough(base, self.prompts, max_tokens)
+            self.grow(prompts)
+            interleave([alone], prompts, rounds, max_tokens, progress, warmed=True)
         for k in self.ks:
             with self.server((draft, k)) as server:
                 drafted = Arm(f"k={k}", server, True)
-                interleave([drafted], self.prompts, rounds, max_tokens, progress)
+                interleave([drafted], prompts, rounds, max_tokens, progress)
             self.record(k, alone, drafted)
+
+    def grow(self, prompts: dict[int, list[list[Message]]]) -> None:
+        """The progress total, once the rounds' prompts are repeated to last long enough."""
+        rounds = self.ctx.params.rounds or DEFAULT_ROUNDS
+        more = sum(len(p) for p in prompts.values()) - sum(len(p) for p in self.prompts.values())
+        if more > 0:
+            self.ctx.progress.grow_total(2 * len(self.ks) * rounds * more)
 
     def server(self, draft: tuple[Path, int] | None) -> VllmServer:
         """A server of the verifier alone (None) or with the draft at k, the stage's options."""
