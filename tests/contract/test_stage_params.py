@@ -51,11 +51,11 @@ def example() -> Doc:
 
 
 def variants() -> dict[str, Doc]:
-    # the example's bake-off (draft.candidates [eagle3, ngram]) is a variant of its own: the others explore
-    # the fields of a run without candidates
-    bake_off = example()
     base = example()
-    base["draft"]["candidates"] = None
+    # draft.candidates with a training-free rival: train trains draft.method alone, evaluate's bake-off adds
+    bake_off = copy.deepcopy(base)
+    bake_off["draft"]["candidates"] = ["eagle3", "ngram"]
+    bake_off["evaluation"]["predict"] = False
     off = copy.deepcopy(base)
     off["regeneration"]["enabled"] = False
     pinned = copy.deepcopy(base)
@@ -480,7 +480,6 @@ def test_draft_method_eagle3_keeps_every_hash_and_peagle_changes_train_onward() 
     """Issue 31: manifests written before draft.method (eagle3, its default) keep their stage hashes; P-EAGLE
     trains another draft from the same prepared data, hidden states and vocabulary."""
     base = example()
-    base["draft"]["candidates"] = None  # the example's bake-off names draft.method among its candidates
     explicit = put(base, ("draft", "method"), "eagle3")
     peagle = put(base, ("draft", "method"), "peagle")
     before = plans(Eagle3RunSpec.model_validate(base))

@@ -62,13 +62,14 @@ def test_draft_candidates_show_what_each_one_trains_and_the_servers_evaluate_add
         f"draft.candidates eagle3, dflash: each trained one trains {each} tokens on 0 GPUs in the train "
         "stage" in " ".join(out.split())
     ), out
-    # the example's own bake-off trains one draft (ngram needs no training) and serves three
-    plain_text = " ".join(plain.split())
-    assert (
-        "draft.candidates eagle3, ngram: evaluate serves eagle3, ngram beside the verifier alone"
-        in plain_text
-    )
-    assert "(3 vLLM servers at once) in 6 paired rounds" in plain_text
+    assert "draft.candidates" not in plain
+    # a bake-off with a training-free rival trains one draft (ngram needs no training) and serves three
+    doc["spec"]["draft"] = {"vocabSize": 512, "candidates": ["eagle3", "ngram"]}
+    manifest.write_text(yaml.safe_dump(doc))
+    rival = " ".join(dry_run(capsys, *args).split())
+    assert train_tokens(rival) == alone
+    assert "draft.candidates eagle3, ngram: evaluate serves eagle3, ngram beside the verifier alone" in rival
+    assert "(3 vLLM servers at once) in 6 paired rounds" in rival
 
 
 @pytest.mark.pipeline

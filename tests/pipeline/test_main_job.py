@@ -56,10 +56,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> tuple[P
     vllm = vllm_or_skip()
     art = tmp_path_factory.mktemp("demo") / "art"
     first = run(EXAMPLE, art, tiny_models, vllm)
-    # the example's bake-off ships the draft only if it beats ngram and the verifier alone with its interval
-    # clear: on a busy machine it may not, and the run stops at the gate, saying so (the test checks why)
-    refused = "the draft failed the gate (RivalNotBeaten)" in first.stderr
-    assert first.returncode == 0 or refused, first.stderr[-4000:]
+    assert first.returncode == 0, first.stderr[-4000:]
     return art, vllm
 
 
@@ -73,8 +70,7 @@ def test_the_tiny_example_trains_a_draft_vllm_accepts(demo: tuple[Path, str], ti
     )
     assert sum(evaluate["acceptedTokensByPosition"]) == evaluate["acceptedTokens"]
     assert evaluate["acceptanceLength"] >= MIN_ACCEPTANCE_LENGTH, evaluate
-    verdict = judge_evaluation(EvaluateResult.parse(evaluate), MIN_ACCEPTANCE_LENGTH)
-    assert verdict.passed or verdict.reason == "RivalNotBeaten", verdict  # the acceptance passes either way
+    assert judge_evaluation(EvaluateResult.parse(evaluate), MIN_ACCEPTANCE_LENGTH).passed
     assert evaluate["outputsMatchingBaseline"] == evaluate["prompts"]
     # the example's sweep (serving.speculationLength tuned): every k at every concurrency, and a schedule
     asked = yaml.safe_load(EXAMPLE.read_text())["spec"]["evaluation"]
@@ -87,22 +83,11 @@ def test_the_tiny_example_trains_a_draft_vllm_accepts(demo: tuple[Path, str], ti
     cells = {(c.num_speculative_tokens, c.concurrency): c.speedup for c in table.cells}
     at = (evaluate["numSpeculativeTokens"], evaluate["speedupConcurrency"])
     assert at in cells and evaluate["speedup"] == cells[at], evaluate
-    # the bake-off [eagle3, ngram]: the verdict is the one its recorded rounds give, and the run acts on it
-    choice = EvaluateResult.parse(evaluate).checkpoint_selection
-    assert choice is not None and choice.verdict is not None, evaluate
-    speeds = {c.method: c.rounds or [] for c in [*choice.checkpoints, *choice.rivals]}
-    assert sorted(speeds) == ["eagle3", "ngram", "none"] and all(
-        len(v) in (DEFAULT_ROUNDS, 2 * DEFAULT_ROUNDS) for v in speeds.values()
-    ), speeds
-    assert decide(speeds, ["eagle3"], ["none", "ngram"], default="eagle3").verdict == choice.verdict
-    shipped = choice.verdict != "rivalNotBeaten"
-    assert len(results(art, "export")) == int(shipped)
-    if shipped:
-        [export] = results(art, "export")
-        assert len(export["sha256"]) == 64 and export["ratio"] <= 1.05
+    [export] = results(art, "export")
+    assert len(export["sha256"]) == 64 and export["ratio"] <= 1.05
     second = run(EXAMPLE, art, tiny_models, vllm)
-    assert (second.returncode == 0) == shipped and "==> stage" not in second.stderr, (
-        "a second run finds every stage complete (and judges the gate again)"
+    assert second.returncode == 0 and "==> stage" not in second.stderr, (
+        "a second run finds every stage complete"
     )
 
 
@@ -136,7 +121,6 @@ def test_another_draft_method_of_the_same_data_is_served_losslessly(
         shutil.copytree(demo_art / stage, art / stage)
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["draft"].update(draft)
-    doc["spec"]["draft"].pop("candidates")  # one trained method, no bake-off: the demo has one
     doc["spec"]["evaluation"].pop("sweep")  # one draft server is enough here (the demo measures the sweep)
     doc["spec"]["serving"]["speculationLength"] = "fixed"
     manifest = tmp_path / f"{method}.yaml"
