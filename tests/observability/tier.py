@@ -139,6 +139,32 @@ def evaluate(tier: Tier, models: Path) -> dict[str, Any]:
         "numSpeculativeTokens": NUM_SPECULATIVE_TOKENS,
         "speedup": HEADLINE.speedup,
         "speedupConcurrency": HEADLINE.concurrency,
+        # as evaluate writes it for held-out prompts of several categories (the tiny corpus's task kinds):
+        # each category's run, for the dashboard's "Acceptance per category" table
+        "categories": [
+            {
+                "category": "add",
+                "prompts": 8,
+                "drafts": 20,
+                "acceptedTokens": 30,
+                "acceptanceLength": 2.5,
+                "acceptanceRate": 0.5,
+                "outputTokens": 60,
+                "outputTokensPerSecond": 120.0,
+                "speedup": 1.2,
+            },
+            {
+                "category": "reverse",
+                "prompts": 3,
+                "drafts": 10,
+                "acceptedTokens": 5,
+                "acceptanceLength": 1.5,
+                "acceptanceRate": 0.1667,
+                "outputTokens": 20,
+                "outputTokensPerSecond": 90.0,
+                "speedup": None,
+            },
+        ],
         # as evaluate writes it for draft.candidates: each candidate's figures (the shipped one's measured
         # here, the other's a fixed figure), for the dashboard's "Drafts compared" table
         "checkpointSelection": {

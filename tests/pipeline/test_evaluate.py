@@ -616,7 +616,8 @@ def test_the_sweep_measures_every_k_and_concurrency_against_the_baseline(good_ru
         assert cell.output_tokens_per_second and cell.output_tokens_per_second > 0
         # the speedup is the median of the paired rounds' ratios, inside its own interval
         c = cell.comparison
-        assert c is not None and c.rounds == DEFAULT_ROUNDS and c.confidence >= 0.95
+        # evaluation.rounds, doubled once when the first rounds did not decide
+        assert c is not None and c.rounds in (DEFAULT_ROUNDS, 2 * DEFAULT_ROUNDS) and c.confidence >= 0.95
         assert cell.speedup == c.ratio and c.low <= c.ratio <= c.high
         # at most k + 1 tokens per verifier step, and the fitted draft gets some accepted
         length = cell.acceptance_length

@@ -167,7 +167,8 @@ def test_the_bake_off_ships_only_what_its_rounds_justify_and_status_shows_it(
     rivals = {r.method: r for r in choice.rivals}
     assert sorted(figures) == ["eagle3", "peagle"] and sorted(rivals) == ["none"]
     speeds = {m: c.rounds or [] for m, c in {**figures, **rivals}.items()}
-    assert all(len(v) == DEFAULT_ROUNDS for v in speeds.values()), speeds
+    # evaluation.rounds, doubled once when the first rounds did not decide
+    assert all(len(v) in (DEFAULT_ROUNDS, 2 * DEFAULT_ROUNDS) for v in speeds.values()), speeds
     recomputed = decide(speeds, ["eagle3", "peagle"], ["none"], default="eagle3")
     shipped = next(c.method for c in choice.checkpoints if c.checkpoint == choice.checkpoint)
     assert (recomputed.verdict, recomputed.shipped) == (choice.verdict, shipped), choice
