@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -123,11 +124,8 @@ def settled(decision: Decision) -> bool:
 
 
 def _median(values: Sequence[float | None]) -> float:
-    measured = sorted(v for v in values if v)
-    if not measured:
-        return -math.inf
-    middle = len(measured) // 2
-    return measured[middle] if len(measured) % 2 else (measured[middle - 1] + measured[middle]) / 2
+    measured = [v for v in values if v]
+    return statistics.median(measured) if measured else -math.inf
 
 
 def _dumped(comparison: Comparison | None) -> dict[str, Any] | None:

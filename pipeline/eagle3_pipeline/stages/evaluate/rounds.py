@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,11 +61,8 @@ class Arm:
 
     def speed(self, concurrency: int) -> float | None:
         """The median of the arm's rounds at `concurrency` (rounds that measured something)."""
-        measured = sorted(s for s in self.speeds.get(concurrency, []) if s)
-        if not measured:
-            return None
-        middle = len(measured) // 2
-        return measured[middle] if len(measured) % 2 else (measured[middle - 1] + measured[middle]) / 2
+        measured = [s for s in self.speeds.get(concurrency, []) if s]
+        return statistics.median(measured) if measured else None
 
     def counted_total(self) -> SpecDecodeCounters | None:
         """The counters' differences over every round at every concurrency (None: not counted)."""
