@@ -31,12 +31,31 @@ def order(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 def test_two_arms_alternate_and_three_rotate(order: list[tuple[str, int]]) -> None:
     a, b = Arm("a", SERVER, False), Arm("b", SERVER, True)
     interleave([a, b], {1: [], 4: []}, 3, 8, warmed=True)
-    assert order == [("a", 1), ("b", 1), ("a", 4), ("b", 4), ("b", 1), ("a", 1), ("b", 4), ("a", 4),
-                     ("a", 1), ("b", 1), ("a", 4), ("b", 4)]  # fmt: skip
+    # an arm's concurrencies back to back, the arms' order rotating: AB, BA, AB
+    assert order == [("a", 1), ("a", 4), ("b", 1), ("b", 4), ("b", 1), ("b", 4), ("a", 1), ("a", 4),
+                     ("a", 1), ("a", 4), ("b", 1), ("b", 4)]  # fmt: skip
     order.clear()
     arms = [Arm(n, SERVER, False) for n in "xyz"]
     interleave(arms, {1: []}, 3, 8, warmed=True)
     assert [name for name, _ in order] == list("xyzyzxzxy")  # each arm first once
+
+
+def test_the_rounds_pause_only_where_they_move_to_another_server(
+    order: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's worker spins for a second after its last step: a pause before a round on another server than
+    the previous round's, none between rounds on the same one (two arms, three rounds: A B | B A | A B)."""
+    paused: list[int] = []
+    monkeypatch.setattr(
+        rounds.time, "sleep", lambda s: paused.append(len(order)) if s == rounds.SETTLE_S else None
+    )
+    one, two = cast(VllmServer, object()), cast(VllmServer, object())
+    interleave([Arm("a", one, False), Arm("b", two, False)], {1: [], 4: []}, 3, 8, warmed=True)
+    assert paused == [2, 6, 10] and rounds.SETTLE_S > 1.0  # before b, a, b: the rounds' three moves
+    paused.clear()
+    order.clear()
+    interleave([Arm("alone", one, False)], {1: [], 4: []}, 6, 8, warmed=True)  # servers in turn: one arm
+    assert paused == [] and len(order) == 12
 
 
 def test_undecided_rounds_are_doubled_once(order: list[tuple[str, int]]) -> None:

@@ -2,7 +2,8 @@
 
 An arm is one server (the verifier alone, or with a draft at some k, or with a training-free rival) and a
 round is one short run of the same prompts at one concurrency on it. `interleave` measures every arm in
-every round, the arms' order rotating from round to round (two arms alternate: AB, BA, AB, ...), with each
+every round, the arms' order rotating from round to round (two arms alternate: AB, BA, AB, ...; an arm's
+concurrencies back to back, with a pause where the rounds move to another server), with each
 server warm (its prompts answered once, one token each, not measured: their prefixes cached, as a serving
 server has them). A disturbance of the machine (another tenant, a build, a throttle) then lands on every
 arm of a round alike, and the per-round ratios (eagle3_contract.api.comparison) cancel it where one run per
@@ -41,9 +42,12 @@ logger = logging.getLogger(__name__)
 
 Prompts = dict[int, list[list[Message]]]  # by concurrency: the prompts of one round
 MIN_ROUND_S = 1.0  # a round's least duration (long_enough)
-# a pause before each arm's round: the previous server's OpenMP threads spin on for a while after their work
-# (vLLM CPU's), and the next server's round would start on a machine they still hold
-SETTLE_S = 0.5
+# A pause where the rounds move from one server to another: vLLM's model worker busy-polls its shared-memory
+# queue for 1 s after its last step (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition's
+# busy_loop_s; measured on vLLM CPU 0.32: a full core for 1.0 s after an answer, then none), and on CPU
+# every server's worker is bound to the same cores (VLLM_CPU_OMP_THREADS_BIND=auto). The next server's round
+# would start on a core the previous one still spins on. Rounds on the same server need no pause.
+SETTLE_S = 1.2
 MAX_REPEATS = 16
 
 
@@ -106,11 +110,15 @@ def interleave(
     if not warmed:
         for arm in arms:
             warm(arm.server, prompts)
+    previous: VllmServer | None = None
     for index in range(rounds):
         shift = index % len(arms)
         order = [*arms[shift:], *arms[:shift]]
-        for concurrency, cell in prompts.items():
-            for arm in order:
+        for arm in order:  # an arm's concurrencies back to back: one move between servers per arm
+            if previous is not None and previous is not arm.server:
+                time.sleep(SETTLE_S)
+            previous = arm.server
+            for concurrency, cell in prompts.items():
                 one_round(arm, cell, concurrency, max_tokens, progress)
         logger.debug("round %d of %d done (%s)", index + 1, rounds, ", ".join(a.name for a in order))
 
@@ -146,7 +154,6 @@ def one_round(
 ) -> None:
     """One run of `prompts` on the arm's server: its tokens/s, and the counters' difference around it."""
     server = arm.server
-    time.sleep(SETTLE_S)
     before = read_counters(server) if arm.counted else None
     run = asyncio.run(answer_all(server, prompts, max_tokens, progress, None, concurrency))
     server.check()
