@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_contract.results import OUTPUT_TOKENS_PER_SECOND, TrainResult
+from eagle3_contract.results import TrainResult
 from eagle3_pipeline.data.draft_checkpoint import missing_files
 from eagle3_pipeline.runtime.context import read_result
 from eagle3_pipeline.runtime.errors import StageError
@@ -92,9 +92,9 @@ def trained_candidates(train_output: Path) -> list[Candidate]:
     return chosen
 
 
-def choose(measured: list[Measured], by: str = ACCEPTANCE) -> Measured:
-    """By ACCEPTANCE, the most accepted (ties: the lower validation loss, then the later epoch); by
-    OUTPUT_TOKENS_PER_SECOND (draft.candidates), the fastest (ties: the more accepted)."""
+def choose(measured: list[Measured]) -> Measured:
+    """The most accepted (ties: the lower validation loss, then the later epoch). draft.candidates are
+    chosen by speed in the bake-off (eagle3_pipeline.stages.evaluate.bakeoff), not here."""
     if not measured:
         raise ValueError("no checkpoint was measured")
 
@@ -103,20 +103,15 @@ def choose(measured: list[Measured], by: str = ACCEPTANCE) -> Measured:
 
     def key(m: Measured) -> tuple[float, ...]:
         loss = m.candidate.val_loss
-        accepted = (finite(m.acceptance_length), -loss if loss is not None else -math.inf, m.candidate.epoch)
-        if by == OUTPUT_TOKENS_PER_SECOND:
-            return (finite(m.output_tokens_per_second), *accepted)
-        return accepted
+        return (finite(m.acceptance_length), -loss if loss is not None else -math.inf, m.candidate.epoch)
 
     return max(measured, key=key)
 
 
-def choice_document(
-    measured: list[Measured], chosen: Measured, val_loss_epoch: int | None, by: str = ACCEPTANCE
-) -> dict[str, Any]:
-    """The result's `checkpointSelection` (eagle3_contract.results.CheckpointChoice)."""
+def choice_document(measured: list[Measured], chosen: Measured, val_loss_epoch: int | None) -> dict[str, Any]:
+    """The result's `checkpointSelection` (eagle3_contract.results.CheckpointChoice), by acceptance."""
     return {
-        "by": by,
+        "by": ACCEPTANCE,
         "epoch": chosen.candidate.epoch,
         "checkpoint": chosen.candidate.checkpoint,
         "valLossEpoch": val_loss_epoch,

@@ -90,7 +90,6 @@ from eagle3_pipeline.serving.vllm_server import VllmServer
 from eagle3_pipeline.stages.evaluate.bakeoff import bake_off, bake_off_prompts
 from eagle3_pipeline.stages.evaluate.categories import CategoryRuns
 from eagle3_pipeline.stages.evaluate.checkpoints import (
-    ACCEPTANCE,
     Candidate,
     Measured,
     candidates,
@@ -239,7 +238,6 @@ def choose_checkpoint(
     """Serve each epoch's draft on the kept prompts (greedy), and choose the most accepted
     (eagle3_pipeline.stages.evaluate.checkpoints); the result's `checkpointSelection` with it."""
     k = ctx.params.num_speculative_tokens
-    by = ACCEPTANCE
     measured: list[Measured] = []
     for c in choosing:
         name = f"{DRAFT_DIR}-{c.method}" if c.method is not None else f"{DRAFT_DIR}-epoch{c.epoch}"
@@ -257,9 +255,9 @@ def choose_checkpoint(
             acceptance.length,
             run.tokens_per_second or 0.0,
         )
-    best = choose(measured, by)
+    best = choose(measured)
     lowest = read_result(train).get("bestEpoch")  # the epoch of the lowest validation loss
-    document = choice_document(measured, best, lowest, by)
+    document = choice_document(measured, best, lowest)
     logger.info("evaluate: %s", CheckpointChoice.model_validate(document).line())
     return best, document
 
