@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from eagle3_contract.api.manifest import load_manifest
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage
@@ -190,3 +192,36 @@ def test_the_headline_speedup_is_the_sweeps_cell_at_evaluates_k_nearest_its_conc
     assert tie["speedupConcurrency"] == 3  # equally near 1 and 3: the larger
     other_k = with_sweep(main | {"numSpeculativeTokens": 2}, sweep)  # the sweep never measured k 2
     assert (other_k["speedup"], other_k["speedupConcurrency"]) == (0.7059, 8)  # the main runs' figure
+
+
+def test_the_paired_rounds_answer_the_prompts_repeated_to_last_long_enough(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On servers up together (a CPU), every round of every k answers the cells' prompts as long_enough
+    repeated them, on both arms: a round of a few short answers times overheads, not decoding."""
+    from contextlib import nullcontext
+
+    from eagle3_pipeline.stages.evaluate import rounds
+    from eagle3_pipeline.stages.evaluate import sweep as sweep_module
+
+    ctx = context(tmp_path, sweep={"numSpeculativeTokens": [1, 3], "prompts": 2}, concurrencies=[1, 2])
+    planned = SpeculationSweep.of(ctx, prompts_of(4))
+    assert planned is not None
+    answered: list[tuple[str, int, int]] = []
+
+    class Server:
+        def check(self) -> None:
+            pass
+
+    def one_round(arm: Arm, prompts: Any, concurrency: int, max_tokens: int, progress: Any) -> None:
+        answered.append((arm.name, concurrency, len(prompts)))
+        arm.speeds.setdefault(concurrency, []).append(100.0)
+
+    monkeypatch.setattr(sweep_module, "warm", lambda server, prompts: None)
+    monkeypatch.setattr(sweep_module, "long_enough", lambda s, p, t: {c: cell * 3 for c, cell in p.items()})
+    monkeypatch.setattr(rounds, "one_round", one_round)
+    monkeypatch.setattr(rounds, "SETTLE_S", 0.0)
+    monkeypatch.setattr(SpeculationSweep, "server", lambda self, draft: nullcontext(Server()))
+    planned._paired(Path("draft"))
+    assert answered and {n for _, _, n in answered} == {3 * len(planned.prompts[1])}, answered
+    assert {name for name, _, _ in answered} == {"verifier alone", "k=1", "k=3"}

@@ -176,9 +176,8 @@ class SpeculationSweep:
                             decided(alone.speeds.get(c, []), drafted.speeds.get(c, [])) for c in self.prompts
                         )
 
-                    if interleave_settled(
-                        arms, self.prompts, rounds, max_tokens, progress, settled, warmed=True
-                    ):
+                    # the rounds' prompts repeated to last long enough (`prompts`), not the cells' own
+                    if interleave_settled(arms, prompts, rounds, max_tokens, progress, settled, warmed=True):
                         self.extended.append(k)
                     server.check()
                 self.record(k, alone, drafted)
