@@ -17,9 +17,7 @@ from typing import Any
 
 import pytest
 
-from eagle3_contract.api.comparison import DEFAULT_ROUNDS
 from eagle3_contract.api.manifest import load_manifest
-from eagle3_contract.api.speculation import plan_schedule
 from eagle3_contract.gate import GateVerdict, judge_evaluation
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage, plan_stages
@@ -428,9 +426,7 @@ UNANSWERABLE: list[list[dict[str, str]]] = [
 ]
 # the good run also measures at the serving traffic's settings, on its draft server (no extra server)
 SERVING_SAMPLING = {"temperature": 1.0, "topP": 0.9, "seed": 3}
-# and sweeps the speculation length: k 1 and 3, each beside the verifier alone, in paired rounds
-SWEEP = {"numSpeculativeTokens": [1, 3], "prompts": 4}
-SWEEP_CONCURRENCIES = [1, 2]
+# (evaluation.sweep's paired rounds are the demo's: tests/pipeline/test_main_job.py)
 
 
 @dataclass(frozen=True)
@@ -474,7 +470,7 @@ def good_run(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     gate = {"minAcceptanceLength": 1.3}
     return evaluate_in(
         tmp_path_factory.mktemp("good"), vllm_env, draft, prompts=PROMPTS, maxTokens=MAX_TOKENS,
-        sampling=SERVING_SAMPLING, sweep=SWEEP, concurrencies=SWEEP_CONCURRENCIES, **gate,
+        sampling=SERVING_SAMPLING, **gate,
     )  # fmt: skip
 
 
@@ -597,45 +593,6 @@ def test_a_shuffled_mapping_fails_the_gate_with_a_clear_message(
     assert r["acceptanceLength"] < good_run.result["acceptanceLength"] - 0.3  # acceptance collapses
     assert r["baselineOutputTokensPerSecond"] is None and not (run.output / "vllm-baseline.log").exists()
     assert os.path.exists(run.output / "vllm-draft.log")
-
-
-@pytest.mark.vllm
-@pytest.mark.timeout(900)
-def test_the_sweep_measures_every_k_and_concurrency_against_the_baseline(good_run: Run) -> None:
-    table = EvaluateResult.model_validate(good_run.result).speculation
-    assert table is not None
-    assert [(c.num_speculative_tokens, c.concurrency) for c in table.cells] == [
-        (1, 1),
-        (1, 2),
-        (3, 1),
-        (3, 2),
-    ]
-    baseline = {b.concurrency: b.output_tokens_per_second for b in table.baselines}
-    assert sorted(baseline) == SWEEP_CONCURRENCIES and all(v and v > 0 for v in baseline.values())
-    for cell in table.cells:
-        assert cell.output_tokens_per_second and cell.output_tokens_per_second > 0
-        # the speedup is the median of the paired rounds' ratios, inside its own interval
-        c = cell.comparison
-        # evaluation.rounds, doubled once when the first rounds did not decide
-        assert c is not None and c.rounds in (DEFAULT_ROUNDS, 2 * DEFAULT_ROUNDS) and c.confidence >= 0.95
-        assert cell.speedup == c.ratio and c.low <= c.ratio <= c.high
-        # at most k + 1 tokens per verifier step, and the fitted draft gets some accepted
-        length = cell.acceptance_length
-        assert length is not None and 1.0 < length <= cell.num_speculative_tokens + 1
-    assert table.schedule == plan_schedule(table.cells)
-    assert table.schedule[0].min_batch_size == 1 and table.schedule[-1].max_batch_size == 2
-    for r in table.schedule:  # a k serves only where its interval cleared 1
-        chosen = next((c for c in table.cells if c.num_speculative_tokens == r.num_speculative_tokens), None)
-        assert r.num_speculative_tokens == 0 or (chosen is not None and r.verdict == "better")
-    # the headline speedup is the sweep's k-3 cell nearest the main runs' concurrency, not a second figure
-    headline = {(c.num_speculative_tokens, c.concurrency): c.speedup for c in table.cells}
-    assert good_run.result["speedupConcurrency"] == max(SWEEP_CONCURRENCIES)
-    assert good_run.result["speedup"] == headline[(3, max(SWEEP_CONCURRENCIES))]
-    message = good_run.result["message"] or ""
-    assert "sweep reuses" not in message and "sweep requests failed" not in message, message
-    # the verifier alone stays up beside each k's server: one server each, the sweep's own
-    for name in ("vllm-sweep-baseline.log", "vllm-sweep-k1.log", "vllm-sweep-k3.log"):
-        assert (good_run.output / name).read_text().count("Starting vLLM server on") == 1
 
 
 @pytest.mark.vllm
