@@ -137,6 +137,15 @@ def _loss_text(result: TrainResult | None, loss: float | None) -> str:
     return f"best val loss {loss:.4g}{at}"
 
 
+def _speedup_text(result: EvaluateResult) -> str:
+    """The headline speedup, where it was measured, and the interval of its paired rounds (`speedup 1.07x
+    [0.98, 1.16] at k=3, 4 in flight`), or that it is the main runs' ratio, one unpaired run each."""
+    compared = result.speedup_comparison()
+    if compared is not None:
+        return f"speedup {result.speedup:.3g}x [{compared.low:.3g}, {compared.high:.3g}]{_at(result)}"
+    return f"speedup {result.speedup:.3g}x{_at(result)} (one run each, unpaired)"
+
+
 def _at(result: EvaluateResult) -> str:
     """Where the headline speedup was measured: ` at k=3, 4 in flight`."""
     at = [f"k={result.num_speculative_tokens}"] if result.num_speculative_tokens is not None else []
@@ -155,7 +164,7 @@ def result_text(stage: str, result: StageResult | None, progress: StageProgress 
     if isinstance(result, EvaluateResult) and result.acceptance_length is not None:
         words = [f"acceptance length {result.acceptance_length:.3g}"]
         if result.speedup is not None:
-            words.append(f"speedup {result.speedup:.3g}x{_at(result)}")
+            words.append(_speedup_text(result))
         if result.checkpoint_selection is not None:  # training.checkpointSelection acceptance
             words.append(result.checkpoint_selection.line())
         return ", ".join(words)

@@ -502,6 +502,16 @@ class EvaluateResult(StageResult):
     def tokens_processed(self) -> int | None:
         return self.output_tokens  # tokens generated with the draft
 
+    def speedup_comparison(self) -> Comparison | None:
+        """The paired rounds behind the headline speedup: evaluation.sweep's cell at its k and concurrency;
+        None where the headline is the main runs' (one run each, unpaired)."""
+        table, k = self.speculation, self.num_speculative_tokens
+        if table is None or self.speedup is None:
+            return None
+        at = (k, self.speedup_concurrency)
+        cell = next((c for c in table.cells if (c.num_speculative_tokens, c.concurrency) == at), None)
+        return cell.comparison if cell is not None and cell.speedup == self.speedup else None
+
 
 class ExportResult(StageResult):
     """export: `sha256` and `bytes` become the run's status.checkpoint."""

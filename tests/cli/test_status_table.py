@@ -126,7 +126,7 @@ def test_the_finished_stages_key_figures() -> None:
     # 0-based index): issue 29 found "val 1.961" (the last epoch) beside "1.910" (the best) under one name
     assert train.result == "3 epochs, best val loss 1.91 (epoch 2), est. acceptance 3"
     assert train.rate == "" and train.eta == ""  # a finished stage has no rate
-    assert evaluate.result == "acceptance length 3.28, speedup 0.707x"
+    assert evaluate.result == "acceptance length 3.28, speedup 0.707x (one run each, unpaired)"
 
 
 def test_key_value_figures_carry_no_thousands_separators() -> None:

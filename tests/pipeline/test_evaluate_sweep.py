@@ -1,6 +1,6 @@
 """evaluate's speculation-length sweep (eagle3_pipeline.stages.evaluate.sweep) without vLLM: the cells'
-prompts, the servers' options, the table and its notes. The sweep on vLLM is tests/pipeline/test_evaluate.py's
-good run."""
+prompts, the servers' options, the table, its notes and the paired rounds' prompts. The sweep on vLLM is the
+demo's (tests/pipeline/test_main_job.py)."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def test_the_summary_status_metrics_and_dashboard_show_the_sweeps_figure(tmp_pat
     # eagle3 status
     assert (
         result_text(Stage.EVALUATE, result, None)
-        == "acceptance length 3.28, speedup 1.07x at k=3, 4 in flight"
+        == "acceptance length 3.28, speedup 1.07x [1.07, 1.07] at k=3, 4 in flight"  # steady rounds
     )
     # the operator's metric, labelled with the k and the concurrency the dashboard's legend names
     assert exported(result) == {
@@ -101,6 +101,6 @@ def test_the_summary_status_metrics_and_dashboard_show_the_sweeps_figure(tmp_pat
 def test_without_a_sweep_at_its_k_the_headline_is_the_main_runs_and_says_so(tmp_path: Path) -> None:
     result = EvaluateResult.model_validate(MAIN)
     assert result_text(Stage.EVALUATE, result, None) == (
-        "acceptance length 3.28, speedup 0.706x at k=3, 8 in flight"
+        "acceptance length 3.28, speedup 0.706x at k=3, 8 in flight (one run each, unpaired)"
     )
     assert exported(result)["concurrency"] == "8" and exported(result)["value"] == 0.7059
