@@ -1,6 +1,9 @@
-"""The one module that talks to Prometheus: instant queries over its HTTP API (GET /api/v1/query).
+"""The one module that talks to Prometheus: instant and range queries over its HTTP API (GET /api/v1/query,
+/api/v1/query_range).
 
-serving.canary reads each track's live figures here before planning (the planner stays pure). A few lines
+serving.canary reads each track's live figures here before planning (the planner stays pure): its totals over
+the observation window (instant queries) and its figures sub-window by sub-window (one range query per
+figure, whose step is the sub-window). A few lines
 of aiohttp (which kopf already depends on) rather than a client library: prometheus-api-client pulls pandas
 and matplotlib into the operator's image and is synchronous (it would block kopf's event loop), and the
 other clients add nothing this small query needs.
@@ -23,6 +26,7 @@ from eagle3_operator.observability.queries import Scope
 
 logger = logging.getLogger(__name__)
 QUERY_PATH = "/api/v1/query"
+RANGE_PATH = "/api/v1/query_range"
 QUERY_SECONDS = 10.0
 
 
@@ -35,8 +39,24 @@ async def query_vector(
 ) -> list[dict[str, Any]]:
     """The instant vector `expr` evaluates to (at `at`, a Unix time, else now): Prometheus's result list,
     each `{"metric": {...}, "value": [time, "text"]}`. PrometheusError when it cannot be read."""
-    endpoint = url.rstrip("/") + QUERY_PATH
     params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+    return await _query(url, QUERY_PATH, params, "vector", timeout_seconds)
+
+
+async def query_matrix(
+    url: str, expr: str, start: float, end: float, step: float, timeout_seconds: float = QUERY_SECONDS
+) -> list[dict[str, Any]]:
+    """The range query of `expr` at start, start + step, ... up to end (Unix times): Prometheus's result
+    list, each `{"metric": {...}, "values": [[time, "text"], ...]}`. PrometheusError when it cannot be
+    read."""
+    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
+    return await _query(url, RANGE_PATH, params, "matrix", timeout_seconds)
+
+
+async def _query(
+    url: str, path: str, params: dict[str, str], kind: str, timeout_seconds: float
+) -> list[dict[str, Any]]:
+    endpoint = url.rstrip("/") + path
     timeout = aiohttp.ClientTimeout(total=timeout_seconds)
     try:
         async with (
@@ -54,14 +74,14 @@ async def query_vector(
             f"Prometheus at {url} does not answer ({why}); check serving.canary.prometheusUrl or the "
             "operator's --prometheus-url, and that the operator can reach it"
         ) from None
-    return _result(url, response.status, answer, text)
+    return _result(url, response.status, answer, text, kind, path)
 
 
-def _result(url: str, status: int, answer: Any, text: str) -> list[dict[str, Any]]:
+def _result(url: str, status: int, answer: Any, text: str, kind: str, path: str) -> list[dict[str, Any]]:
     if not isinstance(answer, dict):
         raise PrometheusError(
             f"Prometheus at {url} answered HTTP {status} with no JSON ({text[:200]!r}); is {url} a "
-            "Prometheus server's base URL (its /api/v1/query)?"
+            f"Prometheus server's base URL (its {path})?"
         )
     if answer.get("status") != "success":
         raise PrometheusError(
@@ -69,8 +89,8 @@ def _result(url: str, status: int, answer: Any, text: str) -> list[dict[str, Any
             f"{answer.get('error')})"
         )
     data = answer.get("data") or {}
-    if data.get("resultType") != "vector":
-        raise PrometheusError(f"Prometheus at {url} answered a {data.get('resultType')}, not a vector")
+    if data.get("resultType") != kind:
+        raise PrometheusError(f"Prometheus at {url} answered a {data.get('resultType')}, not a {kind}")
     result: list[dict[str, Any]] = list(data.get("result") or [])
     return result
 
@@ -100,3 +120,32 @@ async def query_track_figures(
         output_tokens_per_second=round(speed, 3) if speed is not None else None,
         requests=round(requests) if requests is not None else None,
     )
+
+
+async def query_steps(
+    url: str, expr: str, start: float, count: int, step: float, timeout_seconds: float = QUERY_SECONDS
+) -> tuple[float | None, ...]:
+    """The value of a one-series `expr` at start, start + step, ... (`count` steps): None where it has no
+    sample (no data in that step's range) or is not a number (0/0)."""
+    if count < 1:
+        return ()
+    end = start + (count - 1) * step
+    values: list[float | None] = [None] * count
+    for series in (await query_matrix(url, expr, start, end, step, timeout_seconds))[:1]:
+        for at, text in series.get("values") or []:
+            index, value = round((float(at) - start) / step), float(text)
+            if 0 <= index < count and math.isfinite(value):
+                values[index] = value
+    return tuple(values)
+
+
+async def query_track_windows(
+    url: str, scope: Scope, start: float, count: int, step: float, timeout_seconds: float = QUERY_SECONDS
+) -> tuple[tuple[float | None, ...], tuple[float | None, ...]]:
+    """One track's mean acceptance length and output tokens/s per request in each of `count` sub-windows
+    (the scope's window: `step` long, track_scope), the first ending at `start`; None where it had none."""
+    length, speed = await asyncio.gather(
+        query_steps(url, canary_queries.acceptance_length(scope), start, count, step, timeout_seconds),
+        query_steps(url, canary_queries.output_tokens_per_second(scope), start, count, step, timeout_seconds),
+    )
+    return length, speed

@@ -502,7 +502,20 @@ class Canary(ApiModel):
     replicas: int = Field(
         1, ge=1, le=1000, description="Canary vLLM replicas: the Service splits traffic by replica count."
     )
-    duration: Duration = Field("10m", description="Observe the canary at least this long, e.g. '10m'.")
+    duration: Duration = Field(
+        "10m",
+        description="Observe the canary at least this long, e.g. '10m'; when the comparison cannot tell the "
+        "tracks apart by then, it is observed once more as long before the incumbent is kept.",
+    )
+    windows: int = Field(
+        DEFAULT_ROUNDS,
+        ge=MIN_ROUNDS,
+        le=60,
+        description="Sub-windows the duration is cut into (duration / windows each, 1s at the least; give "
+        "each a few Prometheus scrapes): both tracks' figures are paired sub-window by sub-window and "
+        "compared as a median ratio with a 95 % interval. At least 6: the fewest whose interval reaches "
+        "95 %.",
+    )
     min_requests: int = Field(
         100, ge=1, le=100_000_000, description="Requests the canary must finish before a decision."
     )
@@ -510,11 +523,15 @@ class Canary(ApiModel):
         0.05,
         ge=0.0,
         lt=1.0,
-        description="Promote when the canary's live mean acceptance length and output tokens/s are each "
-        "at least (1 - tolerance) x the incumbent's; otherwise roll back.",
+        description="Promote when the 95 % intervals of the canary's mean acceptance length and output "
+        "tokens/s per request over the incumbent's (sub-window by sub-window) both lie above "
+        "1 - tolerance; roll back when either lies below; otherwise observe once more, then keep the "
+        "incumbent.",
     )
     timeout: Duration = Field(
-        "2h", description="Roll back when no decision could be taken by then (too little traffic)."
+        "2h",
+        description="Roll back when no decision could be taken by then (too little traffic); bounds the "
+        "extension too (give it more than twice the duration).",
     )
     prometheus_url: str | None = Field(
         None,

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field
 
 from eagle3_contract.api.base import ApiModel
 from eagle3_contract.api.categories import CategoryFigures
+from eagle3_contract.api.comparison import Comparison
 from eagle3_contract.api.spec import DraftMethod
 from eagle3_contract.api.speculation import SpeculationTable
 
@@ -231,6 +232,25 @@ class CanaryStatus(StatusModel):
     )
     incumbent: TrackFigures | None = Field(None, description="The incumbent's figures in the window.")
     canary: TrackFigures | None = Field(None, description="The canary's figures in the window.")
+    window_seconds: float | None = Field(
+        None, description="Length of each sub-window compared: serving.canary.duration / windows."
+    )
+    acceptance_ratio: Comparison | None = Field(
+        None,
+        description="The canary's mean acceptance length over the incumbent's, sub-window by sub-window: "
+        "the median ratio and its 95 % interval (sub-windows where a track has no figure left out).",
+    )
+    speed_ratio: Comparison | None = Field(
+        None,
+        description="The canary's output tokens/s per request over the incumbent's, sub-window by "
+        "sub-window: the median ratio and its 95 % interval.",
+    )
+    extended: bool = Field(
+        False,
+        description="The first decision could not tell the tracks apart: the canary was observed once "
+        "more for serving.canary.duration.",
+    )
+    extended_at: str | None = Field(None, description="When the observation was extended (RFC 3339).")
     message: str | None = Field(None, description="What the canary waits for, or why it was decided so.")
 
 

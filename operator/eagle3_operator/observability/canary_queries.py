@@ -3,7 +3,9 @@
 The run's PodMonitor labels every vLLM series with `track`: `canary` on the canary Deployment's pods,
 `stable` on the incumbent's (builders/serving.py). The operator reads one track at a time over the
 observation window (`track_scope`: namespace, run and track matchers, a window of N seconds); a dashboard
-passes its own Scope and groups by TRACK_BY to draw the tracks side by side.
+passes its own Scope and groups by TRACK_BY to draw the tracks side by side. The decision compares the tracks
+sub-window by sub-window: the same expressions with the sub-window as their range, asked as a range query
+whose step is that sub-window (eagle3_operator.prometheus.query_steps), each step one sub-window.
 
   mean acceptance length    = 1 + accepted tokens / drafts
   output tokens/s (request) = 1 / vLLM's mean time per output token of a request: its histogram's
@@ -27,9 +29,16 @@ def track_matchers(namespace: str, run: str, track: str) -> str:
     return f'namespace="{_quoted(namespace)}", run="{_quoted(run)}", {TRACK_LABEL}="{_quoted(track)}"'
 
 
-def track_scope(namespace: str, run: str, track: str, window_seconds: int) -> Scope:
-    """One track of one run over the last `window_seconds` (the canary's observation window)."""
-    return Scope(vllm=track_matchers(namespace, run, track), window=f"{max(1, int(window_seconds))}s")
+def track_scope(namespace: str, run: str, track: str, window_seconds: float) -> Scope:
+    """One track of one run over the last `window_seconds` (the canary's observation window, or one of its
+    sub-windows: whole milliseconds, 1 s at the least)."""
+    return Scope(vllm=track_matchers(namespace, run, track), window=range_text(window_seconds))
+
+
+def range_text(seconds: float) -> str:
+    """A PromQL range of `seconds`: `600s`, or `3333ms` where it is not whole seconds (1 s at the least)."""
+    millis = max(1000, round(seconds * 1000))
+    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
 
 
 def _quoted(value: str) -> str:

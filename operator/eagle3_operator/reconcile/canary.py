@@ -3,10 +3,14 @@ figures. Pure: the executor reads the figures from Prometheus before planning (O
 
 While a canary is observed the serving Deployment keeps the incumbent's draft (plan_serving gets no draft);
 the canary Deployment serves the new one behind the same Service. Once serving.canary.duration has passed
-since its first ready replica, it finished serving.canary.minRequests requests and both tracks have figures,
-it is promoted when its mean acceptance length and output tokens/s per request are each at least
-(1 - tolerance) x the incumbent's, else rolled back; with no decision by serving.canary.timeout (counted from
-the canary's creation, the Canary condition's transition) it is rolled back as inconclusive. A rolled-back
+since its first ready replica, it finished serving.canary.minRequests requests and at least MIN_ROUNDS
+sub-windows have both tracks' figures, the tracks are compared sub-window by sub-window (canary_verdict):
+promoted when the intervals of the canary's mean acceptance length and output tokens/s per request over the
+incumbent's both lie above 1 - tolerance, rolled back when either lies below. Otherwise (an interval holds
+the threshold, or the sub-windows are noisy) the canary is extended once: observed for another duration, all
+its sub-windows compared again; still undecided, it is rolled back as NotDistinguishable and the incumbent
+kept. With no decision by serving.canary.timeout (counted from the canary's creation, the Canary
+condition's transition) it is rolled back as inconclusive (NotDistinguishable once extended). A rolled-back
 draft is not tried again while it stays the rollout: a new draft path in the spec is a new canary.
 
 No requeue of its own: the operator's resync (--resync-seconds, 60 s by default) reconciles every run, so
@@ -19,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from eagle3_contract.api.comparison import Verdict
 from eagle3_contract.api.fields import duration_seconds
 from eagle3_contract.api.spec import Canary, Eagle3RunSpec
 from eagle3_contract.api.status import (
@@ -33,6 +38,7 @@ from eagle3_contract.api.status import (
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_canary_deployment
+from eagle3_operator.reconcile import canary_verdict
 from eagle3_operator.reconcile.actions import Action, object_ref
 from eagle3_operator.reconcile.observe import CanaryFigures, Observed
 from eagle3_operator.reconcile.serving import served_spec
@@ -40,7 +46,9 @@ from eagle3_operator.reconcile.serving import served_spec
 PROMOTED = "Promoted"
 ROLLED_BACK = "RolledBack"
 INCONCLUSIVE = "CanaryInconclusive"
+NOT_DISTINGUISHABLE = "NotDistinguishable"
 OBSERVING = "Observing"
+EXTENDED = "Extended"
 
 
 @dataclass(frozen=True)
@@ -129,6 +137,8 @@ def _observe(
     ready = view.ready_replicas if view is not None else 0
     started = last.started if same and last is not None and last.started else (now if ready else None)
     figures = (observed.canary_figures or CanaryFigures()) if started else CanaryFigures()
+    ratios = canary_verdict.ratios(figures)
+    extended_at = last.extended_at if same and last is not None else None
     status = CanaryStatus(
         phase=CanaryPhase.OBSERVING,
         deployment=names.canary_name(ref.name),
@@ -140,6 +150,11 @@ def _observe(
         started=started,
         incumbent=figures.incumbent,
         canary=figures.canary,
+        window_seconds=canary_verdict.window_seconds(canary),
+        acceptance_ratio=ratios.acceptance,
+        speed_ratio=ratios.speed,
+        extended=extended_at is not None,
+        extended_at=extended_at,
     )
     return _decide(canary, _Window(status, since, now), figures, rollout, actions, ref, observed, generation)
 
@@ -154,30 +169,36 @@ def _decide(
     observed: Observed,
     generation: int | None,
 ) -> CanaryPlan:
+    """Promote or roll back on the intervals once nothing is waited for; extend once where they cannot
+    tell; roll back at the timeout; else keep observing."""
     status, now = window.status, window.now
     waits = waiting_for(canary, status, figures, now)
     if not waits:
-        promote, message = compare(canary.tolerance, status)
-        phase, reason = (
-            (CanaryPhase.PROMOTED, PROMOTED) if promote else (CanaryPhase.ROLLED_BACK, ROLLED_BACK)
-        )
+        found = canary_verdict.verdict(canary.tolerance, status)
+        if found == Verdict.NOT_DISTINGUISHABLE and not status.extended:
+            return _extend(canary, window, actions, generation)
+        promote, reason, message = _verdict_message(canary, status, found)
     elif _seconds(window.since, now) >= duration_seconds(canary.timeout):
-        promote, phase, reason = False, CanaryPhase.ROLLED_BACK, INCONCLUSIVE
+        promote, reason = False, NOT_DISTINGUISHABLE if status.extended else INCONCLUSIVE
         message = (
             f"canary draft {status.draft}: no decision within serving.canary.timeout {canary.timeout} "
-            f"({'; '.join(waits)}); {figures_text(status)}: rolled back"
+            f"({'; '.join(waits)}); {figures_text(status)}; "
+            f"{canary_verdict.ratios_text(canary.tolerance, status)}: rolled back"
         )
     else:
+        so_far = status.acceptance_ratio is not None or status.speed_ratio is not None
         message = (
             f"observing canary draft {status.draft} next to incumbent {status.incumbent_draft}: "
             f"waiting for {'; '.join(waits)} (rolled back if undecided by {canary.timeout} after its start)"
+            + (f"; so far {canary_verdict.ratios_text(canary.tolerance, status)}" if so_far else "")
         )
         observing = status.model_copy(update={"message": message})
-        cond = canary_condition("Unknown", OBSERVING, message, window.since, generation)
+        reason = EXTENDED if status.extended else OBSERVING
+        cond = canary_condition("Unknown", reason, message, window.since, generation)
         return CanaryPlan(actions, None, observing, cond)
     decided = status.model_copy(
         update={
-            "phase": phase,
+            "phase": CanaryPhase.PROMOTED if promote else CanaryPhase.ROLLED_BACK,
             "replicas": 0,
             "decided": now,
             "seconds_to_decision": _seconds(status.started, now) if status.started else None,
@@ -186,6 +207,39 @@ def _decide(
     )
     cond = canary_condition("True" if promote else "False", reason, message, now, generation)
     return CanaryPlan(_delete(ref, observed), rollout if promote else None, decided, cond)
+
+
+def _extend(
+    canary: Canary, window: _Window, actions: tuple[Action, ...], generation: int | None
+) -> CanaryPlan:
+    """The first decision could not tell the tracks apart: observe once more for serving.canary.duration."""
+    status, now = window.status, window.now
+    message = (
+        f"canary draft {status.draft} is not distinguishable from incumbent {status.incumbent_draft} yet: "
+        f"{canary_verdict.ratios_text(canary.tolerance, status)}; observing it for another "
+        f"serving.canary.duration {canary.duration}, then the incumbent is kept unless both intervals lie "
+        f"above the threshold ({figures_text(status)})"
+    )
+    extended = status.model_copy(update={"extended": True, "extended_at": now, "message": message})
+    cond = canary_condition("Unknown", EXTENDED, message, window.since, generation)
+    return CanaryPlan(actions, None, extended, cond)
+
+
+def _verdict_message(canary: Canary, status: CanaryStatus, found: Verdict) -> tuple[bool, str, str]:
+    """(promote, the condition's reason, the message naming both intervals and both tracks' figures)."""
+    ratios = canary_verdict.ratios_text(canary.tolerance, status)
+    head = f"canary draft {status.draft}: {figures_text(status)}; {ratios}"
+    if found == Verdict.BETTER:
+        return True, PROMOTED, f"{head}: promoted"
+    if found == Verdict.WORSE:
+        return False, ROLLED_BACK, f"{head}: rolled back"
+    return (
+        False,
+        NOT_DISTINGUISHABLE,
+        f"{head}: not distinguishable from incumbent {status.incumbent_draft} after observing twice "
+        f"serving.canary.duration {canary.duration}: rolled back, the incumbent keeps serving (more traffic, "
+        "a longer duration or a larger tolerance lets the intervals clear the threshold)",
+    )
 
 
 def waiting_for(canary: Canary, status: CanaryStatus, figures: CanaryFigures, now: str) -> list[str]:
@@ -198,9 +252,15 @@ def waiting_for(canary: Canary, status: CanaryStatus, figures: CanaryFigures, no
         )
     if status.started is None:
         return [*waits, f"a ready canary replica (0/{canary.replicas} ready)"]
-    left = duration_seconds(canary.duration) - _seconds(status.started, now)
-    if left > 0:
-        waits.append(f"{_clock(left)} of serving.canary.duration {canary.duration}")
+    if status.extended_at is not None:
+        left = duration_seconds(canary.duration) - _seconds(status.extended_at, now)
+        if left > 0:
+            extension = f"another serving.canary.duration {canary.duration}"
+            waits.append(f"{_clock(left)} of the extension ({extension})")
+    else:
+        left = duration_seconds(canary.duration) - _seconds(status.started, now)
+        if left > 0:
+            waits.append(f"{_clock(left)} of serving.canary.duration {canary.duration}")
     requests = status.canary.requests if status.canary is not None else None
     if requests is None or requests < canary.min_requests:
         waits.append(f"{requests or 0}/{canary.min_requests} canary requests")
@@ -209,31 +269,18 @@ def waiting_for(canary: Canary, status: CanaryStatus, figures: CanaryFigures, no
         for track, fig in (("incumbent", status.incumbent), ("canary", status.canary))
         if not _complete(fig)
     ]
+    rounds = canary_verdict.rounds_wait(status)
     if figures.problem:
         waits.append(f"figures: {figures.problem}")
     elif missing and canary.prometheus_url is not None:
         waits.append(f"live figures of the {' and the '.join(missing)} (none in Prometheus yet)")
+    elif rounds is not None and canary.prometheus_url is not None:
+        waits.append(rounds)
     return waits
 
 
 def _complete(fig: TrackFigures | None) -> bool:
     return fig is not None and fig.acceptance_length is not None and fig.output_tokens_per_second is not None
-
-
-def compare(tolerance: float, status: CanaryStatus) -> tuple[bool, str]:
-    """Promote (True) when the canary's figures are each at least (1 - tolerance) x the incumbent's; the
-    message names both tracks' figures."""
-    inc, can = status.incumbent, status.canary
-    assert inc is not None and can is not None and _complete(inc) and _complete(can)
-    assert inc.acceptance_length is not None and inc.output_tokens_per_second is not None
-    assert can.acceptance_length is not None and can.output_tokens_per_second is not None
-    floor = 1.0 - tolerance
-    ok = (
-        can.acceptance_length >= floor * inc.acceptance_length
-        and can.output_tokens_per_second >= floor * inc.output_tokens_per_second
-    )
-    verdict = "promoted" if ok else "rolled back"
-    return ok, f"canary draft {status.draft}: {figures_text(status)} (tolerance {tolerance:.0%}): {verdict}"
 
 
 def figures_text(status: CanaryStatus) -> str:
@@ -273,10 +320,14 @@ def _clock(seconds: float) -> str:
 
 def canary_news(known: Eagle3RunStatus, status: Eagle3RunStatus) -> list[tuple[bool, str, str]]:
     """The Events of a canary's transitions between the last written status and the new one: (warning,
-    reason, message) once when a canary starts, is promoted or is rolled back; none while it is observed."""
+    reason, message) once when a canary starts, is extended, is promoted or is rolled back; none while it is
+    observed."""
     old, new = known.canary, status.canary
-    if new is None or (old is not None and (old.phase, old.draft) == (new.phase, new.draft)):
+    if new is None:
         return []
+    if old is not None and (old.phase, old.draft) == (new.phase, new.draft):
+        extended = new.phase == CanaryPhase.OBSERVING and new.extended and not old.extended
+        return [(False, "CanaryExtended", new.message or "")] if extended else []
     if new.phase == CanaryPhase.OBSERVING:
         message = (
             f"canary {new.deployment} serves draft {new.draft} with {new.replicas} "

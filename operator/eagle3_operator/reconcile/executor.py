@@ -23,12 +23,10 @@ from eagle3_contract.reasons import REJECTED
 from eagle3_operator.builders import names
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.k8s import ApiError, ApiUnreachable, Kube
-from eagle3_operator.observability.canary_queries import track_scope
-from eagle3_operator.prometheus import PrometheusError, query_track_figures
 from eagle3_operator.reconcile.actions import Action
 from eagle3_operator.reconcile.announce import announce
+from eagle3_operator.reconcile.canary_figures import with_canary_figures
 from eagle3_operator.reconcile.observe import (
-    CanaryFigures,
     Observed,
     blocked_by,
     canary_deployment,
@@ -125,33 +123,6 @@ def observe(
         progress=dict(state.progress.get(key) or {}),
         features=state.features,
     )
-
-
-async def with_canary_figures(
-    observed: Observed, ref: RunRef, spec: Any, known: Mapping[str, Any], now: str
-) -> Observed:
-    """serving.canary: while a canary is observed (its window started), both tracks' live figures over the
-    window [started, now], read from Prometheus before planning; a Prometheus that cannot answer leaves them
-    unset, with why (the canary keeps being observed and the decision waits)."""
-    last = known.get("canary") or {}
-    serving = (spec.get("serving") or {}) if isinstance(spec, Mapping) else {}
-    canary = serving.get("canary") if isinstance(serving, Mapping) else None
-    started, url = last.get("started"), canary.get("prometheusUrl") if isinstance(canary, Mapping) else None
-    if last.get("phase") != "Observing" or observed.canary is None or not started or not url:
-        return observed
-    end = datetime.fromisoformat(now)
-    window = int((end - datetime.fromisoformat(started)).total_seconds())
-    run = names.run_label(ref.name)
-    at = end.timestamp()  # evaluated at `now`, as status says: the figures can be asked again and agree
-    try:
-        incumbent, candidate = await asyncio.gather(
-            query_track_figures(url, track_scope(ref.namespace, run, names.TRACK_STABLE, window), at),
-            query_track_figures(url, track_scope(ref.namespace, run, names.TRACK_CANARY, window), at),
-        )
-    except PrometheusError as err:
-        logger.info("canary of %s/%s: no live figures: %s", ref.namespace, ref.name, err)
-        return dataclasses.replace(observed, canary_figures=CanaryFigures(problem=str(err)))
-    return dataclasses.replace(observed, canary_figures=CanaryFigures(incumbent, candidate))
 
 
 async def serves_disruption_budgets(kube: Kube) -> bool:

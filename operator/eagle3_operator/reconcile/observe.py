@@ -84,12 +84,24 @@ class DeploymentView:
 
 
 @dataclass(frozen=True)
+class TrackWindows:
+    """One track's figures in each complete sub-window since the canary's start (serving.canary.windows),
+    the first first; None where the track had none (no drafts, no finished request)."""
+
+    acceptance_length: tuple[float | None, ...] = ()
+    output_tokens_per_second: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True)
 class CanaryFigures:
-    """serving.canary: both tracks' live figures over the observation window, as the executor read them
-    from Prometheus before planning (eagle3_operator.prometheus); `problem` says why some are missing."""
+    """serving.canary: both tracks' live figures over the observation window, in total and sub-window by
+    sub-window, as the executor read them from Prometheus before planning (eagle3_operator.prometheus);
+    `problem` says why some are missing."""
 
     incumbent: TrackFigures | None = None
     canary: TrackFigures | None = None
+    incumbent_windows: TrackWindows = field(default_factory=TrackWindows)
+    canary_windows: TrackWindows = field(default_factory=TrackWindows)
     problem: str | None = None
 
 

@@ -26,14 +26,15 @@ from eagle3_contract.api.status import (
 from eagle3_contract.api.validation import parse_spec
 from eagle3_operator.builders import names
 from eagle3_operator.builders.serving import build_canary_deployment
-from eagle3_operator.reconcile.canary import INCONCLUSIVE, canary_news, plan_canary
-from eagle3_operator.reconcile.observe import CanaryFigures, DeploymentView, Observed
+from eagle3_operator.reconcile.canary import INCONCLUSIVE, NOT_DISTINGUISHABLE, canary_news, plan_canary
+from eagle3_operator.reconcile.observe import CanaryFigures, DeploymentView, Observed, TrackWindows
 from eagle3_operator.reconcile.serving import pinned_speculation, schedule_of, tuned_note
 from tests.unit.reconcile.planner_world import RUN, World, condition_of, keys, tiny, ts
 
 OLD, NEW = "/artifacts/export/old", "/artifacts/export/new"
 URL = "http://prometheus.monitoring.svc:9090"
 CANARY = {"replicas": 1, "duration": "10m", "minRequests": 100, "tolerance": 0.05, "timeout": "1h"}
+SHORT = CANARY | {"timeout": "20m"}  # shorter than the duration and its extension
 CANARY_NAME = names.canary_name(RUN.name)
 GOOD = TrackFigures(acceptance_length=1.5, output_tokens_per_second=40.0, requests=500)
 
@@ -78,8 +79,36 @@ def observing(started: str | None = ts(0), since: str = ts(0)) -> Eagle3RunStatu
     return Eagle3RunStatus.model_validate({"conditions": [cond]}).model_copy(update={"canary": status})
 
 
-def figures(canary: TrackFigures = GOOD, incumbent_figures: TrackFigures = GOOD) -> CanaryFigures:
-    return CanaryFigures(incumbent=incumbent_figures, canary=canary)
+def steady(fig: TrackFigures, count: int = 7) -> TrackWindows:
+    """A track whose every sub-window shows its totals (7: the complete 100 s sub-windows at 700 s)."""
+    return TrackWindows((fig.acceptance_length,) * count, (fig.output_tokens_per_second,) * count)
+
+
+def figures(
+    canary: TrackFigures = GOOD,
+    incumbent_figures: TrackFigures = GOOD,
+    canary_windows: TrackWindows | None = None,
+    incumbent_windows: TrackWindows | None = None,
+) -> CanaryFigures:
+    return CanaryFigures(
+        incumbent=incumbent_figures,
+        canary=canary,
+        incumbent_windows=incumbent_windows or steady(incumbent_figures),
+        canary_windows=canary_windows or steady(canary),
+    )
+
+
+def speeds(ratios: list[float | None], length: float = 1.5) -> CanaryFigures:
+    """The canary's output tokens/s at `ratios` x the incumbent's 40, sub-window by sub-window (None: the
+    canary finished no request there), its acceptance length as the incumbent's."""
+    count = len(ratios)
+    canary = TrackWindows((length,) * count, tuple(None if r is None else 40.0 * r for r in ratios))
+    return figures(canary_windows=canary, incumbent_windows=steady(GOOD, count))
+
+
+def after(plan: Any) -> Eagle3RunStatus:
+    """The status a plan wrote, as the next reconcile reads it."""
+    return Eagle3RunStatus(conditions=[plan.condition], canary=plan.status)
 
 
 def decide(
@@ -150,18 +179,26 @@ def test_a_canary_as_good_as_the_incumbent_is_promoted() -> None:
     assert plan.status.phase == CanaryPhase.PROMOTED and plan.status.decided == ts(700)
     assert plan.status.seconds_to_decision == 700
     assert (plan.condition.status, plan.condition.reason) == ("True", "Promoted")
+    assert plan.status.window_seconds == 100 and not plan.status.extended  # 10m / 6 sub-windows
+    acceptance, speed = plan.status.acceptance_ratio, plan.status.speed_ratio
+    assert acceptance is not None and speed is not None and (acceptance.rounds, speed.rounds) == (7, 7)
+    assert speed.ratio == 1.0 and acceptance.low == acceptance.high == round(1.5 / 1.5, 4)
+    assert f"output tokens/s per request {speed.text()} above it" in plan.condition.message
 
 
-def test_a_canary_with_a_lower_acceptance_length_is_rolled_back_with_both_figures() -> None:
+def test_promoted_when_both_intervals_clear_the_threshold() -> None:
+    plan = decide(speeds([0.97, 1.02, 0.99, 1.04, 0.98, 1.01]))
+    assert plan.status.phase == CanaryPhase.PROMOTED and plan.serve == Checkpoint(path=NEW)
+    speed = plan.status.speed_ratio
+    assert speed is not None and (speed.low, speed.high, speed.rounds) == (0.97, 1.04, 6)
+    assert "against 0.95 (1 - tolerance 5%)" in plan.condition.message
+    assert "0.97, 1.04] (96.9% interval, 6 rounds) above it" in plan.condition.message
+
+
+def test_a_canary_with_a_lower_acceptance_length_is_rolled_back_with_both_intervals() -> None:
     bad = TrackFigures(acceptance_length=1.0, output_tokens_per_second=41.2, requests=300)
-    plan = decide(
-        figures(
-            canary=bad,
-            incumbent_figures=TrackFigures(
-                acceptance_length=1.52, output_tokens_per_second=40.8, requests=600
-            ),
-        )
-    )
+    incumbent_figures = TrackFigures(acceptance_length=1.52, output_tokens_per_second=40.8, requests=600)
+    plan = decide(figures(canary=bad, incumbent_figures=incumbent_figures))
     assert plan.serve is None
     assert [a.key for a in plan.actions] == [("delete", "Deployment", CANARY_NAME)]
     assert plan.status.phase == CanaryPhase.ROLLED_BACK
@@ -170,27 +207,116 @@ def test_a_canary_with_a_lower_acceptance_length_is_rolled_back_with_both_figure
         f"canary draft {NEW}: mean acceptance length 1.00 vs incumbent 1.52, 41.2 vs 40.8 output "
         "tokens/s per request" in plan.condition.message
     )
-    assert "(tolerance 5%): rolled back" in plan.condition.message
+    assert (
+        "acceptance length 0.66x [0.66, 0.66] (98.4% interval, 7 rounds) below it" in plan.condition.message
+    )
+    assert (
+        "output tokens/s per request 1.01x" in plan.condition.message and "above it" in plan.condition.message
+    )
+    assert plan.condition.message.endswith(": rolled back")
     assert plan.status.canary == bad and plan.status.incumbent is not None
 
 
-def test_a_slower_canary_is_rolled_back() -> None:
-    slow = GOOD.model_copy(update={"output_tokens_per_second": 30.0})
-    plan = decide(figures(canary=slow))
+def test_a_slower_canary_is_rolled_back_when_its_whole_interval_lies_below() -> None:
+    plan = decide(speeds([0.80, 0.78, 0.83, 0.75, 0.81, 0.79]))
     assert plan.serve is None and plan.status.phase == CanaryPhase.ROLLED_BACK
+    assert plan.condition.reason == "RolledBack"
 
 
 @pytest.mark.parametrize(
-    ("length", "speed", "promoted"), [(1.43, 38.1, True), (1.42, 40.0, False), (1.5, 37.9, False)]
+    ("ratios", "phase"),
+    [
+        ([0.951, 1.0, 1.01, 0.99, 1.02, 1.0], CanaryPhase.PROMOTED),  # the lowest above 0.95
+        ([0.95, 1.0, 1.01, 0.99, 1.02, 1.0], CanaryPhase.OBSERVING),  # touching it: cannot tell, extended
+        ([0.949, 1.0, 1.01, 0.99, 1.02, 1.0], CanaryPhase.OBSERVING),
+        ([0.949, 0.9, 0.91, 0.93, 0.92, 0.90], CanaryPhase.ROLLED_BACK),  # the highest below 0.95
+    ],
 )
-def test_the_tolerance_is_a_fraction_of_the_incumbents_figures(
-    length: float, speed: float, promoted: bool
+def test_the_interval_is_compared_with_one_minus_the_tolerance(
+    ratios: list[float], phase: CanaryPhase
 ) -> None:
-    """5% of 1.5 is 0.075 (>= 1.425 passes), 5% of 40 is 2 (>= 38 passes)."""
-    plan = decide(
-        figures(canary=TrackFigures(acceptance_length=length, output_tokens_per_second=speed, requests=500))
+    """6 rounds give the interval [lowest, highest] (96.9 %); the threshold is 1 - 0.05."""
+    plan = decide(speeds(ratios))
+    assert plan.status.phase == phase
+    assert plan.status.extended is (phase == CanaryPhase.OBSERVING)
+
+
+def test_intervals_that_hold_the_threshold_extend_once_then_keep_the_incumbent() -> None:
+    straddling = [0.90, 1.00, 0.93, 0.98, 0.96, 1.01]
+    first = decide(speeds(straddling))
+    assert first.serve is None and first.actions == ()  # the canary Deployment stays for the extension
+    assert first.status.phase == CanaryPhase.OBSERVING and first.status.extended
+    assert first.status.extended_at == ts(700)
+    assert (first.condition.status, first.condition.reason) == ("Unknown", "Extended")
+    assert "is not distinguishable from incumbent" in first.condition.message
+    assert "observing it for another serving.canary.duration 10m" in first.condition.message
+    assert first.condition.last_transition_time == ts(0)  # the timeout still counts from the creation
+    news = canary_news(observing(), Eagle3RunStatus(canary=first.status))
+    assert [(w, r) for w, r, _ in news] == [(False, "CanaryExtended")]
+    assert canary_news(after(first), after(first)) == []  # once
+    waiting = decide(speeds(straddling * 2), now=1000, previous=after(first))
+    assert waiting.status.phase == CanaryPhase.OBSERVING and waiting.status.extended_at == ts(700)
+    assert "5m00s left of the extension (another serving.canary.duration 10m)" in waiting.condition.message
+    kept = decide(speeds(straddling * 2), now=1300, previous=after(waiting))
+    assert kept.serve is None and kept.status.phase == CanaryPhase.ROLLED_BACK
+    assert [a.key for a in kept.actions] == [("delete", "Deployment", CANARY_NAME)]
+    assert (kept.condition.status, kept.condition.reason) == ("False", NOT_DISTINGUISHABLE)
+    acceptance, speed = kept.status.acceptance_ratio, kept.status.speed_ratio
+    assert acceptance is not None and speed is not None and speed.rounds == 12
+    assert acceptance.text() in kept.condition.message and speed.text() in kept.condition.message
+    assert "holding it" in kept.condition.message
+    assert "rolled back, the incumbent keeps serving" in kept.condition.message
+    assert kept.status.extended and kept.status.seconds_to_decision == 1300
+
+
+def test_one_slow_window_among_good_ones_does_not_roll_a_good_canary_back() -> None:
+    """The tier's failure (5.7 against 8.7 output tokens/s per request in one window, the others even): one
+    window alone decided it before; now its interval holds the threshold, the canary is extended, and the
+    sub-windows of the extension promote it."""
+    good = [1.0, 0.98, 1.02, 0.99, 1.01]
+    first = decide(speeds([good[0], 5.7 / 8.7, *good[1:]]))
+    assert first.status.phase == CanaryPhase.OBSERVING and first.status.extended
+    promoted = decide(speeds([good[0], 5.7 / 8.7, *good[1:], *good, 1.0]), now=1300, previous=after(first))
+    assert promoted.status.phase == CanaryPhase.PROMOTED and promoted.serve == Checkpoint(path=NEW)
+    speed = promoted.status.speed_ratio
+    assert speed is not None and speed.rounds == 12 and speed.low > 0.95 and not speed.noisy
+
+
+@pytest.mark.parametrize(
+    "ratios",
+    [
+        [1.0, 2.5, 1.1, 3.0, 1.2, 2.8],  # every ratio above the threshold, but they disagree
+        [0.1, 0.9, 0.2, 0.8, 0.15, 0.85],  # every ratio below it, as widely
+    ],
+)
+def test_noisy_windows_never_decide(ratios: list[float]) -> None:
+    first = decide(speeds(ratios))
+    assert first.status.phase == CanaryPhase.OBSERVING and first.status.extended
+    assert first.status.speed_ratio is not None and first.status.speed_ratio.noisy
+    assert "too noisy to decide" in first.condition.message
+    last = decide(speeds(ratios * 2), now=1300, previous=after(first))
+    assert last.status.phase == CanaryPhase.ROLLED_BACK and last.condition.reason == NOT_DISTINGUISHABLE
+    assert last.serve is None
+
+
+def test_windows_without_a_figure_are_left_out_and_fewer_than_six_wait() -> None:
+    plan = decide(speeds([1.0, None, 1.01, None, 0.99, 1.02, 1.0]))
+    assert plan.status.phase == CanaryPhase.OBSERVING and not plan.status.extended
+    assert plan.status.speed_ratio is not None and plan.status.speed_ratio.rounds == 5
+    assert (
+        "6 sub-windows of 100s where both tracks have figures (acceptance length 7/6, output tokens/s 5/6)"
+        in plan.condition.message
     )
-    assert (plan.status.phase == CanaryPhase.PROMOTED) is promoted
+    assert "so far the canary over the incumbent" in plan.condition.message
+    done = decide(speeds([1.0, None, 1.01, None, 0.99, 1.02, 1.0, 0.98]), now=800)
+    assert done.status.phase == CanaryPhase.PROMOTED
+
+
+def test_the_timeout_bounds_the_extension() -> None:
+    first = decide(speeds([0.90, 1.00, 0.93, 0.98, 0.96, 1.01]))
+    late = decide(speeds([0.90, 1.00, 0.93, 0.98, 0.96, 1.01]), now=1200, previous=after(first), canary=SHORT)
+    assert late.status.phase == CanaryPhase.ROLLED_BACK and late.condition.reason == NOT_DISTINGUISHABLE
+    assert "no decision within serving.canary.timeout 20m" in late.condition.message
 
 
 def test_the_decision_waits_for_the_duration() -> None:
