@@ -43,6 +43,7 @@ class FakePrometheus:
 
     tracks: dict[str, dict[str, float]] = field(default_factory=dict)
     queries: list[str] = field(default_factory=list)
+    ranges: list[dict[str, str]] = field(default_factory=list)  # the range queries' parameters
     url: str = ""
 
     async def query(self, request: web.Request) -> web.Response:
@@ -51,6 +52,15 @@ class FakePrometheus:
         track = re.search(r'track="([^"]+)"', expr)
         figures = self.tracks.get(track.group(1) if track else "", {})
         key = "length" if "spec_decode" in expr else "speed" if "per_output_token" in expr else "requests"
+        if request.path.endswith("/query_range"):  # every sub-window the same figure: the steps asked
+            self.ranges.append(dict(request.query))
+            start, end, step = (float(request.query[k]) for k in ("start", "end", "step"))
+            steps = [start + i * step for i in range(round((end - start) / step) + 1)]
+            values = [[at, str(figures[key])] for at in steps]
+            series = [{"metric": {}, "values": values}] if key in figures else []
+            return web.json_response(
+                {"status": "success", "data": {"resultType": "matrix", "result": series}}
+            )
         result = [{"metric": {}, "value": [0, str(figures[key])]}] if key in figures else []
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
@@ -60,6 +70,7 @@ async def prometheus() -> AsyncIterator[FakePrometheus]:
     fake = FakePrometheus()
     app = web.Application()
     app.router.add_get("/api/v1/query", fake.query)
+    app.router.add_get("/api/v1/query_range", fake.query)
     server = TestServer(app)
     await server.start_server()
     fake.url = str(server.make_url("")).rstrip("/")
@@ -83,7 +94,8 @@ async def cluster() -> AsyncIterator[Cluster]:
 
 
 def run_spec(draft: str, url: str) -> dict[str, Any]:
-    canary = {"replicas": 1, "duration": "2s", "minRequests": 100, "tolerance": 0.05, "prometheusUrl": url}
+    # 6 s: six sub-windows of 1 s, the fewest the comparison decides on
+    canary = {"replicas": 1, "duration": "6s", "minRequests": 100, "tolerance": 0.05, "prometheusUrl": url}
     serving = {"pinnedCheckpoint": {"path": draft}, "canary": canary, "speculationLength": "fixed"}
     return tiny(serving=serving)
 
@@ -148,16 +160,23 @@ async def test_a_canary_as_good_as_the_incumbent_is_promoted(
     canary = st["canary"]
     assert canary["canary"] == {"acceptanceLength": 1.5, "outputTokensPerSecond": 40.8, "requests": 120}
     assert canary["incumbent"]["acceptanceLength"] == 1.52
-    assert canary["secondsToDecision"] >= 2 and canary["decided"] and canary["started"]
+    assert canary["secondsToDecision"] >= 6 and canary["decided"] and canary["started"]
+    assert canary["windowSeconds"] == 1.0 and canary["extended"] is False
+    speed, acceptance = canary["speedRatio"], canary["acceptanceRatio"]
+    assert (speed["ratio"], speed["low"], speed["high"]) == (1.0, 1.0, 1.0) and speed["rounds"] >= 6
+    assert acceptance["ratio"] == round(1.50 / 1.52, 4) and acceptance["rounds"] == speed["rounds"]
     assert (condition(st, "Canary")["status"], condition(st, "Canary")["reason"]) == ("True", "Promoted")
     assert [(kind, reason) for kind, reason, _ in said] == [
         ("Normal", "CanaryStarted"),
         ("Normal", "CanaryPromoted"),
     ]
     assert "mean acceptance length 1.50 vs incumbent 1.52" in said[1][2]
+    assert "acceptance length 0.99x [0.99, 0.99]" in said[1][2] and "above it: promoted" in said[1][2]
     for track in ("stable", "canary"):  # both tracks read with the PodMonitor's labels, over the window
         assert any(f'namespace="e3", run="tiny", track="{track}"' in q for q in prometheus.queries)
     assert all(re.search(r"\[\d+s\]", q) for q in prometheus.queries)
+    # the sub-windows: one range query per figure and track, its step the sub-window, its range too
+    assert prometheus.ranges and all(r["step"] == "1.000" and "[1s]" in r["query"] for r in prometheus.ranges)
 
 
 async def test_a_canary_with_a_low_acceptance_is_rolled_back_and_the_incumbent_kept(
@@ -177,6 +196,7 @@ async def test_a_canary_with_a_low_acceptance_is_rolled_back_and_the_incumbent_k
         f"canary draft {NEW}: mean acceptance length 1.00 vs incumbent 1.52, 40.8 vs 40.8 output tokens/s "
         "per request" in cond["message"]
     )
+    assert "acceptance length 0.66x [0.66, 0.66]" in cond["message"] and "below it" in cond["message"]
     assert condition(st, "Ready")["status"] == "True"
     assert st["serving"]["draft"] == OLD
     assert [(kind, reason) for kind, reason, _ in said] == [

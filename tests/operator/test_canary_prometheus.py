@@ -8,7 +8,8 @@ one track clearly better than the other. A real Prometheus scrapes both every se
 the run's PodMonitor would give the pods (namespace, run, track). The run serves a pinned draft OLD; its pin
 moves to NEW, the operator creates the canary Deployment, the test makes it ready (and starts its traffic),
 and after serving.canary.duration the operator promotes or rolls back from both tracks' figures as
-Prometheus computed them; status.canary carries those figures, which must be what the fake servers emitted.
+Prometheus computed them, sub-window by sub-window (range queries); status.canary carries those figures and
+the two comparisons, which must be what the fake servers emitted.
 
 test_canary.py covers the same flow with a fake Prometheus (canned answers, error paths); tests/observability
 runs it against real vLLM CPU servers and their traffic.
@@ -40,12 +41,14 @@ pytestmark = [pytest.mark.operator, pytest.mark.prometheus]
 RUN = "tiny"
 OLD, NEW = "export/0000000000aa", "export/0000000000bb"
 SERVING, CANARY = names.serving_name(RUN), names.canary_name(RUN)
-DURATION_S = 5
+# six sub-windows of 2 s: the fewest the comparison decides on, each with two 1 s scrapes (a rate needs two)
+DURATION_S = 12
+WINDOWS = 6
 MIN_REQUESTS = 20
 TOLERANCE = 0.05
 TICK_S = 0.2
 DRAFTS_PER_TICK = 100
-REQUESTS_PER_TICK = 2  # 10 finished requests/s per track: ~50 in the window, over MIN_REQUESTS
+REQUESTS_PER_TICK = 2  # 10 finished requests/s per track: ~120 in the window, over MIN_REQUESTS
 DECISION_TIMEOUT_S = 45.0
 
 
@@ -182,6 +185,7 @@ def run_spec(draft: str, prometheus_url: str) -> dict[str, Any]:
     canary = {
         "replicas": 1,
         "duration": f"{DURATION_S}s",
+        "windows": WINDOWS,
         "minRequests": MIN_REQUESTS,
         "tolerance": TOLERANCE,
         "timeout": "2m",
@@ -261,6 +265,16 @@ async def test_the_canary_is_decided_on_a_real_prometheus(
     assert abs(got["incumbent"]["requests"] - got["canary"]["requests"]) <= 2 * per_second, got
     assert got["secondsToDecision"] >= DURATION_S
     assert got["draft"] == NEW and got["incumbentDraft"] == OLD
+    # decided on the sub-windows, not on one reading: every paired sub-window's ratio is the figures' ratio
+    assert got["windowSeconds"] == DURATION_S / WINDOWS and got["extended"] is False
+    for key, ratio in (
+        ("acceptanceRatio", candidate.length / incumbent.length),
+        ("speedRatio", candidate.speed / incumbent.speed),
+    ):
+        comparison = got[key]
+        assert comparison["rounds"] >= 6 and not comparison["noisy"], comparison
+        assert comparison["low"] <= comparison["ratio"] <= comparison["high"], comparison
+        assert close(comparison["ratio"], ratio), (key, comparison)
     assert answered and close(float(answered[0]["value"][1]), candidate.length), "Prometheus has the series"
     cond = condition(st, "Canary")
     text = (
@@ -268,6 +282,9 @@ async def test_the_canary_is_decided_on_a_real_prometheus(
         f"{candidate.speed:.1f} vs {incumbent.speed:.1f} output tokens/s per request"
     )
     assert text in cond["message"], cond["message"]
+    where = "above it" if phase == "Promoted" else "below it"
+    assert f"acceptance length {got['acceptanceRatio']['ratio']:.2f}x [" in cond["message"]
+    assert where in cond["message"], cond["message"]
     if phase == "Promoted":
         assert (cond["status"], cond["reason"]) == ("True", "Promoted")
         assert draft_of(serving) == NEW

@@ -15,7 +15,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from eagle3_operator.observability import canary_queries
-from eagle3_operator.prometheus import PrometheusError, query_track_figures, query_value, query_vector
+from eagle3_operator.prometheus import (
+    PrometheusError,
+    query_steps,
+    query_track_figures,
+    query_track_windows,
+    query_value,
+    query_vector,
+)
 
 Handler = Callable[[web.Request], Any]
 
@@ -38,6 +45,7 @@ async def prometheus() -> AsyncIterator[tuple[list[dict[str, str]], Callable[[Ha
 
     app = web.Application()
     app.router.add_get("/api/v1/query", query)
+    app.router.add_get("/api/v1/query_range", query)
     server = TestServer(app)
     await server.start_server()
     try:
@@ -89,6 +97,62 @@ async def test_track_figures_query_the_tracks_scope_over_the_window(prometheus: 
     )
 
 
+def matrix(*values: tuple[float, str]) -> dict[str, Any]:
+    result = [{"metric": {"track": "canary"}, "values": [list(v) for v in values]}]
+    return {"status": "success", "data": {"resultType": "matrix", "result": result}}
+
+
+async def test_a_range_query_gives_one_value_per_step_and_none_where_a_step_had_none(prometheus: Any) -> None:
+    seen, answer, url = prometheus
+    # steps at 1000, 1100, ..., 1500: no sample at 1100 (no data in that sub-window), NaN (0/0) at 1300
+    answer(lambda r: web.json_response(matrix((1000, "1.5"), (1200, "1.6"), (1300, "NaN"), (1500, "1.4"))))
+    got = await query_steps(url, "x", start=1000.0, count=6, step=100.0)
+    assert got == (1.5, None, 1.6, None, None, 1.4)
+    assert seen == [
+        {
+            "query": "x",
+            "start": "1000.000",
+            "end": "1500.000",
+            "step": "100.000",
+            "path": "/api/v1/query_range",
+            "method": "GET",
+        }
+    ]
+    answer(lambda r: web.json_response({"status": "success", "data": {"resultType": "matrix", "result": []}}))
+    assert await query_steps(url, "x", start=1000.0, count=3, step=100.0) == (None, None, None)
+    assert await query_steps(url, "x", start=1000.0, count=0, step=100.0) == ()
+    assert len(seen) == 2, "no sub-window: no query"
+
+
+async def test_track_windows_query_each_figure_over_the_sub_window_with_it_as_the_step(
+    prometheus: Any,
+) -> None:
+    seen, answer, url = prometheus
+
+    def by_metric(request: web.Request) -> web.Response:
+        start = float(request.query["start"])
+        value = "1.52" if "spec_decode" in request.query["query"] else "40.8"
+        return web.json_response(matrix((start, value), (start + 3.333, value)))
+
+    answer(by_metric)
+    scope = canary_queries.track_scope("ns", "run", "stable", 3.333)
+    length, speed = await query_track_windows(url, scope, 1000.0, 2, 3.333)
+    assert (length, speed) == ((1.52, 1.52), (40.8, 40.8))
+    assert sorted(s["query"] for s in seen) == sorted(
+        [canary_queries.acceptance_length(scope), canary_queries.output_tokens_per_second(scope)]
+    )
+    assert all("[3333ms]" in s["query"] and s["step"] == "3.333" for s in seen)
+
+
+def test_a_range_is_whole_seconds_or_milliseconds_and_one_second_at_the_least() -> None:
+    assert [canary_queries.range_text(x) for x in (600, 3.3333, 0.2, 100.0)] == [
+        "600s",
+        "3333ms",
+        "1s",
+        "100s",
+    ]
+
+
 async def test_a_refused_query_says_what_prometheus_said(prometheus: Any) -> None:
     _, answer, url = prometheus
     error = {"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}
@@ -107,6 +171,9 @@ async def test_an_answer_that_is_not_prometheus_names_the_url(prometheus: Any) -
     answer(lambda r: web.json_response({"status": "success", "data": {"resultType": "matrix", "result": []}}))
     with pytest.raises(PrometheusError, match="a matrix, not a vector"):
         await query_vector(url, "up[5m]")
+    answer(lambda r: web.json_response(vector("1")))
+    with pytest.raises(PrometheusError, match="a vector, not a matrix"):
+        await query_steps(url, "up", 1000.0, 2, 10.0)
 
 
 async def test_an_unreachable_prometheus_says_what_to_check() -> None:
