@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from eagle3_contract.api.comparison import MIN_ROUNDS, compare_rounds
 from eagle3_operator.builders.names import TRACK_CANARY, TRACK_STABLE
 from eagle3_operator.observability import canary_queries as cq
 from eagle3_operator.reconcile.run_report import unix_time
@@ -360,12 +361,16 @@ def test_the_bad_canary_is_rolled_back_with_both_figures(tier: Tier) -> None:
         canary["phase"] == "RolledBack" and canary["draft"] == NEW and canary["incumbentDraft"] == INCUMBENT
     )
     assert canary["canary"]["acceptanceLength"] == 1.0  # the muted draft: nothing accepted
-    # rolled back on the acceptance length alone: 1.0 is under (1 - tolerance) x the incumbent's
-    assert canary["incumbent"]["acceptanceLength"] * (1 - TOLERANCE) > 1.0, canary.get("message")
+    # rolled back on the acceptance length: every paired sub-window's ratio, so the whole interval, lies under
+    # 1 - tolerance (1.0 / 1.61 = 0.62 < 0.7), whatever the speeds did
+    acceptance = canary["acceptanceRatio"]
+    assert acceptance["rounds"] >= MIN_ROUNDS and acceptance["high"] < 1 - TOLERANCE, canary.get("message")
+    assert not canary["extended"]
     cond = canary_condition(tier, "rollback")
     assert (cond["status"], cond["reason"]) == ("False", "RolledBack")
     for figure in (canary["canary"]["acceptanceLength"], canary["incumbent"]["acceptanceLength"]):
         assert f"{figure:.2f}" in cond["message"], cond["message"]
+    assert f"acceptance length {acceptance['ratio']:.2f}x [{acceptance['low']:.2f}, " in cond["message"]
     deployments = tier.operator.call(tier.canaries.deployments("rollback"))
     assert deployments["canary"] is None, "the canary Deployment is deleted"
     serving = deployments["serving"]
@@ -375,8 +380,12 @@ def test_the_bad_canary_is_rolled_back_with_both_figures(tier: Tier) -> None:
 def test_the_good_canary_is_promoted_and_serves(tier: Tier) -> None:
     assert tier.canaries is not None
     canary = canary_status(tier, "promote")
-    assert canary["phase"] == "Promoted", canary.get("message")  # the message names both tracks' figures
+    # the message names both tracks' figures and both intervals
+    assert canary["phase"] == "Promoted", canary.get("message")
     assert canary["canary"]["acceptanceLength"] > 1.3 and canary["incumbent"]["acceptanceLength"] == 1.0
+    for key in ("acceptanceRatio", "speedRatio"):  # both intervals above 1 - tolerance, over >= 6 sub-windows
+        comparison = canary[key]
+        assert comparison["rounds"] >= MIN_ROUNDS and comparison["low"] > 1 - TOLERANCE, (key, comparison)
     cond = canary_condition(tier, "promote")
     assert (cond["status"], cond["reason"]) == ("True", "Promoted")
 
@@ -404,7 +413,10 @@ def test_the_canary_figures_in_status_are_prometheus_answers(tier: Tier) -> None
         # the figure docs/benchmarks.md records (shown with pytest -s)
         print(f"canary {run}: {canary['phase']} {canary['secondsToDecision']} s after its first ready pod")
         print(f"  incumbent {canary['incumbent']}, canary {canary['canary']}")
+        print(f"  acceptance {canary['acceptanceRatio']}, speed {canary['speedRatio']}")
+        windows = {}
         for track, key in ((TRACK_STABLE, "incumbent"), (TRACK_CANARY, "canary")):
+            windows[key] = sub_windows(tier, run, track, canary)
             scope = cq.track_scope(NAMESPACE, run, track, int(decided - started))
             length = tier.prometheus.query(cq.acceptance_length(scope), at=decided)
             speed = tier.prometheus.query(cq.output_tokens_per_second(scope), at=decided)
@@ -415,6 +427,32 @@ def test_the_canary_figures_in_status_are_prometheus_answers(tier: Tier) -> None
             assert figures["requests"] == pytest.approx(float(requests[0]["value"][1]), abs=2)
             least = WAVES * WAVE_PROMPTS - 1 - (WAVE_PROMPTS if track == TRACK_STABLE else 0)
             assert figures["requests"] >= least, (run, track, figures)
+        # the comparisons are those of the same sub-windows' figures, paired as the operator pairs them
+        for key, figure in (("acceptanceRatio", 0), ("speedRatio", 1)):
+            expected = compare_rounds(windows["incumbent"][figure], windows["canary"][figure])
+            said = expected.model_dump(mode="json", by_alias=True) if expected is not None else None
+            assert canary[key] == said, (run, key, windows)
+
+
+def sub_windows(
+    tier: Tier, run: str, track: str, canary: dict[str, Any]
+) -> tuple[tuple[float | None, ...], tuple[float | None, ...]]:
+    """A track's acceptance length and tokens/s per request in each sub-window the decision compared."""
+    step = canary["windowSeconds"]
+    started, decided = unix_time(canary["started"]), unix_time(canary["decided"])
+    assert started is not None and decided is not None
+    count = int((decided - started) * 1000 // round(step * 1000))  # the sub-windows ended at the decision
+    first = started + step
+    scope = cq.track_scope(NAMESPACE, run, track, step)
+    out = []
+    for expr in (cq.acceptance_length(scope), cq.output_tokens_per_second(scope)):
+        values: list[float | None] = [None] * count
+        for series in tier.prometheus.query_range(expr, first, first + (count - 1) * step, step)[:1]:
+            for at, text in series["values"]:
+                value = float(text)
+                values[round((float(at) - first) / step)] = value if math.isfinite(value) else None
+        out.append(tuple(values))
+    return out[0], out[1]
 
 
 def test_the_operator_exports_the_canary_and_the_sweep(tier: Tier, dashboard: dict[str, Any]) -> None:

@@ -60,7 +60,10 @@ from tests.observability.stage_stack import RISING_AT, STALL_WAIT_S, StageStack
 from tests.observability.vllm_stack import MODEL, NUM_SPECULATIVE_TOKENS, Served
 
 EVALUATION_PROMPTS = 8
-WAVES, WAVE_PROMPTS, WAVE_PAUSE_S = 6, 8, 3.0
+# one batch per wave (MAX_NUM_SEQS in flight): both servers finish requests every few seconds, so the
+# canary's 3.3 s sub-windows pair (canary_stack); 48 prompts in all, about as long as the 6 waves of 8 with
+# 3 s pauses it had
+WAVES, WAVE_PROMPTS, WAVE_PAUSE_S = 12, vllm_stack.MAX_NUM_SEQS, 1.0
 SCRAPE_WAIT_S = 30.0
 log = logging.getLogger(__name__)
 # the alerts of the stage programs' metrics: a busy machine evaluates the rules a moment after the scrape
