@@ -14,6 +14,7 @@ from dataclasses import astuple, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from eagle3_cli.canary_lines import canary_lines
 from eagle3_contract.api.categories import categories_line
 from eagle3_contract.api.status import (
     Condition,
@@ -336,12 +337,8 @@ def plain_table(
     ]
     lines = [*lines, *under] if found else []
     told = [note] if note else []
-    return (
-        "\n".join(
-            [headline(title, status), *told, *lines, *prediction_lines(status), *category_lines(status)]
-        )
-        + "\n"
-    )
+    extra = [*prediction_lines(status), *category_lines(status), *canary_lines(status)]
+    return "\n".join([headline(title, status), *told, *lines, *extra]) + "\n"
 
 
 def _continued(cells: list[str], result_lines: list[str]) -> Iterator[list[str]]:
@@ -386,7 +383,8 @@ class _StageTable:
 
 
 def rich_table(title: str, status: Eagle3RunStatus, now: datetime | None = None, note: str = "") -> Any:
-    """The table for rich: the headline, the note, the stages (none: no table) and the prediction."""
+    """The table for rich: the headline, the note, the stages (none: no table), the prediction and the
+    canary."""
     from rich.console import Group
     from rich.text import Text
 
@@ -394,5 +392,5 @@ def rich_table(title: str, status: Eagle3RunStatus, now: datetime | None = None,
     parts: list[Any] = [Text(headline(title, status))]
     parts += [Text(note)] if note else []
     parts += [_StageTable(found)] if found else []
-    shown = [*prediction_lines(status), *category_lines(status)]
+    shown = [*prediction_lines(status), *category_lines(status), *canary_lines(status)]
     return Group(*parts, *(Text(line) for line in shown))
