@@ -1,6 +1,7 @@
 """`eagle3 status`'s lines about serving.canary: the canary's draft and phase, whether it was extended, and
 the two comparisons it is decided on (the canary over the incumbent, sub-window by sub-window, each a median
-ratio with its 95 % interval), so "not distinguishable" reads with the intervals that made it so."""
+ratio with its 95 % interval), so "not distinguishable" reads with the intervals that made it so; and what
+the comparison of the drafts' evaluated acceptance per category found."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def canary_lines(status: Eagle3RunStatus) -> list[str]:
             ("acceptance length", canary.acceptance_ratio),
             ("output tokens/s per request", canary.speed_ratio),
         )
-        if comparison is not None or canary.phase != CanaryPhase.OBSERVING
+        if comparison is not None or (canary.phase != CanaryPhase.OBSERVING and canary.started)
     ]
+    lines += [f"  per category: {canary.categories}"] if canary.categories else []
     return lines
 
 

@@ -53,3 +53,14 @@ def test_an_observed_canary_without_figures_yet_is_one_line_and_no_canary_none()
     observing = status_of({"phase": "Observing"}, "Observing", "Unknown")
     assert canary_lines(observing) == ["canary draft export/b next to export/a: Observing"]
     assert canary_lines(Eagle3RunStatus()) == []
+
+
+def test_a_canary_refused_on_a_category_shows_what_was_compared_and_no_live_comparison() -> None:
+    note = (
+        "evaluated acceptance length per category, 2 compared (add, count): below 0.95x the incumbent's: add"
+    )
+    refused = status_of({"categories": note}, "CategoryRegressed", "False")
+    assert canary_lines(refused) == [
+        "canary draft export/b next to export/a: RolledBack (CategoryRegressed)",
+        f"  per category: {note}",
+    ]

@@ -251,6 +251,16 @@ class CanaryStatus(StatusModel):
         "more for serving.canary.duration.",
     )
     extended_at: str | None = Field(None, description="When the observation was extended (RFC 3339).")
+    incumbent_categories: list[CategoryFigures] | None = Field(
+        None,
+        description="The incumbent draft's evaluated figures per category (its status.checkpoint.categories "
+        "when the canary started), compared with the new draft's; unset when unknown (a pinned draft).",
+    )
+    categories: str | None = Field(
+        None,
+        description="What the comparison of the two drafts' evaluated acceptance length per category found "
+        "(a category below 1 - tolerance times the incumbent's, with enough prompts, refuses the canary).",
+    )
     message: str | None = Field(None, description="What the canary waits for, or why it was decided so.")
 
 

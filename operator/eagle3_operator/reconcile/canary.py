@@ -9,9 +9,12 @@ promoted when the intervals of the canary's mean acceptance length and output to
 incumbent's both lie above 1 - tolerance, rolled back when either lies below. Otherwise (an interval holds
 the threshold, or the sub-windows are noisy) the canary is extended once: observed for another duration, all
 its sub-windows compared again; still undecided, it is rolled back as NotDistinguishable and the incumbent
-kept. With no decision by serving.canary.timeout (counted from the canary's creation, the Canary
-condition's transition) it is rolled back as inconclusive (NotDistinguishable once extended). A rolled-back
-draft is not tried again while it stays the rollout: a new draft path in the spec is a new canary.
+kept. Before all that, the new draft's evaluated acceptance length per category is compared with the
+incumbent's (canary_categories): a category regressed beyond the tolerance refuses the canary at once
+(CategoryRegressed), whatever its mean. With no decision by serving.canary.timeout (counted from the
+canary's creation, the Canary condition's transition) it is rolled back as inconclusive
+(NotDistinguishable once extended). A rolled-back draft is not tried again while it stays the rollout: a new
+draft path in the spec is a new canary.
 
 No requeue of its own: the operator's resync (--resync-seconds, 60 s by default) reconciles every run, so
 a decision comes at most one resync after its conditions hold, far within a duration of minutes; a canary
@@ -23,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from eagle3_contract.api.categories import CategoryFigures
 from eagle3_contract.api.comparison import Verdict
 from eagle3_contract.api.fields import duration_seconds
 from eagle3_contract.api.spec import Canary, Eagle3RunSpec
@@ -40,6 +44,7 @@ from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_canary_deployment
 from eagle3_operator.reconcile import canary_verdict
 from eagle3_operator.reconcile.actions import Action, object_ref
+from eagle3_operator.reconcile.canary_categories import check_categories
 from eagle3_operator.reconcile.observe import CanaryFigures, Observed
 from eagle3_operator.reconcile.serving import served_spec
 
@@ -49,6 +54,7 @@ INCONCLUSIVE = "CanaryInconclusive"
 NOT_DISTINGUISHABLE = "NotDistinguishable"
 OBSERVING = "Observing"
 EXTENDED = "Extended"
+CATEGORY_REGRESSED = "CategoryRegressed"
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,9 @@ def _observe(
     same = last is not None and last.phase == CanaryPhase.OBSERVING and last.draft == rollout.path
     before = next((c for c in previous.conditions if c.type == ConditionType.CANARY.value), None)
     since = before.last_transition_time if same and before is not None and before.status == "Unknown" else now
+    incumbent = _incumbent_record(previous, observed)
+    kept = last.incumbent_categories if same and last is not None else _categories(incumbent)
+    check = check_categories(rollout.categories, kept, canary.tolerance)
     schedule = rollout.speculation.schedule if rollout.speculation is not None else []
     desired = build_canary_deployment(ref, served_spec(spec, rollout), rollout.path, rollout.sha256, schedule)
     view = observed.canary
@@ -155,8 +164,50 @@ def _observe(
         speed_ratio=ratios.speed,
         extended=extended_at is not None,
         extended_at=extended_at,
+        incumbent_categories=kept,
+        categories=check.note,
     )
+    if check.regressed:
+        return _refuse(ref, observed, _Window(status, since, now), rollout, incumbent, generation)
     return _decide(canary, _Window(status, since, now), figures, rollout, actions, ref, observed, generation)
+
+
+def _incumbent_record(previous: Eagle3RunStatus, observed: Observed) -> Checkpoint | None:
+    """The serving draft's record with its evaluated figures: status.checkpoint while it names that draft
+    (until the reconcile that starts the canary, which names the new one)."""
+    serving = observed.deployment.draft if observed.deployment is not None else None
+    found = previous.checkpoint
+    return found if found is not None and serving is not None and found.path == serving else None
+
+
+def _categories(record: Checkpoint | None) -> list[CategoryFigures] | None:
+    return record.categories if record is not None else None
+
+
+def _refuse(
+    ref: RunRef,
+    observed: Observed,
+    window: _Window,
+    rollout: Checkpoint,
+    incumbent: Checkpoint | None,
+    generation: int | None,
+) -> CanaryPlan:
+    """A category regressed (evaluated figures, known before any live traffic): rolled back at once."""
+    status, now = window.status, window.now
+
+    def mean(record: Checkpoint | None) -> str:
+        known = record is not None and record.acceptance_length is not None
+        return f"{record.acceptance_length:.2f}" if known and record is not None else "n/a"
+
+    message = (
+        f"canary draft {status.draft} regresses a category: {status.categories}; its evaluated mean "
+        f"acceptance length {mean(rollout)} vs incumbent {mean(incumbent)}: rolled back before any live "
+        f"traffic, the incumbent {status.incumbent_draft} keeps serving (a draft is refused on one "
+        "category's regression beyond serving.canary.tolerance, whatever its mean)"
+    )
+    update = {"phase": CanaryPhase.ROLLED_BACK, "replicas": 0, "decided": now, "message": message}
+    cond = canary_condition("False", CATEGORY_REGRESSED, message, now, generation)
+    return CanaryPlan(_delete(ref, observed), None, status.model_copy(update=update), cond)
 
 
 def _decide(
@@ -228,7 +279,8 @@ def _extend(
 def _verdict_message(canary: Canary, status: CanaryStatus, found: Verdict) -> tuple[bool, str, str]:
     """(promote, the condition's reason, the message naming both intervals and both tracks' figures)."""
     ratios = canary_verdict.ratios_text(canary.tolerance, status)
-    head = f"canary draft {status.draft}: {figures_text(status)}; {ratios}"
+    categories = f"; {status.categories}" if status.categories else ""
+    head = f"canary draft {status.draft}: {figures_text(status)}; {ratios}{categories}"
     if found == Verdict.BETTER:
         return True, PROMOTED, f"{head}: promoted"
     if found == Verdict.WORSE:

@@ -61,7 +61,7 @@ def condition_reasons() -> set[str]:
         | literal_reasons(planner, {"cond", "set_condition"})
         | literal_reasons(run_conditions, {"cond", "set_condition"})
         | {canary.PROMOTED, canary.ROLLED_BACK, canary.INCONCLUSIVE, canary.OBSERVING}
-        | {canary.EXTENDED, canary.NOT_DISTINGUISHABLE}
+        | {canary.EXTENDED, canary.NOT_DISTINGUISHABLE, canary.CATEGORY_REGRESSED}
         | {run_conditions.POD_SECURITY_RESTRICTED, run_conditions.POD_SECURITY_BELOW_RESTRICTED}
         | literal_reasons(gate, {"GateVerdict"})
         | JOB_REASONS
