@@ -60,6 +60,11 @@ class SpeculationGauges:
         self.canary_requests = gauge(
             "eagle3_run_canary_requests", "Requests finished in the canary's window, by track.", "track"
         )
+        self.canary_ratio = gauge(
+            "eagle3_run_canary_ratio", "The canary's figure over the incumbent's, sub-window by sub-window "
+            "(status.canary.acceptanceRatio, .speedRatio): bound ratio (the median), low and high (its 95 % "
+            "interval).", "figure", "bound",
+        )  # fmt: skip
         self.canary_decision = gauge(
             "eagle3_run_canary_decision_seconds", "From the start of the canary's window to its decision."
         )
@@ -106,7 +111,8 @@ class SpeculationGauges:
 
 
 def canary_samples(g: SpeculationGauges, namespace: str, run: str, status: Eagle3RunStatus) -> list[Sample]:
-    """status.canary: its phase (one-hot), both tracks' known figures, the seconds to its decision."""
+    """status.canary: its phase (one-hot), both tracks' known figures, both comparisons (median ratio and
+    interval), the seconds to its decision."""
     canary = status.canary
     if canary is None:
         return []
@@ -122,6 +128,14 @@ def canary_samples(g: SpeculationGauges, namespace: str, run: str, status: Eagle
     for track, figures in ((STABLE, canary.incumbent), (CANARY, canary.canary)):
         for name, gauge, value in _track_figures(g, figures):
             out.append(Sample(f"{CANARY_SLOTS}{name}/{track}", gauge, (namespace, run, track), value))
+    for figure, comparison in (
+        ("acceptance_length", canary.acceptance_ratio),
+        ("output_tokens_per_second", canary.speed_ratio),
+    ):
+        for bound in ("ratio", "low", "high") if comparison is not None else ():
+            value = float(getattr(comparison, bound))
+            labels = (namespace, run, figure, bound)
+            out.append(Sample(f"{CANARY_SLOTS}ratio/{figure}/{bound}", g.canary_ratio, labels, value))
     if canary.seconds_to_decision is not None:
         out.append(
             Sample(f"{CANARY_SLOTS}decision", g.canary_decision, (namespace, run), canary.seconds_to_decision)

@@ -212,3 +212,23 @@ def test_acceptance_per_category_is_labelled_by_category_and_goes_with_it() -> N
     assert of("eagle3_run_category_acceptance_length", "add") is None  # a category gone drops its series
     metrics.observe(report(RunPhase.SERVING, status=with_categories(None), model=MODEL))
     assert not {name for name, _ in series(metrics, "a") if name.startswith("eagle3_run_category_")}
+
+
+def test_both_comparisons_as_the_median_ratio_and_its_interval() -> None:
+    metrics = OperatorMetrics()
+    ratio = {"confidence": 0.969, "rounds": 6, "spread": 0.05}
+    status = canary_status(
+        "Promoted",
+        acceptanceRatio=ratio | {"ratio": 1.5, "low": 1.4, "high": 1.6},
+        speedRatio=ratio | {"ratio": 1.2, "low": 0.9, "high": 1.3},
+    )
+    metrics.observe(report(RunPhase.SERVING, status=status))
+
+    def bound(figure: str, which: str) -> float | None:
+        labels = {"namespace": "ns", "run": "a", "figure": figure, "bound": which}
+        return sample(metrics, "eagle3_run_canary_ratio", **labels)
+
+    assert [bound("acceptance_length", b) for b in ("ratio", "low", "high")] == [1.5, 1.4, 1.6]
+    assert [bound("output_tokens_per_second", b) for b in ("ratio", "low", "high")] == [1.2, 0.9, 1.3]
+    metrics.observe(report(RunPhase.SERVING, status=canary_status("Observing")))
+    assert bound("acceptance_length", "low") is None  # no comparison yet: no series

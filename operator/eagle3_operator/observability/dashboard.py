@@ -31,7 +31,10 @@ AnyPanel = p.Panel | table.Panel
 ROWS: tuple[tuple[str, tuple[Callable[[], Sequence[AnyPanel]], ...]], ...] = (
     ("Speculative decoding (live, vLLM)", (p.acceptance_stats, p.acceptance_graphs, p.throughput_panels)),
     ("Serving latency and load (vLLM)", (p.serving_panels,)),
-    ("Canary: incumbent vs canary (vLLM live, operator's decision)", (sp.canary_live, sp.canary_decision)),
+    (
+        "Canary: incumbent vs canary (vLLM live, operator's decision)",
+        (sp.canary_live, sp.canary_decision, sp.canary_intervals),
+    ),
     ("Speedup and speculation length (evaluate's sweep)", (sp.sweep_panels,)),
     ("Training pipeline (operator)", (p.stage_panels, p.result_panels)),
     ("Training (train stage, live)", (pp.training_stats, pp.training_graphs)),

@@ -21,10 +21,13 @@ TRACKS = (
     "(the PodMonitor's `track` label). The Service splits the traffic between them by replica count."
 )
 DECISION = (
-    "The operator promotes the canary when its live mean acceptance length and its output tokens/s are "
-    "each at least (1 - serving.canary.tolerance) x the incumbent's, over the window from the canary's "
-    "first ready replica, once serving.canary.duration has passed and it finished serving.canary.minRequests "
-    "requests; otherwise it rolls it back (status.canary, the Canary condition)."
+    "The operator compares the tracks sub-window by sub-window (serving.canary.duration / windows) from the "
+    "canary's first ready replica: per figure (mean acceptance length, output tokens/s per request), the "
+    "median of the canary / incumbent ratios with its 95 % interval. Once serving.canary.duration has "
+    "passed and it finished serving.canary.minRequests requests, it promotes the canary when both intervals "
+    "lie above 1 - serving.canary.tolerance, rolls it back when either lies below, else extends it once "
+    "(then NotDistinguishable); a draft regressing a category of its evaluated acceptance is refused at "
+    "once (status.canary, the Canary condition, docs/serving.md)."
 )
 
 
@@ -95,6 +98,22 @@ def canary_decision() -> list[p.Panel]:
             p.Target(sq.canary_decision_seconds()),
             width=5,
             decimals=0,
+        ),
+    ]
+
+
+def canary_intervals() -> list[p.Panel]:
+    """What the decision compares: both figures' median ratio and 95 % interval, as status.canary has them."""
+    return [
+        p.graph(
+            "Canary comparison: canary / incumbent with the 95 % interval",
+            f"Per figure, the median of the canary's figure over the incumbent's, sub-window by sub-window "
+            f"(bound ratio), and its 95 % interval (bounds low and high), as the operator last compared them "
+            f"({sq.CANARY_RATIO}; status.canary.acceptanceRatio, .speedRatio). {DECISION}",
+            "none",
+            [p.Target(sq.canary_ratio(), "{{namespace}}/{{run}} {{figure}} {{bound}}")],
+            width=24,
+            min_val=0,
         ),
     ]
 

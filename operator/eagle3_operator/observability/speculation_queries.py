@@ -26,6 +26,7 @@ CANARY_LENGTH = "eagle3_run_canary_acceptance_length"
 CANARY_SPEED = "eagle3_run_canary_output_tokens_per_second"
 CANARY_REQUESTS = "eagle3_run_canary_requests"
 CANARY_DECISION = "eagle3_run_canary_decision_seconds"
+CANARY_RATIO = "eagle3_run_canary_ratio"
 SWEEP_LENGTH = "eagle3_run_sweep_acceptance_length"
 SWEEP_SPEED = "eagle3_run_sweep_output_tokens_per_second"
 SWEEP_SPEEDUP = "eagle3_run_sweep_speedup"
@@ -76,6 +77,11 @@ def canary_phase(s: Scope = DASHBOARD) -> str:
 def canary_figure(metric: str, s: Scope = DASHBOARD) -> str:
     """One of the figures the operator read over the canary's window, per run and track."""
     return f"max by ({TRACK_BY}) ({selector(metric, s.run)})"
+
+
+def canary_ratio(s: Scope = DASHBOARD) -> str:
+    """The canary over the incumbent per figure: the median ratio and its interval's bounds (`bound`)."""
+    return f"max by ({q.LIVE_BY}, figure, bound) ({selector(CANARY_RATIO, s.run)})"
 
 
 def canary_decision_seconds(s: Scope = DASHBOARD) -> str:

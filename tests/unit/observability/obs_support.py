@@ -61,6 +61,7 @@ OPERATOR_LABELS: dict[str, frozenset[str]] = {
     "eagle3_run_canary_output_tokens_per_second": frozenset({"namespace", "run", "track"}),
     "eagle3_run_canary_requests": frozenset({"namespace", "run", "track"}),
     "eagle3_run_canary_decision_seconds": frozenset({"namespace", "run"}),
+    "eagle3_run_canary_ratio": frozenset({"namespace", "run", "figure", "bound"}),
     "eagle3_run_sweep_acceptance_length": frozenset({"namespace", "run", "model", "k", "concurrency"}),
     "eagle3_run_sweep_output_tokens_per_second": frozenset({"namespace", "run", "model", "k", "concurrency"}),
     "eagle3_run_sweep_speedup": frozenset({"namespace", "run", "model", "k", "concurrency"}),

@@ -65,6 +65,11 @@ REQUIRED: dict[str, tuple[str, str, list[str]]] = {
     "Canary decision: acceptance length": ("stat", "none", [sq.canary_figure(sq.CANARY_LENGTH)]),
     "Canary decision: output tokens/s": ("stat", "tps", [sq.canary_figure(sq.CANARY_SPEED)]),
     "Canary decision: requests": ("stat", "short", [sq.canary_figure(sq.CANARY_REQUESTS)]),
+    "Canary comparison: canary / incumbent with the 95 % interval": (
+        "timeseries",
+        "none",
+        [sq.canary_ratio()],
+    ),
     "Canary time to decision": ("stat", "s", [sq.canary_decision_seconds()]),
     # the speedup and speculation-length row: evaluate's speedup, its sweep and the schedule it justifies
     "Evaluated speedup": ("stat", "none", [sq.evaluated_speedup()]),
