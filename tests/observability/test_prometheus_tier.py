@@ -29,13 +29,13 @@ from eagle3_pipeline.stages.train.metrics import read_epochs
 from tests.harness.cluster import eventually
 from tests.harness.scenario import draft_of
 from tests.observability import expressions as ex
-from tests.observability.canary_stack import INCUMBENT, NEW, TOLERANCE
+from tests.observability.canary_stack import INCUMBENT, NEW, TOLERANCE, WINDOWS
 from tests.observability.canary_stack import RUNS as RUNS_WITH_CANARY
 from tests.observability.operator_stack import NAMESPACE
 from tests.observability.prometheus import PromQLError, wait_for
 from tests.observability.render import main_panels, panel_data, render
 from tests.observability.stage_stack import HUNG_ROWS, RISING_AT
-from tests.observability.tier import TRAIN_WAIT_S, WAVE_PROMPTS, WAVES, Tier
+from tests.observability.tier import TRAIN_WAIT_S, WAVE_PROMPTS, Tier
 from tests.observability.vllm_stack import MODEL
 from tests.pipeline.conftest import BUILD_TIMEOUT_S
 
@@ -425,7 +425,7 @@ def test_the_canary_figures_in_status_are_prometheus_answers(tier: Tier) -> None
             assert figures["acceptanceLength"] == pytest.approx(float(length[0]["value"][1]), rel=1e-3)
             assert figures["outputTokensPerSecond"] == pytest.approx(float(speed[0]["value"][1]), rel=1e-3)
             assert figures["requests"] == pytest.approx(float(requests[0]["value"][1]), abs=2)
-            least = WAVES * WAVE_PROMPTS - 1 - (WAVE_PROMPTS if track == TRACK_STABLE else 0)
+            least = WINDOWS * WAVE_PROMPTS - 1 - (WAVE_PROMPTS if track == TRACK_STABLE else 0)
             assert figures["requests"] >= least, (run, track, figures)
         # the comparisons are those of the same sub-windows' figures, paired as the operator pairs them
         for key, figure in (("acceptanceRatio", 0), ("speedRatio", 1)):

@@ -12,17 +12,18 @@
    evaluate stage measures) becomes the evaluate result of `good` and of `bad`, whose export then ships the
    muted draft. Both runs roll out and reach Serving.
    Meanwhile the canary runs (canary_stack) serve their incumbent; Prometheus scrapes both servers again as
-   their tracks. Their canaries start just before:
-4. Live traffic to both servers in a few waves; then the canaries are decided (after the traffic: their
-   minRequests is all of it). Then `hung` has been stalled (a rate of 0), and the train
-   stage starts, a target too; once it has finished the epochs whose validation loss rose twice in a row,
-   the raw counters, once settled, and the moment `end` at which Prometheus holds a sample of exactly those
-   counters. Instant queries are evaluated at `end`.
+   their tracks. A timed wave to both servers sets the canaries' sub-window; their canaries start then.
+4. Live traffic to both servers, one wave per canary sub-window (canary_stack), until both canaries are
+   decided (after their sixth sub-window, or their extension's last). Then `hung` has been stalled (a rate
+   of 0), and the train stage starts, a target too; once it has finished the epochs whose validation loss
+   rose twice in a row, the raw counters, once settled, and the moment `end` at which Prometheus holds a
+   sample of exactly those counters. Instant queries are evaluated at `end`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -47,10 +48,17 @@ from eagle3_pipeline.serving.spec_metrics import (
     SpecDecodeCounters,
 )
 from tests.observability import vllm_stack
-from tests.observability.canary_stack import DECISION_TIMEOUT_S, CanaryRuns, canary_targets
-from tests.observability.operator_stack import CALL_TIMEOUT_S, NAMESPACE, OperatorStack
+from tests.observability.canary_stack import (
+    CALIBRATION_TOKENS,
+    DECISION_TIMEOUT_S,
+    LEAD_S,
+    WINDOWS,
+    CanaryRuns,
+    canary_targets,
+    wave_shape,
+)
+from tests.observability.operator_stack import CALL_TIMEOUT_S, NAMESPACE, RESYNC_S, OperatorStack
 from tests.observability.prometheus import (
-    SCRAPE_INTERVAL_S,
     PrometheusServer,
     Target,
     every_second,
@@ -60,10 +68,10 @@ from tests.observability.stage_stack import RISING_AT, STALL_WAIT_S, StageStack
 from tests.observability.vllm_stack import MODEL, NUM_SPECULATIVE_TOKENS, Served
 
 EVALUATION_PROMPTS = 8
-# one batch per wave (MAX_NUM_SEQS in flight): both servers finish requests every few seconds, so the
-# canary's 3.3 s sub-windows pair (canary_stack); 48 prompts in all, about as long as the 6 waves of 8 with
-# 3 s pauses it had
-WAVES, WAVE_PROMPTS, WAVE_PAUSE_S = 12, vllm_stack.MAX_NUM_SEQS, 1.0
+# one batch per wave (MAX_NUM_SEQS in flight), the same prompts in every wave, one wave per sub-window of the
+# canaries (canary_stack): the traffic lasts WINDOWS sub-windows (about 30 s on a quiet machine), or twice
+# that where a canary is extended
+WAVE_PROMPTS = vllm_stack.MAX_NUM_SEQS
 SCRAPE_WAIT_S = 30.0
 log = logging.getLogger(__name__)
 # the alerts of the stage programs' metrics: a busy machine evaluates the rules a moment after the scrape
@@ -203,14 +211,66 @@ def exports(servers: dict[str, Served]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def calibrate(tier: Tier, models: Path) -> float:
+    """A canary wave, timed, which also warms both servers' prefix caches."""
+    begin = time.monotonic()
+    canary_wave(tier, vllm_stack.held_out_prompts(models, WAVE_PROMPTS), 0, CALIBRATION_TOKENS)
+    return time.monotonic() - begin
+
+
+def canary_wave(tier: Tier, prompts: list[list[dict[str, str]]], index: int, tokens: int) -> None:
+    """The prompts (`tokens` tokens each) to one server, then to the other, the order alternating with
+    `index`: in a cluster each track has its own nodes, here the two servers share two cores, and answering
+    at once each one's speed would be the other's turns on the cores (one loaded run, both at once: the
+    per-request speed ratio swung from 0.38 to 1.14 between sub-windows)."""
+    servers = list(tier.servers.items())
+    for run, served in servers[::-1] if index % 2 else servers:
+        vllm_stack.send_chats({run: served}, prompts, tokens)
+
+
 def live_traffic(tier: Tier, models: Path) -> None:
-    """WAVES waves of WAVE_PROMPTS prompts to every server, WAVE_PAUSE_S apart (held-out prompts, from the
-    first again when they run out)."""
-    prompts = vllm_stack.held_out_prompts(models, WAVES * WAVE_PROMPTS)
-    for wave in range(WAVES):
-        batch = [prompts[(wave * WAVE_PROMPTS + i) % len(prompts)] for i in range(WAVE_PROMPTS)]
-        vllm_stack.send_chats(tier.servers, batch)
-        time.sleep(WAVE_PAUSE_S)
+    """One wave of the same WAVE_PROMPTS prompts (canary_wave) in each canary sub-window, LEAD_S after the
+    later run's sub-window starts (their grids are their status.canary.started plus whole sub-windows), for
+    WINDOWS sub-windows; then on while a canary is undecided (extended, or short of paired sub-windows where a
+    loaded machine made a wave overrun its own), until both are decided or twice the duration and the
+    decision's timeout have passed. A sub-window whose start has passed is skipped."""
+    runs = tier.canaries
+    assert runs is not None
+    prompts = vllm_stack.held_out_prompts(models, WAVE_PROMPTS)
+    origin, step = max(runs.started.values()), runs.window_s
+    waves: list[float] = []
+    deadline = time.time() + 2 * WINDOWS * step + DECISION_TIMEOUT_S
+    for index in itertools.count():
+        if time.time() > deadline:
+            break
+        if index >= WINDOWS and not _undecided(tier, origin + WINDOWS * step if index == WINDOWS else None):
+            break
+        at = origin + index * step + LEAD_S
+        if time.time() > at + 0.5:
+            continue
+        time.sleep(max(0.0, at - time.time()))
+        begin = time.monotonic()
+        canary_wave(tier, prompts, index, runs.tokens)
+        waves.append(time.monotonic() - begin)
+    tier.timings["canary_waves"] = len(waves)
+    tier.timings["canary_wave_s_max"] = max(waves)
+    tier.timings["canary_tokens"] = runs.tokens
+    log.info("canary traffic: %d waves of %s s in %d s sub-windows", len(waves), waves, step)
+
+
+def _undecided(tier: Tier, due: float | None) -> bool:
+    """Whether a canary still waits: extended, or undecided (with `due`, the end of the first WINDOWS
+    sub-windows, its first decision is waited for a few resyncs past it)."""
+    assert tier.canaries is not None
+    deadline = max(time.time(), due) + 5 * RESYNC_S if due is not None else 0.0
+    while True:
+        states = tier.operator.call(tier.canaries.states())
+        decided = [phase != "Observing" for phase, _ in states.values()]
+        if all(decided):
+            return False
+        if any(extended for _, extended in states.values()) or time.time() > deadline:
+            return True
+        time.sleep(0.5)
 
 
 def settle(tier: Tier) -> None:
@@ -284,7 +344,8 @@ def tier_stack(
         prometheus.add_targets([target])  # the other runs' series are seen before they exist
         started = time.time()
         assert operator.cluster is not None and operator.player is not None
-        canaries = CanaryRuns(operator.cluster, operator.player, MODEL, prometheus.url, WAVES * WAVE_PROMPTS)
+        requests = WINDOWS * WAVE_PROMPTS  # the canaries' minRequests: their first WINDOWS waves
+        canaries = CanaryRuns(operator.cluster, operator.player, MODEL, prometheus.url, requests)
         scenario = operator.submit(operator.before_evaluation(MODEL))  # while the vLLM servers start
         incumbents = operator.submit(canaries.serving())
         servers = stack.enter_context(vllm_stack.serving(drafts, work / "vllm"))
@@ -299,8 +360,8 @@ def tier_stack(
         tier.serving_since = time.time()
         evaluation = evaluate(tier, models)
         operator.call(operator.to_serving({"good": evaluation, "bad": evaluation}, exports(servers)))
+        canaries.window_s, canaries.tokens = wave_shape(calibrate(tier, models))
         operator.call(canaries.start())
-        time.sleep(2 * SCRAPE_INTERVAL_S)  # the window starts on a scrape before the traffic
         live_traffic(tier, models)
         marks["traffic"] = time.monotonic()
         operator.call(canaries.decide(), timeout=DECISION_TIMEOUT_S + 10)
@@ -308,7 +369,7 @@ def tier_stack(
         live_stages(tier)
         settle(tier)
         marks["stages"] = time.monotonic()
-        tier.timings = {
+        tier.timings |= {
             "drafts_s": marks["drafts"] - marks["start"],
             "vllm_start_s": marks["vllm"] - marks["drafts"],
             "traffic_s": marks["traffic"] - marks["vllm"],

@@ -145,8 +145,11 @@ def held_out_prompts(models: Path, count: int) -> list[list[dict[str, str]]]:
     return prompts
 
 
-async def _send(served: Served, prompts: list[list[dict[str, str]]]) -> None:
+async def _send(served: Served, prompts: list[list[dict[str, str]]], tokens: int | None) -> None:
     from openai import AsyncOpenAI
+
+    # `tokens`: every answer exactly that long (vLLM's sampling extras: no stop at EOS, at least `tokens`)
+    fixed = {"ignore_eos": True, "min_tokens": tokens} if tokens else None
 
     client = AsyncOpenAI(base_url=served.server.base_url, api_key="unused", max_retries=1, timeout=300.0)
     semaphore = asyncio.Semaphore(MAX_NUM_SEQS)
@@ -156,8 +159,9 @@ async def _send(served: Served, prompts: list[list[dict[str, str]]]) -> None:
             response = await client.chat.completions.create(
                 model=MODEL,
                 messages=messages,  # type: ignore[arg-type]
-                max_tokens=MAX_TOKENS,
+                max_tokens=tokens or MAX_TOKENS,
                 temperature=0.0,
+                extra_body=fixed,
             )
         served.completion_tokens += response.usage.completion_tokens if response.usage else 0
 
@@ -167,10 +171,13 @@ async def _send(served: Served, prompts: list[list[dict[str, str]]]) -> None:
         await client.close()
 
 
-def send_chats(servers: dict[str, Served], prompts: list[list[dict[str, str]]]) -> None:
-    """Greedy chat completions to every server at once (MAX_NUM_SEQS in flight each)."""
+def send_chats(
+    servers: dict[str, Served], prompts: list[list[dict[str, str]]], tokens: int | None = None
+) -> None:
+    """Greedy chat completions to every server at once (MAX_NUM_SEQS in flight each): up to MAX_TOKENS each,
+    or exactly `tokens` (past the end of sentence)."""
 
     async def all_servers() -> None:
-        await asyncio.gather(*(_send(s, prompts) for s in servers.values()))
+        await asyncio.gather(*(_send(s, prompts, tokens) for s in servers.values()))
 
     asyncio.run(all_servers())
