@@ -2,11 +2,11 @@
 /api/v1/query_range).
 
 serving.canary reads each track's live figures here before planning (the planner stays pure): its totals over
-the observation window (instant queries) and its figures sub-window by sub-window (one range query per
-figure, whose step is the sub-window). A few lines
-of aiohttp (which kopf already depends on) rather than a client library: prometheus-api-client pulls pandas
-and matplotlib into the operator's image and is synchronous (it would block kopf's event loop), and the
-other clients add nothing this small query needs.
+the observation window (instant queries) and its counters at every sub-window's edge (one range query per
+track whose step is the sub-window, canary_queries.window_counters). A few lines of aiohttp (which kopf
+already depends on) rather than a client library: prometheus-api-client pulls pandas and matplotlib into the
+operator's image and is synchronous (it would block kopf's event loop), and the other clients add nothing this
+small query needs.
 
 Every call is bounded (QUERY_SECONDS): an unreachable Prometheus costs a reconcile seconds, never holds it.
 """
@@ -122,30 +122,29 @@ async def query_track_figures(
     )
 
 
-async def query_steps(
+async def query_edges(
     url: str, expr: str, start: float, count: int, step: float, timeout_seconds: float = QUERY_SECONDS
-) -> tuple[float | None, ...]:
-    """The value of a one-series `expr` at start, start + step, ... (`count` steps): None where it has no
-    sample (no data in that step's range) or is not a number (0/0)."""
+) -> dict[str, tuple[float | None, ...]]:
+    """Each series of `expr`, by its `__name__`: its value at start, start + step, ... start + count * step
+    (the edges of `count` sub-windows; a counter's value there is its last sample at or before it), None
+    where it had none (no sample yet, or not a number)."""
     if count < 1:
-        return ()
-    end = start + (count - 1) * step
-    values: list[float | None] = [None] * count
-    for series in (await query_matrix(url, expr, start, end, step, timeout_seconds))[:1]:
+        return {}
+    out: dict[str, list[float | None]] = {}
+    for series in await query_matrix(url, expr, start, start + count * step, step, timeout_seconds):
+        values = out.setdefault(str((series.get("metric") or {}).get("__name__", "")), [None] * (count + 1))
         for at, text in series.get("values") or []:
             index, value = round((float(at) - start) / step), float(text)
-            if 0 <= index < count and math.isfinite(value):
+            if 0 <= index <= count and math.isfinite(value):
                 values[index] = value
-    return tuple(values)
+    return {name: tuple(values) for name, values in out.items()}
 
 
-async def query_track_windows(
-    url: str, scope: Scope, start: float, count: int, step: float, timeout_seconds: float = QUERY_SECONDS
-) -> tuple[tuple[float | None, ...], tuple[float | None, ...]]:
-    """One track's mean acceptance length and output tokens/s per request in each of `count` sub-windows
-    (the scope's window: `step` long, track_scope), the first ending at `start`; None where it had none."""
-    length, speed = await asyncio.gather(
-        query_steps(url, canary_queries.acceptance_length(scope), start, count, step, timeout_seconds),
-        query_steps(url, canary_queries.output_tokens_per_second(scope), start, count, step, timeout_seconds),
+async def query_track_edges(
+    url: str, matchers: str, start: float, count: int, step: float, timeout_seconds: float = QUERY_SECONDS
+) -> dict[str, tuple[float | None, ...]]:
+    """One track's canary_queries.WINDOW_COUNTERS at the edges of `count` sub-windows of `step` seconds, the
+    first starting at `start` (query_edges): the differences of consecutive edges are the sub-windows'."""
+    return await query_edges(
+        url, canary_queries.window_counters(matchers), start, count, step, timeout_seconds
     )
-    return length, speed

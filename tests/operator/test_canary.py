@@ -3,7 +3,8 @@ Deployment is made next to the incumbent, both tracks' figures are read over the
 canary is promoted or rolled back, with the figures in status, the Canary condition and the Events.
 
 The fake Prometheus answers /api/v1/query with canned values per track (the `track` matcher of the query),
-as the real one answers the operator's canary_queries; tests/observability runs the real one.
+and /api/v1/query_range with counters that grow at the rates those values make (`counters`), as the real one
+answers the operator's canary_queries; tests/observability runs the real one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from eagle3_operator.builders import names
+from eagle3_operator.observability import canary_queries
+from eagle3_operator.observability.queries import ACCEPTED, DRAFTS
 from tests.harness.cluster import (
     Cluster,
     Emulator,
@@ -52,17 +55,35 @@ class FakePrometheus:
         track = re.search(r'track="([^"]+)"', expr)
         figures = self.tracks.get(track.group(1) if track else "", {})
         key = "length" if "spec_decode" in expr else "speed" if "per_output_token" in expr else "requests"
-        if request.path.endswith("/query_range"):  # every sub-window the same figure: the steps asked
+        if request.path.endswith("/query_range"):  # the track's counters at the edges asked
             self.ranges.append(dict(request.query))
             start, end, step = (float(request.query[k]) for k in ("start", "end", "step"))
-            steps = [start + i * step for i in range(round((end - start) / step) + 1)]
-            values = [[at, str(figures[key])] for at in steps]
-            series = [{"metric": {}, "values": values}] if key in figures else []
+            edges = [start + i * step for i in range(round((end - start) / step) + 1)]
+            series = [
+                {
+                    "metric": {"__name__": name},
+                    "values": [[at, str(1000 + rate * (at - start))] for at in edges],
+                }
+                for name, rate in counters(figures).items()
+            ]
             return web.json_response(
                 {"status": "success", "data": {"resultType": "matrix", "result": series}}
             )
         result = [{"metric": {}, "value": [0, str(figures[key])]}] if key in figures else []
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+
+def counters(figures: dict[str, float]) -> dict[str, float]:
+    """What a track's counters gain per second for its figures: 100 drafts, 10 finished requests (every
+    1 s sub-window has MIN_WINDOW_REQUESTS and more) at 1 / speed seconds per output token."""
+    if "length" not in figures or "speed" not in figures:
+        return {}
+    return {
+        DRAFTS: 100.0,
+        ACCEPTED: 100.0 * (figures["length"] - 1.0),
+        canary_queries.TPOT_COUNT: 10.0,
+        canary_queries.TPOT_SUM: 10.0 / figures["speed"],
+    }
 
 
 @pytest_asyncio.fixture
@@ -176,9 +197,14 @@ async def test_a_canary_as_good_as_the_incumbent_is_promoted(
     assert "acceptance per category not compared" in said[1][2] and said[1][2].endswith(": promoted")
     for track in ("stable", "canary"):  # both tracks read with the PodMonitor's labels, over the window
         assert any(f'namespace="e3", run="tiny", track="{track}"' in q for q in prometheus.queries)
-    assert all(re.search(r"\[\d+s\]", q) for q in prometheus.queries)
-    # the sub-windows: one range query per figure and track, its step the sub-window, its range too
-    assert prometheus.ranges and all(r["step"] == "1.000" and "[1s]" in r["query"] for r in prometheus.ranges)
+    ranged = {r["query"] for r in prometheus.ranges}
+    assert all(re.search(r"\[\d+s\]", q) for q in prometheus.queries if q not in ranged)  # the totals
+    # the sub-windows: one range query of the counters per track, its step the sub-window, no range in it
+    # (each sub-window the difference of its edges' values)
+    assert prometheus.ranges and all(r["step"] == "1.000" for r in prometheus.ranges)
+    assert all(
+        r["query"].startswith("sum by (__name__) (") and "[" not in r["query"] for r in prometheus.ranges
+    )
 
 
 async def test_a_canary_with_a_low_acceptance_is_rolled_back_and_the_incumbent_kept(

@@ -2,14 +2,14 @@
 kube-apiserver): the operator's canary_queries run against series Prometheus scraped, not canned values.
 
 Two fake vLLM servers in the test's event loop expose vLLM's metrics (speculative-decoding counters, the time
-per output token histogram, finished requests) at /metrics, one per track: `stable` (the incumbent's pods)
-and `canary` (the canary Deployment's). A background task advances their counters as live traffic would,
-one track clearly better than the other. A real Prometheus scrapes both every second with the target labels
-the run's PodMonitor would give the pods (namespace, run, track). The run serves a pinned draft OLD; its pin
-moves to NEW, the operator creates the canary Deployment, the test makes it ready (and starts its traffic),
-and after serving.canary.duration the operator promotes or rolls back from both tracks' figures as
-Prometheus computed them, sub-window by sub-window (range queries); status.canary carries those figures and
-the two comparisons, which must be what the fake servers emitted.
+per output token histogram, finished requests) at /metrics, one per track: `stable` (the incumbent's pods) and
+`canary` (the canary Deployment's). A background task advances their counters as live traffic would, one track
+clearly better than the other. A real Prometheus scrapes both every second with the target labels the run's
+PodMonitor would give the pods (namespace, run, track). The run serves a pinned draft OLD; its pin moves to
+NEW, the operator creates the canary Deployment, the test makes it ready (and starts its traffic), and after
+serving.canary.duration the operator promotes or rolls back from both tracks' figures as Prometheus answered
+them, sub-window by sub-window (the counters at the sub-windows' edges, one range query per track);
+status.canary carries those figures and the two comparisons, which must be what the fake servers emitted.
 
 test_canary.py covers the same flow with a fake Prometheus (canned answers, error paths); tests/observability
 runs it against real vLLM CPU servers and their traffic.
@@ -41,7 +41,8 @@ pytestmark = [pytest.mark.operator, pytest.mark.prometheus]
 RUN = "tiny"
 OLD, NEW = "export/0000000000aa", "export/0000000000bb"
 SERVING, CANARY = names.serving_name(RUN), names.canary_name(RUN)
-# six sub-windows of 2 s: the fewest the comparison decides on, each with two 1 s scrapes (a rate needs two)
+# six sub-windows of 2 s: the fewest the comparison decides on, each two 1 s scrapes (its figures are the
+# counters' differences between its edges) and 20 finished requests per track (4 at the least count)
 DURATION_S = 12
 WINDOWS = 6
 MIN_REQUESTS = 20

@@ -17,9 +17,9 @@ from aiohttp.test_utils import TestServer
 from eagle3_operator.observability import canary_queries
 from eagle3_operator.prometheus import (
     PrometheusError,
-    query_steps,
+    query_edges,
+    query_track_edges,
     query_track_figures,
-    query_track_windows,
     query_value,
     query_vector,
 )
@@ -97,51 +97,52 @@ async def test_track_figures_query_the_tracks_scope_over_the_window(prometheus: 
     )
 
 
-def matrix(*values: tuple[float, str]) -> dict[str, Any]:
-    result = [{"metric": {"track": "canary"}, "values": [list(v) for v in values]}]
+def matrix(*series: tuple[str, list[tuple[float, str]]]) -> dict[str, Any]:
+    """A range query's answer: (the series' __name__, its [time, value] points) each."""
+    result = [{"metric": {"__name__": name}, "values": [list(v) for v in values]} for name, values in series]
     return {"status": "success", "data": {"resultType": "matrix", "result": result}}
 
 
-async def test_a_range_query_gives_one_value_per_step_and_none_where_a_step_had_none(prometheus: Any) -> None:
+async def test_a_range_query_gives_each_counter_at_every_edge_and_none_where_it_had_none(
+    prometheus: Any,
+) -> None:
     seen, answer, url = prometheus
-    # steps at 1000, 1100, ..., 1500: no sample at 1100 (no data in that sub-window), NaN (0/0) at 1300
-    answer(lambda r: web.json_response(matrix((1000, "1.5"), (1200, "1.6"), (1300, "NaN"), (1500, "1.4"))))
-    got = await query_steps(url, "x", start=1000.0, count=6, step=100.0)
-    assert got == (1.5, None, 1.6, None, None, 1.4)
+    # three sub-windows of 100 s from 1000: edges 1000, 1100, 1200, 1300; `drafts` has no sample yet at
+    # 1000 and a NaN at 1200; `accepted` has every edge
+    drafts = [(1100, "10"), (1200, "NaN"), (1300, "40")]
+    accepted = [(1000, "0"), (1100, "5"), (1200, "9"), (1300, "20")]
+    answer(lambda r: web.json_response(matrix(("drafts", drafts), ("accepted", accepted))))
+    got = await query_edges(url, "x", start=1000.0, count=3, step=100.0)
+    assert got == {"drafts": (None, 10.0, None, 40.0), "accepted": (0.0, 5.0, 9.0, 20.0)}
     assert seen == [
         {
             "query": "x",
             "start": "1000.000",
-            "end": "1500.000",
+            "end": "1300.000",
             "step": "100.000",
             "path": "/api/v1/query_range",
             "method": "GET",
         }
     ]
     answer(lambda r: web.json_response({"status": "success", "data": {"resultType": "matrix", "result": []}}))
-    assert await query_steps(url, "x", start=1000.0, count=3, step=100.0) == (None, None, None)
-    assert await query_steps(url, "x", start=1000.0, count=0, step=100.0) == ()
+    assert await query_edges(url, "x", start=1000.0, count=3, step=100.0) == {}
+    assert await query_edges(url, "x", start=1000.0, count=0, step=100.0) == {}
     assert len(seen) == 2, "no sub-window: no query"
 
 
-async def test_track_windows_query_each_figure_over_the_sub_window_with_it_as_the_step(
+async def test_track_edges_ask_the_tracks_counters_by_name_with_the_sub_window_as_the_step(
     prometheus: Any,
 ) -> None:
     seen, answer, url = prometheus
-
-    def by_metric(request: web.Request) -> web.Response:
-        start = float(request.query["start"])
-        value = "1.52" if "spec_decode" in request.query["query"] else "40.8"
-        return web.json_response(matrix((start, value), (start + 3.333, value)))
-
-    answer(by_metric)
-    scope = canary_queries.track_scope("ns", "run", "stable", 3.333)
-    length, speed = await query_track_windows(url, scope, 1000.0, 2, 3.333)
-    assert (length, speed) == ((1.52, 1.52), (40.8, 40.8))
-    assert sorted(s["query"] for s in seen) == sorted(
-        [canary_queries.acceptance_length(scope), canary_queries.output_tokens_per_second(scope)]
-    )
-    assert all("[3333ms]" in s["query"] and s["step"] == "3.333" for s in seen)
+    answer(lambda r: web.json_response(matrix((canary_queries.TPOT_COUNT, [(1000.0, "3"), (1003.333, "9")]))))
+    matchers = canary_queries.track_matchers("ns", "run", "stable")
+    got = await query_track_edges(url, matchers, 1000.0, 1, 3.333)
+    assert got == {canary_queries.TPOT_COUNT: (3.0, 9.0)}
+    [asked] = seen
+    assert asked["query"] == canary_queries.window_counters(matchers) and asked["step"] == "3.333"
+    assert asked["query"].startswith("sum by (__name__) ({__name__=~")
+    assert 'namespace="ns", run="run", track="stable"' in asked["query"]
+    assert all(name in asked["query"] for name in canary_queries.WINDOW_COUNTERS)
 
 
 def test_a_range_is_whole_seconds_or_milliseconds_and_one_second_at_the_least() -> None:
@@ -173,7 +174,7 @@ async def test_an_answer_that_is_not_prometheus_names_the_url(prometheus: Any) -
         await query_vector(url, "up[5m]")
     answer(lambda r: web.json_response(vector("1")))
     with pytest.raises(PrometheusError, match="a vector, not a matrix"):
-        await query_steps(url, "up", 1000.0, 2, 10.0)
+        await query_edges(url, "up", 1000.0, 2, 10.0)
 
 
 async def test_an_unreachable_prometheus_says_what_to_check() -> None:

@@ -3,15 +3,24 @@
 The run's PodMonitor labels every vLLM series with `track`: `canary` on the canary Deployment's pods,
 `stable` on the incumbent's (builders/serving.py). The operator reads one track at a time over the
 observation window (`track_scope`: namespace, run and track matchers, a window of N seconds); a dashboard
-passes its own Scope and groups by TRACK_BY to draw the tracks side by side. The decision compares the tracks
-sub-window by sub-window: the same expressions with the sub-window as their range, asked as a range query
-whose step is that sub-window (eagle3_operator.prometheus.query_steps), each step one sub-window.
+passes its own Scope and groups by TRACK_BY to draw the tracks side by side.
 
   mean acceptance length    = 1 + accepted tokens / drafts
   output tokens/s (request) = 1 / vLLM's mean time per output token of a request: its histogram's
                               count / sum. A per-request speed, so it does not depend on how the Service
                               splits the traffic between the tracks (a total tokens/s would).
   finished requests         = increase of vllm:request_success_total (every finish reason)
+
+The decision compares the tracks sub-window by sub-window on the same figures, but not through rate() or
+increase(): over a sub-window of a few scrapes those drop whatever a counter gained between the last scrape
+before the sub-window and the first one in it, and extrapolate the rest to the sub-window's edges. One run of
+the Prometheus tier (1 s scrapes, 7 s sub-windows, four requests a wave): a sub-window whose raw counters
+finished 7 requests at 5.98 output tokens/s per request read as 167 through rate(), because the three slow
+ones finished in that gap; others read as no request at all. So `window_counters` asks for the counters
+themselves, summed per counter over the track's pods, in one range query whose points are the sub-windows'
+edges; each sub-window is the difference of its edges (eagle3_operator.prometheus.query_edges,
+reconcile.canary_figures): every increase counts in exactly one sub-window, with no extrapolation, and a
+sub-window's finished requests are a whole number.
 """
 
 from __future__ import annotations
@@ -19,6 +28,10 @@ from __future__ import annotations
 from eagle3_operator.observability.queries import ACCEPTED, DRAFTS, Scope, selector
 
 TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"
+TPOT_COUNT = f"{TIME_PER_OUTPUT_TOKEN}_count"  # requests finished (one observation each)
+TPOT_SUM = f"{TIME_PER_OUTPUT_TOKEN}_sum"
+# the counters a sub-window's figures are differences of (window_counters)
+WINDOW_COUNTERS = (DRAFTS, ACCEPTED, TPOT_COUNT, TPOT_SUM)
 REQUEST_SUCCESS = "vllm:request_success_total"
 TRACK_LABEL = "track"  # the PodMonitor's target label (eagle3.dev/track of the pod, else `stable`)
 TRACK_BY = "namespace, run, track"
@@ -56,11 +69,18 @@ def acceptance_length(s: Scope, by: str = TRACK_BY) -> str:
 
 def output_tokens_per_second(s: Scope, by: str = TRACK_BY) -> str:
     """Output tokens per second of a request while it decodes: 1 / the mean time per output token."""
-    count = _sum("rate", f"{TIME_PER_OUTPUT_TOKEN}_count", s, by)
-    total = _sum("rate", f"{TIME_PER_OUTPUT_TOKEN}_sum", s, by)
+    count = _sum("rate", TPOT_COUNT, s, by)
+    total = _sum("rate", TPOT_SUM, s, by)
     return f"{count} / {total}"
 
 
 def finished_requests(s: Scope, by: str = TRACK_BY) -> str:
     """Requests finished over the window (every finish reason)."""
     return _sum("increase", REQUEST_SUCCESS, s, by)
+
+
+def window_counters(matchers: str) -> str:
+    """WINDOW_COUNTERS of the series `matchers` select (one track), each summed over the track's pods and
+    named by its `__name__`: asked as a range query whose points are the sub-windows' edges."""
+    names = "|".join(WINDOW_COUNTERS)  # vLLM's names hold no regular-expression metacharacter but `:`
+    return f'sum by (__name__) ({{__name__=~"{names}", {matchers}}})'

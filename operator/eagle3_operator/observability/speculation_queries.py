@@ -17,8 +17,8 @@ from eagle3_operator.observability import canary_queries as cq
 from eagle3_operator.observability import queries as q
 from eagle3_operator.observability.queries import DASHBOARD, Scope, selector
 
-TPOT_COUNT = f"{cq.TIME_PER_OUTPUT_TOKEN}_count"
-TPOT_SUM = f"{cq.TIME_PER_OUTPUT_TOKEN}_sum"
+TPOT_COUNT = cq.TPOT_COUNT
+TPOT_SUM = cq.TPOT_SUM
 REQUEST_SUCCESS = cq.REQUEST_SUCCESS
 
 CANARY_PHASE = "eagle3_run_canary_phase"

@@ -86,10 +86,11 @@ class DeploymentView:
 @dataclass(frozen=True)
 class TrackWindows:
     """One track's figures in each complete sub-window since the canary's start (serving.canary.windows),
-    the first first; None where the track had none (no drafts, no finished request)."""
+    the first first; None where the track had none (no drafts, no finished request, a counter reset)."""
 
     acceptance_length: tuple[float | None, ...] = ()
     output_tokens_per_second: tuple[float | None, ...] = ()
+    requests: tuple[int | None, ...] = ()  # requests finished in the sub-window (those timed per token)
 
 
 @dataclass(frozen=True)
