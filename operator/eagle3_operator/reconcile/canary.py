@@ -6,15 +6,15 @@ the canary Deployment serves the new one behind the same Service. Once serving.c
 since its first ready replica, it finished serving.canary.minRequests requests and at least MIN_ROUNDS
 sub-windows have both tracks' figures, the tracks are compared sub-window by sub-window (canary_verdict):
 promoted when the intervals of the canary's mean acceptance length and output tokens/s per request over the
-incumbent's both lie above 1 - tolerance, rolled back when either lies below. Otherwise (an interval holds
-the threshold, or the sub-windows are noisy) the canary is extended once: observed for another duration, all
-its sub-windows compared again; still undecided, it is rolled back as NotDistinguishable and the incumbent
-kept. Before all that, the new draft's evaluated acceptance length per category is compared with the
-incumbent's (canary_categories): a category regressed beyond the tolerance refuses the canary at once
-(CategoryRegressed), whatever its mean. With no decision by serving.canary.timeout (counted from the
-canary's creation, the Canary condition's transition) it is rolled back as inconclusive
-(NotDistinguishable once extended). A rolled-back draft is not tried again while it stays the rollout: a new
-draft path in the spec is a new canary.
+incumbent's both lie above 1 - tolerance, rolled back when either lies below. Otherwise (an interval holds the
+threshold), or where the sub-windows of the deciding comparison are noisy, the canary is extended once:
+observed for another duration, all its sub-windows compared again, and decided on their intervals (noisy ones
+flagged); still undecided, it is rolled back as NotDistinguishable and the incumbent kept. Before all that,
+the new draft's evaluated acceptance length per category is compared with the incumbent's (canary_categories):
+a category regressed beyond the tolerance refuses the canary at once (CategoryRegressed), whatever its mean.
+With no decision by serving.canary.timeout (counted from the canary's creation, the Canary condition's
+transition) it is rolled back as inconclusive (NotDistinguishable once extended). A rolled-back draft is not
+tried again while it stays the rollout: a new draft path in the spec is a new canary.
 
 No requeue of its own: the operator's resync (--resync-seconds, 60 s by default) reconciles every run, so
 a decision comes at most one resync after its conditions hold, far within a duration of minutes; a canary
@@ -226,7 +226,7 @@ def _decide(
     waits = waiting_for(canary, status, figures, now)
     if not waits:
         found = canary_verdict.verdict(canary.tolerance, status)
-        if found == Verdict.NOT_DISTINGUISHABLE and not status.extended:
+        if not status.extended and not canary_verdict.settled(canary.tolerance, status):
             return _extend(canary, window, actions, generation)
         promote, reason, message = _verdict_message(canary, status, found)
     elif _seconds(window.since, now) >= duration_seconds(canary.timeout):
@@ -263,13 +263,14 @@ def _decide(
 def _extend(
     canary: Canary, window: _Window, actions: tuple[Action, ...], generation: int | None
 ) -> CanaryPlan:
-    """The first decision could not tell the tracks apart: observe once more for serving.canary.duration."""
+    """The first decision could not tell the tracks apart, or only on noisy sub-windows: observe once more
+    for serving.canary.duration."""
     status, now = window.status, window.now
     message = (
-        f"canary draft {status.draft} is not distinguishable from incumbent {status.incumbent_draft} yet: "
-        f"{canary_verdict.ratios_text(canary.tolerance, status)}; observing it for another "
-        f"serving.canary.duration {canary.duration}, then the incumbent is kept unless both intervals lie "
-        f"above the threshold ({figures_text(status)})"
+        f"canary draft {status.draft} {canary_verdict.unsettled_text(canary.tolerance, status)} "
+        f"{status.incumbent_draft} yet: {canary_verdict.ratios_text(canary.tolerance, status)}; observing it "
+        f"for another serving.canary.duration {canary.duration}, then it is decided on all its sub-windows' "
+        f"intervals, the incumbent kept unless both lie above the threshold ({figures_text(status)})"
     )
     extended = status.model_copy(update={"extended": True, "extended_at": now, "message": message})
     cond = canary_condition("Unknown", EXTENDED, message, window.since, generation)

@@ -27,6 +27,7 @@ from eagle3_contract.api.validation import parse_spec
 from eagle3_operator.builders import names
 from eagle3_operator.builders.serving import build_canary_deployment
 from eagle3_operator.reconcile.canary import INCONCLUSIVE, NOT_DISTINGUISHABLE, canary_news, plan_canary
+from eagle3_operator.reconcile.canary_verdict import MIN_WINDOW_REQUESTS
 from eagle3_operator.reconcile.observe import CanaryFigures, DeploymentView, Observed, TrackWindows
 from eagle3_operator.reconcile.serving import pinned_speculation, schedule_of, tuned_note
 from tests.unit.reconcile.planner_world import RUN, World, condition_of, keys, tiny, ts
@@ -79,9 +80,14 @@ def observing(started: str | None = ts(0), since: str = ts(0)) -> Eagle3RunStatu
     return Eagle3RunStatus.model_validate({"conditions": [cond]}).model_copy(update={"canary": status})
 
 
+WINDOW_REQUESTS = 70  # requests a track finishes in a 100 s sub-window
+
+
 def steady(fig: TrackFigures, count: int = 7) -> TrackWindows:
     """A track whose every sub-window shows its totals (7: the complete 100 s sub-windows at 700 s)."""
-    return TrackWindows((fig.acceptance_length,) * count, (fig.output_tokens_per_second,) * count)
+    return TrackWindows(
+        (fig.acceptance_length,) * count, (fig.output_tokens_per_second,) * count, (WINDOW_REQUESTS,) * count
+    )
 
 
 def figures(
@@ -102,7 +108,11 @@ def speeds(ratios: list[float | None], length: float = 1.5) -> CanaryFigures:
     """The canary's output tokens/s at `ratios` x the incumbent's 40, sub-window by sub-window (None: the
     canary finished no request there), its acceptance length as the incumbent's."""
     count = len(ratios)
-    canary = TrackWindows((length,) * count, tuple(None if r is None else 40.0 * r for r in ratios))
+    canary = TrackWindows(
+        (length,) * count,
+        tuple(None if r is None else 40.0 * r for r in ratios),
+        tuple(0 if r is None else WINDOW_REQUESTS for r in ratios),
+    )
     return figures(canary_windows=canary, incumbent_windows=steady(GOOD, count))
 
 
@@ -283,20 +293,66 @@ def test_one_slow_window_among_good_ones_does_not_roll_a_good_canary_back() -> N
 
 
 @pytest.mark.parametrize(
-    "ratios",
+    ("ratios", "phase", "reason"),
     [
-        [1.0, 2.5, 1.1, 3.0, 1.2, 2.8],  # every ratio above the threshold, but they disagree
-        [0.1, 0.9, 0.2, 0.8, 0.15, 0.85],  # every ratio below it, as widely
+        # every ratio above the threshold, but they disagree: extended, then promoted on the interval
+        ([1.0, 2.5, 1.1, 3.0, 1.2, 2.8], CanaryPhase.PROMOTED, "Promoted"),
+        # every ratio below it, as widely: extended, then rolled back on the interval
+        ([0.1, 0.9, 0.2, 0.8, 0.15, 0.85], CanaryPhase.ROLLED_BACK, "RolledBack"),
+        # around it, as widely: extended, then the incumbent is kept
+        ([0.5, 1.6, 0.6, 1.5, 0.7, 1.4], CanaryPhase.ROLLED_BACK, NOT_DISTINGUISHABLE),
     ],
 )
-def test_noisy_windows_never_decide(ratios: list[float]) -> None:
+def test_noisy_windows_extend_once_then_decide_only_on_their_interval(
+    ratios: list[float], phase: CanaryPhase, reason: str
+) -> None:
+    """Noisy sub-windows (their ratios' coefficient of variation beyond 25 %) never decide at once, whatever
+    their interval says: the canary is observed once more, as the pipeline's noisy rounds are doubled once.
+    Then all its sub-windows decide through their interval, which widens with the noise; the message flags
+    the noise."""
     first = decide(speeds(ratios))
-    assert first.status.phase == CanaryPhase.OBSERVING and first.status.extended
+    assert first.status.phase == CanaryPhase.OBSERVING and first.status.extended and first.serve is None
     assert first.status.speed_ratio is not None and first.status.speed_ratio.noisy
-    assert "too noisy to decide" in first.condition.message
+    why = (
+        "is not distinguishable from incumbent"  # its interval holds the threshold as well
+        if reason == NOT_DISTINGUISHABLE
+        else "is too noisy to decide on yet (its sub-windows' ratios vary beyond 25%)"
+    )
+    assert why in first.condition.message and "noisy: rounds vary" in first.condition.message
     last = decide(speeds(ratios * 2), now=1300, previous=after(first))
-    assert last.status.phase == CanaryPhase.ROLLED_BACK and last.condition.reason == NOT_DISTINGUISHABLE
-    assert last.serve is None
+    assert last.status.phase == phase and last.condition.reason == reason, last.condition.message
+    assert last.serve == (Checkpoint(path=NEW) if phase == CanaryPhase.PROMOTED else None)
+    speed = last.status.speed_ratio
+    assert speed is not None and speed.noisy and speed.rounds == 12
+    assert f"output tokens/s per request {speed.text()}" in last.condition.message
+    assert "noisy: rounds vary" in last.condition.message
+
+
+def test_a_worse_comparison_whose_windows_agree_rolls_back_at_once_beside_a_noisy_one() -> None:
+    """The Prometheus tier's bad canary: its acceptance length 0.65x the incumbent's in every sub-window,
+    its speeds all over the place: rolled back on the acceptance at the first decision, no extension."""
+    noisy = speeds([0.1, 2.0, 0.3, 1.5, 0.5, 3.0], length=1.0)
+    plan = decide(noisy)
+    assert plan.status.phase == CanaryPhase.ROLLED_BACK and not plan.status.extended
+    assert plan.status.speed_ratio is not None and plan.status.speed_ratio.noisy
+    assert plan.condition.reason == "RolledBack"
+
+
+def test_a_sub_window_with_too_few_requests_on_a_track_has_no_speed_ratio() -> None:
+    """A sub-window's speed is a ratio only where both tracks finished MIN_WINDOW_REQUESTS requests: below
+    that it is missing, not one request's scheduling taken for the draft's speed."""
+    assert MIN_WINDOW_REQUESTS == 4
+    incumbent = steady(GOOD)
+    few = TrackWindows((1.5,) * 7, (40.0, 400.0, 40.0, 4.0, 40.0, 40.0, 40.0), (70, 3, 70, 1, 70, 70, 70))
+    plan = decide(figures(canary_windows=few, incumbent_windows=incumbent))
+    speed = plan.status.speed_ratio
+    assert speed is not None and speed.rounds == 5 and (speed.low, speed.high) == (1.0, 1.0)
+    assert plan.status.acceptance_ratio is not None and plan.status.acceptance_ratio.rounds == 7
+    assert plan.status.phase == CanaryPhase.OBSERVING  # 5 of the 6 sub-windows the speed needs
+    assert "output tokens/s 5/6: at least 4 finished requests on each track" in plan.condition.message
+    sparse_incumbent = replace(incumbent, requests=(70, 70, 70, 70, 70, 70, 3))
+    fewer = decide(figures(canary_windows=few, incumbent_windows=sparse_incumbent))
+    assert fewer.status.speed_ratio is not None and fewer.status.speed_ratio.rounds == 4
 
 
 def test_windows_without_a_figure_are_left_out_and_fewer_than_six_wait() -> None:
@@ -304,8 +360,8 @@ def test_windows_without_a_figure_are_left_out_and_fewer_than_six_wait() -> None
     assert plan.status.phase == CanaryPhase.OBSERVING and not plan.status.extended
     assert plan.status.speed_ratio is not None and plan.status.speed_ratio.rounds == 5
     assert (
-        "6 sub-windows of 100s where both tracks have figures (acceptance length 7/6, output tokens/s 5/6)"
-        in plan.condition.message
+        "6 sub-windows of 100s where both tracks have figures (acceptance length 7/6, output tokens/s 5/6: "
+        "at least 4 finished requests on each track)" in plan.condition.message
     )
     assert "so far the canary over the incumbent" in plan.condition.message
     done = decide(speeds([1.0, None, 1.01, None, 0.99, 1.02, 1.0, 0.98]), now=800)
