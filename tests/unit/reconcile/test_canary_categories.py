@@ -4,14 +4,23 @@ too few prompts, or an incumbent without per-category figures (a pinned draft), 
 
 from __future__ import annotations
 
+import pytest
+
 from eagle3_contract.api.categories import CategoryFigures
-from eagle3_contract.api.status import CanaryPhase, Checkpoint, Eagle3RunStatus
-from eagle3_operator.reconcile.canary import CATEGORY_REGRESSED, PROMOTED, canary_news, plan_canary
+from eagle3_contract.api.status import CanaryPhase, Checkpoint, Eagle3RunStatus, TrackFigures
+from eagle3_operator.reconcile.canary import (
+    CATEGORY_REGRESSED,
+    PROMOTED,
+    CanaryPlan,
+    canary_news,
+    plan_canary,
+)
 from eagle3_operator.reconcile.canary_categories import MIN_CATEGORY_PROMPTS, check_categories
 from eagle3_operator.reconcile.observe import Observed
 from tests.unit.reconcile.planner_world import RUN, ts
 from tests.unit.reconcile.test_canary import (
     CANARY_NAME,
+    GOOD,
     NEW,
     OLD,
     after,
@@ -85,6 +94,38 @@ def test_a_draft_better_on_the_mean_but_worse_in_one_category_is_refused_at_once
         RUN, spec(), Observed(deployment=incumbent()), Checkpoint(path=NEW), after(plan), ts(30)
     )
     assert again.serve is None and again.actions == () and again.status == plan.status
+
+
+def test_a_draft_that_wins_on_the_live_mean_too_but_loses_one_category_is_refused() -> None:
+    """The issue's case, against a control: the same observed canary, its live mean acceptance length 1.2x
+    the incumbent's and its speed 1.1x in every sub-window past the duration, is promoted when no category
+    regressed, and refused (CategoryRegressed, the incumbent kept) when `add` regressed."""
+    better = TrackFigures(acceptance_length=1.8, output_tokens_per_second=44.0, requests=500)
+    live = figures(canary=better, incumbent_figures=GOOD)
+
+    def decide_with(new_rows: list[CategoryFigures]) -> CanaryPlan:
+        rollout = Checkpoint(path=NEW, acceptance_length=2.0, categories=new_rows)
+        previous = observing().model_copy(update={"checkpoint": rollout})
+        kept = previous.canary.model_copy(update={"incumbent_categories": OLD_ROWS})  # type: ignore[union-attr]
+        observed = Observed(deployment=incumbent(), canary=canary_view(), canary_figures=live)
+        return plan_canary(
+            RUN, spec(), observed, rollout, previous.model_copy(update={"canary": kept}), ts(700)
+        )
+
+    control = decide_with(LOSES_REVERSE)  # `reverse` is left out (3 prompts): nothing regressed
+    assert control.status is not None and control.status.phase == CanaryPhase.PROMOTED
+    assert control.serve is not None and control.serve.path == NEW
+    acceptance = control.status.acceptance_ratio
+    assert acceptance is not None and acceptance.low == pytest.approx(1.2) and acceptance.rounds == 7
+
+    refused = decide_with(LOSES_ADD)
+    assert refused.status is not None and refused.status.phase == CanaryPhase.ROLLED_BACK
+    assert refused.serve is None, "the incumbent keeps serving"
+    assert [a.key for a in refused.actions] == [("delete", "Deployment", CANARY_NAME)]
+    assert refused.condition is not None
+    assert (refused.condition.status, refused.condition.reason) == ("False", CATEGORY_REGRESSED)
+    assert "regresses a category" in refused.condition.message
+    assert "add 1.20 vs 1.60 (0.75x, 6 and 6 prompts)" in refused.condition.message
 
 
 def test_a_refusal_deletes_a_canary_already_running() -> None:
