@@ -9,14 +9,16 @@ a second time each, under the run's labels with the `track` the canary's PodMoni
 - `rollback`: incumbent = `good`, canary = `bad`.
 The test plays the Deployment controller (the canary Deployment's replica is ready), and the tier's live
 traffic is shaped so that every sub-window the operator compares is one paired round (tier.live_traffic):
-one wave of the same WAVE_PROMPTS prompts to each server in turn (tier.canary_wave: the two servers share
-two cores, a cluster's tracks would not), each answer exactly as long (`tokens`), started a moment after
-the sub-window's first scrape and over before its last, on the grid of the canary's own
-`status.canary.started`. So both tracks' figures in a sub-window are those of the same requests a second
-apart: the ratio of their tokens/s per request varies only with what the machine does to one server and not
-the other within a second or two. The answers' length and, where even short ones need it, the
-sub-window's are chosen from a timed wave (`wave_shape`): long answers average a hiccup away, and a loaded
-machine gets longer sub-windows rather than unpaired ones.
+WAVE_ROUNDS waves of the same WAVE_PROMPTS prompts to each server, alternating (tier.canary_wave: AB BA; the
+two servers share two cores, a cluster's tracks would not), each answer WAVE_TOKENS long, started a moment
+after the sub-window's first scrape and over before its last, on the grid of the canary's own
+`status.canary.started`. So both tracks' figures in a sub-window are those of the same requests seconds apart.
+What the machine does to one server and not the other within those seconds still moves a sub-window's speed
+ratio (the other tenants of two shared cores: one server's per-request speed from 1 to 187 tokens/s between
+sub-windows in one loaded run), so the canaries are decided on WINDOWS sub-windows, whose interval leaves out
+the most extreme of them on each side, and the sub-window is as long as a timed wave needs (`wave_shape`): a
+loaded machine gets longer sub-windows rather than unpaired ones. Each server computes on one thread
+(vllm_stack.SERVER_ENV), which is what made its speed a figure of its draft again on the shared cores.
 """
 
 from __future__ import annotations
@@ -35,17 +37,28 @@ from tests.observability.vllm_stack import Served
 
 RUNS = {"promote": ("bad", "good"), "rollback": ("good", "bad")}  # run -> (incumbent's, canary's server)
 INCUMBENT, NEW = "export/incumbent0001", "export/candidate0002"
-WINDOWS = 6  # the fewest paired sub-windows whose interval reaches 95 %: one wave in each
-# Every answer of a canary wave is exactly `tokens` long (ignore_eos): the same work on both servers. A
-# sub-window's tokens/s per request is then one wave's decode on each server, and a scheduling hiccup of a
-# tenth of a second is most of an 8-token answer (one loaded run: per-sub-window ratios from 0.31 to 8.66):
-# the answers are made as long as the sub-window holds (CALIBRATION_TOKENS timed, MAX_TOKENS at most).
-CALIBRATION_TOKENS, MIN_TOKENS, MAX_TOKENS = 32, 8, 64
+# 12 paired sub-windows: their median's interval runs from the third lowest ratio to the third highest
+# (96.1 %), so two sub-windows that the machine slowed on one side cannot decide, where 6 (the fewest that
+# reach 95 %: from the lowest to the highest) let a single one do it. One loaded run with 6: speed ratios from
+# 0.13 to 14 between sub-windows, while the totals were right (17.0 against 8.9 tokens/s per request).
+WINDOWS = 12
+# Every answer of a canary wave is exactly WAVE_TOKENS long (ignore_eos): the same work on both servers. A
+# sub-window's tokens/s per request is then one wave's decode on each server. Shorter answers time the
+# machine's scheduling more than the decode: the same loaded run, whose slow calibration had chosen 8-token
+# answers, saw one server's four requests at 1 to 187 tokens/s per request from one sub-window to the next.
+WAVE_TOKENS = 32
+# Waves to each server per sub-window, in the order AB BA (BA AB in the next): a sub-window's speed on either
+# side is then two waves seconds apart, not one, and a disturbance of a second or two tends to land on both
+# sides. One loaded run with one wave each (A then B): 11 of 23 sub-windows' speed ratios were off the
+# typical 1.2 to 1.4 by more than 1.5x either way, six of them under the threshold: as many as the interval
+# of 23 leaves out, so one more would have kept the incumbent.
+WAVE_ROUNDS = 2
 # A sub-window: a wave starts LEAD_S after the later run's sub-window starts (after its first 1 s scrape) and
 # must end a scrape interval before the earlier run's ends, the runs' `started` being whole seconds apart
-# (START_SKEW_S at most, as the operator reconciles the two new pins); the wave's time, as timed, times
-# WAVE_MARGIN for the load's swings. WINDOW_S unless even the shortest answers need more.
-LEAD_S, START_SKEW_S, WAVE_MARGIN, WINDOW_S, MAX_WINDOW_S = 1.2, 1.0, 1.5, 6, 20
+# (START_SKEW_S at most, as the operator reconciles the two new pins); the waves' time, as timed, times
+# WAVE_MARGIN for the load's swings. WINDOW_S at the least, MAX_WINDOW_S at most (a wave that overruns its
+# sub-window leaves it short of MIN_WINDOW_REQUESTS: not a ratio, and the decision waits for another).
+LEAD_S, START_SKEW_S, WAVE_MARGIN, WINDOW_S, MAX_WINDOW_S = 1.2, 1.0, 1.5, 6, 15
 # The bad draft's live acceptance length is 1.0 against the fitted draft's 1.5 to 1.6 on these prompts, a
 # ratio of 0.62 to 0.67 in every sub-window (greedy decoding, the same prompts): 0.3 (a threshold of 0.7)
 # left it 0.03 to 0.08 under the threshold, and one loaded run's per-sub-window acceptance, over few short
@@ -55,14 +68,11 @@ TOLERANCE = 0.2
 DECISION_TIMEOUT_S = 180.0
 
 
-def wave_shape(calibration_s: float) -> tuple[int, int]:
-    """(sub-window seconds, tokens per answer) from a wave of CALIBRATION_TOKENS-token answers that took
-    `calibration_s`: the longest answers a WINDOW_S sub-window holds, else a longer one for MIN_TOKENS."""
-    per_token = calibration_s / CALIBRATION_TOKENS
-    room = WINDOW_S - LEAD_S - START_SKEW_S - 1.0
-    tokens = max(MIN_TOKENS, min(MAX_TOKENS, int(room / (WAVE_MARGIN * per_token))))
-    needed = LEAD_S + START_SKEW_S + WAVE_MARGIN * per_token * tokens + 1.0
-    return max(WINDOW_S, min(MAX_WINDOW_S, math.ceil(needed))), tokens
+def wave_shape(calibration_s: float) -> int:
+    """The sub-window's seconds from both servers' waves of WAVE_TOKENS-token answers, timed at
+    `calibration_s`."""
+    needed = LEAD_S + START_SKEW_S + WAVE_MARGIN * calibration_s + 1.0
+    return max(WINDOW_S, min(MAX_WINDOW_S, math.ceil(needed)))
 
 
 def canary_spec(prometheus_url: str, min_requests: int, window_s: int) -> dict[str, Any]:
@@ -102,7 +112,7 @@ class CanaryRuns:
     prometheus_url: str
     min_requests: int
     window_s: int = WINDOW_S  # the sub-window the canaries are started with (tier.calibrate)
-    tokens: int = MIN_TOKENS  # every answer of a canary wave
+    tokens: int = WAVE_TOKENS  # every answer of a canary wave
     started: dict[str, float] = field(default_factory=dict)  # unix time of the run's status.canary.started
     decided: dict[str, dict[str, Any]] = field(default_factory=dict)  # the run's status at its decision
 

@@ -23,6 +23,8 @@ import pytest
 from eagle3_contract.api.comparison import MIN_ROUNDS, compare_rounds
 from eagle3_operator.builders.names import TRACK_CANARY, TRACK_STABLE
 from eagle3_operator.observability import canary_queries as cq
+from eagle3_operator.observability.queries import ACCEPTED, DRAFTS
+from eagle3_operator.reconcile.canary_verdict import MIN_WINDOW_REQUESTS
 from eagle3_operator.reconcile.run_report import unix_time
 from eagle3_pipeline.serving.spec_metrics import Acceptance
 from eagle3_pipeline.stages.train.metrics import read_epochs
@@ -35,7 +37,7 @@ from tests.observability.operator_stack import NAMESPACE
 from tests.observability.prometheus import PromQLError, wait_for
 from tests.observability.render import main_panels, panel_data, render
 from tests.observability.stage_stack import HUNG_ROWS, RISING_AT
-from tests.observability.tier import TRAIN_WAIT_S, WAVE_PROMPTS, Tier
+from tests.observability.tier import TRAIN_WAIT_S, WAVE_PROMPTS, WINDOW_REQUESTS, Tier
 from tests.observability.vllm_stack import MODEL
 from tests.pipeline.conftest import BUILD_TIMEOUT_S
 
@@ -425,34 +427,63 @@ def test_the_canary_figures_in_status_are_prometheus_answers(tier: Tier) -> None
             assert figures["acceptanceLength"] == pytest.approx(float(length[0]["value"][1]), rel=1e-3)
             assert figures["outputTokensPerSecond"] == pytest.approx(float(speed[0]["value"][1]), rel=1e-3)
             assert figures["requests"] == pytest.approx(float(requests[0]["value"][1]), abs=2)
-            least = WINDOWS * WAVE_PROMPTS - 1 - (WAVE_PROMPTS if track == TRACK_STABLE else 0)
+            least = WINDOWS * WINDOW_REQUESTS - 1 - (WAVE_PROMPTS if track == TRACK_STABLE else 0)
             assert figures["requests"] >= least, (run, track, figures)
-        # the comparisons are those of the same sub-windows' figures, paired as the operator pairs them
-        for key, figure in (("acceptanceRatio", 0), ("speedRatio", 1)):
-            expected = compare_rounds(windows["incumbent"][figure], windows["canary"][figure])
+        # the comparisons are those of the same sub-windows' figures, paired as the operator pairs them: the
+        # acceptance length where both tracks have one, the speed where both finished MIN_WINDOW_REQUESTS
+        inc, can = windows["incumbent"], windows["canary"]
+        print(f"  sub-windows of {canary['windowSeconds']} s (incumbent | canary):")
+        for k, (i, c) in enumerate(zip(zip(*inc, strict=True), zip(*can, strict=True), strict=True)):
+            print(f"    {k:2d}: length {i[0]} | {c[0]}, tokens/s per request {i[1]} | {c[1]}, ", end="")
+            print(f"requests {i[2]} | {c[2]}")
+        timed = [k for k in range(len(inc[2])) if min(inc[2][k] or 0, can[2][k] or 0) >= MIN_WINDOW_REQUESTS]
+        for key, expected in (
+            ("acceptanceRatio", compare_rounds(inc[0], can[0])),
+            ("speedRatio", compare_rounds([inc[1][k] for k in timed], [can[1][k] for k in timed])),
+        ):
             said = expected.model_dump(mode="json", by_alias=True) if expected is not None else None
             assert canary[key] == said, (run, key, windows)
 
 
 def sub_windows(
     tier: Tier, run: str, track: str, canary: dict[str, Any]
-) -> tuple[tuple[float | None, ...], tuple[float | None, ...]]:
-    """A track's acceptance length and tokens/s per request in each sub-window the decision compared."""
+) -> tuple[tuple[float | None, ...], tuple[float | None, ...], tuple[int | None, ...]]:
+    """A track's acceptance length, tokens/s per request and finished requests in each sub-window the
+    decision compared, from Prometheus's answers for its raw counters at each sub-window's edge (one instant
+    query per counter and edge, not the operator's range query): each sub-window the difference of its
+    edges."""
     step = canary["windowSeconds"]
     started, decided = unix_time(canary["started"]), unix_time(canary["decided"])
     assert started is not None and decided is not None
     count = int((decided - started) * 1000 // round(step * 1000))  # the sub-windows ended at the decision
-    first = started + step
-    scope = cq.track_scope(NAMESPACE, run, track, step)
-    out = []
-    for expr in (cq.acceptance_length(scope), cq.output_tokens_per_second(scope)):
-        values: list[float | None] = [None] * count
-        for series in tier.prometheus.query_range(expr, first, first + (count - 1) * step, step)[:1]:
-            for at, text in series["values"]:
-                value = float(text)
-                values[round((float(at) - first) / step)] = value if math.isfinite(value) else None
-        out.append(tuple(values))
-    return out[0], out[1]
+    matchers = cq.track_matchers(NAMESPACE, run, track)
+
+    def at_edges(metric: str) -> list[float | None]:
+        values: list[float | None] = []
+        for k in range(count + 1):
+            found = tier.prometheus.query(f"sum({metric}{{{matchers}}})", at=started + k * step)
+            values.append(float(found[0]["value"][1]) if found else None)
+        return values
+
+    drafts, accepted, finished, seconds = (
+        at_edges(metric) for metric in (DRAFTS, ACCEPTED, cq.TPOT_COUNT, cq.TPOT_SUM)
+    )
+    length: list[float | None] = []
+    speed: list[float | None] = []
+    requests: list[int | None] = []
+    for k in range(count):
+        increases = [
+            after - before
+            for before, after in (
+                (values[k], values[k + 1]) for values in (drafts, accepted, finished, seconds)
+            )
+            if before is not None and after is not None and after >= before
+        ]
+        d, a, n, t = increases if len(increases) == 4 else (0.0, 0.0, None, 0.0)
+        length.append(round(1.0 + a / d, 4) if d else None)
+        speed.append(round(n / t, 3) if n and t else None)
+        requests.append(round(n) if n is not None else None)
+    return tuple(length), tuple(speed), tuple(requests)
 
 
 def test_the_operator_exports_the_canary_and_the_sweep(tier: Tier, dashboard: dict[str, Any]) -> None:

@@ -13,8 +13,8 @@
    muted draft. Both runs roll out and reach Serving.
    Meanwhile the canary runs (canary_stack) serve their incumbent; Prometheus scrapes both servers again as
    their tracks. A timed wave to both servers sets the canaries' sub-window; their canaries start then.
-4. Live traffic to both servers, one wave per canary sub-window (canary_stack), until both canaries are
-   decided (after their sixth sub-window, or their extension's last). Then `hung` has been stalled (a rate
+4. Live traffic to both servers, two waves each per canary sub-window (canary_stack), until both canaries are
+   decided (after their last sub-window, or their extension's last). Then `hung` has been stalled (a rate
    of 0), and the train stage starts, a target too; once it has finished the epochs whose validation loss
    rose twice in a row, the raw counters, once settled, and the moment `end` at which Prometheus holds a
    sample of exactly those counters. Instant queries are evaluated at `end`.
@@ -49,9 +49,10 @@ from eagle3_pipeline.serving.spec_metrics import (
 )
 from tests.observability import vllm_stack
 from tests.observability.canary_stack import (
-    CALIBRATION_TOKENS,
     DECISION_TIMEOUT_S,
     LEAD_S,
+    WAVE_ROUNDS,
+    WAVE_TOKENS,
     WINDOWS,
     CanaryRuns,
     canary_targets,
@@ -68,10 +69,11 @@ from tests.observability.stage_stack import RISING_AT, STALL_WAIT_S, StageStack
 from tests.observability.vllm_stack import MODEL, NUM_SPECULATIVE_TOKENS, Served
 
 EVALUATION_PROMPTS = 8
-# one batch per wave (MAX_NUM_SEQS in flight), the same prompts in every wave, one wave per sub-window of the
-# canaries (canary_stack): the traffic lasts WINDOWS sub-windows (about 30 s on a quiet machine), or twice
-# that where a canary is extended
+# one batch per wave (MAX_NUM_SEQS in flight), the same prompts in every wave, WAVE_ROUNDS waves to each
+# server per sub-window of the canaries (canary_stack): the traffic lasts WINDOWS sub-windows (about 90 s on
+# a quiet machine), or twice that where a canary is extended
 WAVE_PROMPTS = vllm_stack.MAX_NUM_SEQS
+WINDOW_REQUESTS = WAVE_ROUNDS * WAVE_PROMPTS  # each track's requests in a sub-window
 SCRAPE_WAIT_S = 30.0
 log = logging.getLogger(__name__)
 # the alerts of the stage programs' metrics: a busy machine evaluates the rules a moment after the scrape
@@ -212,24 +214,28 @@ def exports(servers: dict[str, Served]) -> dict[str, dict[str, Any]]:
 
 
 def calibrate(tier: Tier, models: Path) -> float:
-    """A canary wave, timed, which also warms both servers' prefix caches."""
+    """A sub-window's waves (canary_wave), timed, which also warm both servers' prefix caches."""
     begin = time.monotonic()
-    canary_wave(tier, vllm_stack.held_out_prompts(models, WAVE_PROMPTS), 0, CALIBRATION_TOKENS)
+    canary_wave(tier, vllm_stack.held_out_prompts(models, WAVE_PROMPTS), 0, WAVE_TOKENS)
     return time.monotonic() - begin
 
 
 def canary_wave(tier: Tier, prompts: list[list[dict[str, str]]], index: int, tokens: int) -> None:
-    """The prompts (`tokens` tokens each) to one server, then to the other, the order alternating with
-    `index`: in a cluster each track has its own nodes, here the two servers share two cores, and answering
-    at once each one's speed would be the other's turns on the cores (one loaded run, both at once: the
-    per-request speed ratio swung from 0.38 to 1.14 between sub-windows)."""
+    """A sub-window's traffic: WAVE_ROUNDS rounds of the prompts (`tokens` tokens each) to one server, then
+    to the other, the order alternating from round to round and from sub-window to sub-window (AB BA in
+    one, BA AB in the next): whatever slows the machine for a second or two then tends to land on both
+    servers' waves of a sub-window, and a steady drift cancels. In a cluster each track has its own nodes;
+    here the two servers share two cores, and answering at once each one's speed would be the other's turns
+    on the cores (one loaded run, both at once: the per-request speed ratio swung from 0.38 to 1.14 between
+    sub-windows)."""
     servers = list(tier.servers.items())
-    for run, served in servers[::-1] if index % 2 else servers:
-        vllm_stack.send_chats({run: served}, prompts, tokens)
+    for turn in range(WAVE_ROUNDS):
+        for run, served in servers[::-1] if (index + turn) % 2 else servers:
+            vllm_stack.send_chats({run: served}, prompts, tokens)
 
 
 def live_traffic(tier: Tier, models: Path) -> None:
-    """One wave of the same WAVE_PROMPTS prompts (canary_wave) in each canary sub-window, LEAD_S after the
+    """The waves of the same WAVE_PROMPTS prompts (canary_wave) in each canary sub-window, LEAD_S after the
     later run's sub-window starts (their grids are their status.canary.started plus whole sub-windows), for
     WINDOWS sub-windows; then on while a canary is undecided (extended, or short of paired sub-windows where a
     loaded machine made a wave overrun its own), until both are decided or twice the duration and the
@@ -344,7 +350,7 @@ def tier_stack(
         prometheus.add_targets([target])  # the other runs' series are seen before they exist
         started = time.time()
         assert operator.cluster is not None and operator.player is not None
-        requests = WINDOWS * WAVE_PROMPTS  # the canaries' minRequests: their first WINDOWS waves
+        requests = WINDOWS * WINDOW_REQUESTS  # the canaries' minRequests: their first WINDOWS sub-windows
         canaries = CanaryRuns(operator.cluster, operator.player, MODEL, prometheus.url, requests)
         scenario = operator.submit(operator.before_evaluation(MODEL))  # while the vLLM servers start
         incumbents = operator.submit(canaries.serving())
@@ -360,7 +366,7 @@ def tier_stack(
         tier.serving_since = time.time()
         evaluation = evaluate(tier, models)
         operator.call(operator.to_serving({"good": evaluation, "bad": evaluation}, exports(servers)))
-        canaries.window_s, canaries.tokens = wave_shape(calibrate(tier, models))
+        canaries.window_s = wave_shape(calibrate(tier, models))
         operator.call(canaries.start())
         live_traffic(tier, models)
         marks["traffic"] = time.monotonic()
