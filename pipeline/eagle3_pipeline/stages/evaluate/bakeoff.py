@@ -233,13 +233,14 @@ def refuse_unservable(ctx: Context) -> None:
     """draft.candidates suffix where vLLM's environment lacks arctic-inference (vLLM's suffix decoding is
     its): a StageError that says so before any server starts. The CPU environment and image of this project
     do not carry it (it builds from source, and its vLLM plugin wants CUDA); vLLM 0.32 CPU serves `suffix`
-    where it is installed beside vLLM (docs/benchmarks.md)."""
+    with arctic-inference 0.3.0 built beside it (scripts/build-vllm-suffix.sh; tests/pipeline/test_suffix.py,
+    docs/benchmarks.md)."""
     if "suffix" in (r.value for r in ctx.params.rivals or ()) and not has_package("arctic_inference"):
         raise StageError(
             "draft.candidates suffix needs the arctic-inference package in vLLM's environment, and this vLLM "
             f"({find_vllm()}) has none: remove suffix from draft.candidates, or install "
-            "arctic-inference==0.3.0 beside vLLM (leave ARCTIC_INFERENCE_ENABLED unset on a CPU: its plugin "
-            "wants CUDA)"
+            "arctic-inference==0.3.0 beside vLLM (locally: the vllm scripts/build-vllm-suffix.sh prints; "
+            "leave ARCTIC_INFERENCE_ENABLED unset on a CPU: its plugin wants CUDA)"
         )
 
 
