@@ -239,8 +239,9 @@ def refuse_unservable(ctx: Context) -> None:
         raise StageError(
             "draft.candidates suffix needs the arctic-inference package in vLLM's environment, and this vLLM "
             f"({find_vllm()}) has none: remove suffix from draft.candidates, or install "
-            "arctic-inference==0.3.0 beside vLLM (locally: the vllm scripts/build-vllm-suffix.sh prints; "
-            "leave ARCTIC_INFERENCE_ENABLED unset on a CPU: its plugin wants CUDA)"
+            "arctic-inference==0.3.0 beside vLLM (in a checkout, `bash scripts/build-vllm-suffix.sh` "
+            "builds one and prints its vllm, for --vllm; leave ARCTIC_INFERENCE_ENABLED unset on a CPU: "
+            "its plugin wants CUDA)"
         )
 
 
