@@ -32,8 +32,8 @@ operator-demo: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-## test: lint, types, and every test tier that can run here (what CI runs; on 2 cores about 37 minutes with both
-## images rebuilt, pytest 28 of them: docs/benchmarks.md)
+## test: lint, types, and every test tier that can run here (what CI runs; on 2 cores about 40 minutes with the
+## pipeline image rebuilt, pytest 34 of them: docs/benchmarks.md, "The suite's time")
 test: $(STAMP) lint typecheck kube vllm mooncake prometheus helm cluster-images
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=25
 
