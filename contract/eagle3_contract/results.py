@@ -325,6 +325,10 @@ class CheckpointFigures(ResultModel):
     # draft.candidates: the paired rounds' speedup over the verifier alone, and each round's tokens/s
     comparison: Comparison | None = None
     rounds: list[float | None] | None = None
+    # draft.candidates: of the first round's greedy answers, those identical token for token to the
+    # verifier alone's (lossless speculative decoding: all of them, up to numerics)
+    outputs_compared: int | None = None
+    outputs_matching_alone: int | None = None
 
 
 class RivalFigures(ResultModel):
@@ -336,6 +340,8 @@ class RivalFigures(ResultModel):
     output_tokens_per_second: float | None = None
     comparison: Comparison | None = None  # its speedup over the verifier alone (None for `none`)
     rounds: list[float | None] | None = None  # each round's output tokens/s
+    outputs_compared: int | None = None  # as CheckpointFigures' (None for `none`)
+    outputs_matching_alone: int | None = None
 
 
 class Versus(ResultModel):
@@ -349,6 +355,14 @@ class Versus(ResultModel):
 BETTER = "better"  # CheckpointChoice.verdict: the shipped draft beat every rival and the other candidates
 NOT_DISTINGUISHABLE = "notDistinguishable"  # it beat every rival, not the other trained candidates
 RIVAL_NOT_BEATEN = "rivalNotBeaten"  # no trained draft beat every rival with its interval clear
+
+
+def _differing(c: CheckpointFigures | RivalFigures) -> str:
+    """`, 2 of 8 answers not the verifier alone's` where a contender's greedy answers differ from it."""
+    compared, matching = c.outputs_compared, c.outputs_matching_alone
+    if compared is None or matching is None or matching == compared:
+        return ""
+    return f", {compared - matching} of {compared} answers not the verifier alone's"
 
 
 class CheckpointChoice(ResultModel):
@@ -378,6 +392,7 @@ class CheckpointChoice(ResultModel):
             cells = ", ".join(
                 f"{c.method}: {_shown(c.output_tokens_per_second, 1)} output tokens/s"
                 + (f" ({c.comparison.text()} over none)" if c.comparison is not None else "")
+                + _differing(c)
                 for c in shown
             )
             return f"bake-off: {cells}; {self.bake_off_text()}"

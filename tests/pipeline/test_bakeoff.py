@@ -136,10 +136,12 @@ def test_the_demo_prints_the_bake_off_with_each_contenders_interval_and_the_verd
         "outputTokensPerSecond": 480.0,
         "acceptanceLength": 3.1,
         "comparison": interval,
+        "outputsCompared": 8,
+        "outputsMatchingAlone": 8,
     }
     choice["rivals"] = [
         {"method": "none", "outputTokensPerSecond": 300.0},
-        {"method": "ngram", "outputTokensPerSecond": 310.0},
+        {"method": "ngram", "outputTokensPerSecond": 310.0, "outputsCompared": 8, "outputsMatchingAlone": 7},
     ]
     result = EvaluateResult.model_validate({"acceptanceLength": 3.1, "checkpointSelection": choice})
     assert bake_off_table([StageOutcome("prepare", "done")]) is None  # no bake-off: no table
@@ -148,6 +150,28 @@ def test_the_demo_prints_the_bake_off_with_each_contenders_interval_and_the_verd
     text = console.export_text()
     assert "eagle3 (ships)" in text and "1.60x [1.55, 1.65]" in text and "ngram" in text, text
     assert "eagle3 ships, beating every rival (eagle3 over ngram:" in text, text
+    rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("│ ")}
+    assert rows["eagle3"].rstrip(" │").endswith("8/8") and rows["ngram"].rstrip(" │").endswith("7/8"), text
+    line = CheckpointChoice.model_validate(choice).line()  # evaluate's log, the run's Event
+    assert "ngram: 310.0 output tokens/s, 1 of 8 answers not the verifier alone's" in line, line
+    assert "eagle3: 480.0 output tokens/s (1.60x [1.55, 1.65] (96.9% interval, 6 rounds) over none), " in line
+
+
+def test_a_contenders_greedy_answers_are_compared_token_for_token_with_the_verifier_alones() -> None:
+    """Lossless speculative decoding answers greedily as the verifier alone does: the bake-off counts the
+    first round's answers that are identical token for token (a failed request is not compared)."""
+    from typing import cast
+
+    from eagle3_pipeline.serving.vllm_server import VllmServer
+    from eagle3_pipeline.stages.evaluate.bakeoff import lossless
+    from eagle3_pipeline.stages.evaluate.rounds import Arm
+
+    server = cast(VllmServer, None)
+    alone, draft = Arm(NONE, server, False), Arm("eagle3", server, True)
+    alone.answers[8] = [[1, 2, 3], [4, 5], None, [7]]
+    draft.answers[8] = [[1, 2, 3], [4, 6], [9], [7]]
+    assert lossless(alone, draft) == (3, 2)  # the third failed alone: not compared; the second differs
+    assert lossless(alone, Arm("ngram", server, True)) == (0, 0)  # nothing answered: nothing compared
 
 
 @pytest.mark.vllm

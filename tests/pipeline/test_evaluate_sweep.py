@@ -16,12 +16,12 @@ from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.serving.spec_metrics import SpecDecodeCounters
 from eagle3_pipeline.serving.vllm_server import VllmServer
 from eagle3_pipeline.stages.evaluate.rounds import Arm
+from eagle3_pipeline.stages.evaluate.servers import server_options
 from eagle3_pipeline.stages.evaluate.summary import with_sweep
 from eagle3_pipeline.stages.evaluate.sweep import (
     SpeculationSweep,
     cell_prompts,
     prompts_wanted,
-    server_options,
 )
 from tests.pipeline.draft_support import evaluate_spec
 from tests.pipeline.manifests import write_manifest
@@ -221,7 +221,15 @@ def test_the_paired_rounds_answer_the_prompts_repeated_to_last_long_enough(
     monkeypatch.setattr(sweep_module, "long_enough", lambda s, p, t: {c: cell * 3 for c, cell in p.items()})
     monkeypatch.setattr(rounds, "one_round", one_round)
     monkeypatch.setattr(rounds, "SETTLE_S", 0.0)
-    monkeypatch.setattr(SpeculationSweep, "server", lambda self, draft: nullcontext(Server()))
-    planned._paired(Path("draft"))
+
+    monkeypatch.setattr(SpeculationSweep, "server", lambda self, *args: nullcontext(Server()))
+
+    class Pool:
+        together = True
+
+        def serve(self, *args: Any, **kwargs: Any) -> Any:
+            return nullcontext(Server())
+
+    planned._paired(Path("draft"), Path("checkpoint"), cast(Any, Pool()))
     assert answered and {n for _, _, n in answered} == {3 * len(planned.prompts[1])}, answered
     assert {name for name, _, _ in answered} == {"verifier alone", "k=1", "k=3"}

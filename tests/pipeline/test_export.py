@@ -34,6 +34,7 @@ from eagle3_pipeline.serving.requests import Measurement
 from eagle3_pipeline.stage_main import run_stage
 from eagle3_pipeline.stages.evaluate.program import measure
 from eagle3_pipeline.stages.evaluate.prompts import held_out_prompts
+from eagle3_pipeline.stages.evaluate.servers import ServerPool
 from tests.pipeline.draft_support import (
     DATASET,
     VERIFIER,
@@ -341,7 +342,11 @@ def test_vllm_accepts_the_export_as_it_accepts_the_full_checkpoint(
     manifest = load_manifest(write_manifest(root / "run.yaml", evaluate_spec(prompts=16)))
     ctx = StageContext.of_spec(Stage.EVALUATE, manifest.name, manifest.spec, art, art / "evaluate" / "h")
     ctx.begin()
-    full, slim = measure(ctx, prompts, exported.source), measure(ctx, prompts, exported.output)
+    with ServerPool(ctx) as pool:  # two drafts: two servers
+        full, slim = (
+            measure(ctx, pool, prompts, exported.source),
+            measure(ctx, pool, prompts, exported.output),
+        )
     assert full.outputs == slim.outputs and full.output_tokens == slim.output_tokens
     assert full.counters == slim.counters and accepted(full) > 0  # the same draft tokens, accepted alike
     log = (ctx.work / "vllm-draft.log").read_text()

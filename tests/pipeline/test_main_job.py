@@ -31,7 +31,7 @@ from eagle3_contract.api.speculation import plan_schedule
 from eagle3_contract.gate import judge_evaluation
 from eagle3_contract.results import EvaluateResult
 from eagle3_pipeline.stages.evaluate.bakeoff import decide
-from tests.pipeline.test_vllm_server import vllm_or_skip
+from tests.pipeline.test_vllm_server import suffix_vllm_or_skip, vllm_or_skip
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.vllm]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny" / "eagle3run.yaml"
@@ -117,9 +117,12 @@ def test_the_examples_sweep_measures_every_k_and_concurrency_against_the_verifie
     assert at == (3, max(concurrencies)) and evaluate["speedup"] == cells[at], evaluate
     message = evaluate["message"] or ""
     assert "sweep reuses" not in message and "sweep requests failed" not in message, message
-    # the verifier alone stays up beside each k's server: one server each, the sweep's own
+    # the verifier alone stays up beside each k's server; it and the draft at evaluate's k are the servers
+    # evaluate measured with, still warm (eagle3_pipeline.stages.evaluate.servers): each started once
     [evaluated] = [p.parent for p in (art / "evaluate").glob("*/result.json")]
-    for name in ("vllm-sweep-baseline.log", *(f"vllm-sweep-k{k}.log" for k in ks)):
+    logs = sorted(p.name for p in evaluated.glob("vllm-*.log"))
+    assert logs == ["vllm-baseline.log", "vllm-draft.log", *(f"vllm-sweep-k{k}.log" for k in ks if k != 3)]
+    for name in logs:
         assert (evaluated / name).read_text().count("Starting vLLM server on") == 1, name
 
 
@@ -175,18 +178,21 @@ def test_another_draft_method_of_the_same_data_is_served_losslessly(
 def test_the_bake_off_ships_only_what_its_rounds_justify_and_the_table_shows_it(
     demo: tuple[Path, str], tiny_models: Path, tmp_path: Path
 ) -> None:
-    """The tiny example with draft.candidates [eagle3, ngram] (issue 43): the demo's EAGLE-3 draft (train
-    reused: one trained candidate leaves train's parameters as they are), vLLM's n-gram prompt lookup and the
+    """The tiny example with draft.candidates [eagle3, ngram, suffix] (issue 43): the demo's EAGLE-3 draft
+    (train reused: one trained candidate leaves train's parameters as they are), vLLM's n-gram prompt lookup,
+    vLLM's suffix decoding (arctic-inference, built beside vLLM CPU by scripts/build-vllm-suffix.sh) and the
     verifier alone, served by vLLM CPU side by side in paired rounds on the same held-out prompts. Which one
     ships, if any, depends on this machine's timing: the test checks that the verdict is the one the recorded
-    rounds give (the pure rule's cases are tests/pipeline/test_bakeoff.py's), that the run acts on it, and
-    that `eagle3 run`'s table and `eagle3 status` show the intervals."""
-    demo_art, vllm = demo
+    rounds give (the pure rule's cases are tests/pipeline/test_bakeoff.py's), that the run acts on it, that
+    every contender answered greedily as the verifier alone does, token for token, and that `eagle3 run`'s
+    table and `eagle3 status` show the intervals."""
+    demo_art, _ = demo
+    vllm = suffix_vllm_or_skip()  # vLLM CPU's own environment, with arctic-inference beside it
     art = tmp_path / "art"
     for stage in ("prepare", "generate", "extract", "vocab", "train"):
         shutil.copytree(demo_art / stage, art / stage)
     doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["draft"]["candidates"] = ["eagle3", "ngram"]
+    doc["spec"]["draft"]["candidates"] = ["eagle3", "ngram", "suffix"]
     doc["spec"]["evaluation"].pop("sweep")  # the bake-off is the whole measurement
     doc["spec"]["serving"]["speculationLength"] = "fixed"
     manifest = tmp_path / "candidates.yaml"
@@ -200,11 +206,11 @@ def test_the_bake_off_ships_only_what_its_rounds_justify_and_the_table_shows_it(
     assert choice is not None and choice.by == "outputTokensPerSecond" and choice.verdict is not None
     figures = {c.method: c for c in choice.checkpoints}
     rivals = {r.method: r for r in choice.rivals}
-    assert sorted(figures) == ["eagle3"] and sorted(rivals) == ["ngram", "none"]
+    assert sorted(figures) == ["eagle3"] and sorted(rivals) == ["ngram", "none", "suffix"]
     speeds = {m: c.rounds or [] for m, c in {**figures, **rivals}.items()}
     # evaluation.rounds, doubled once when the first rounds did not decide
     assert all(len(v) in (DEFAULT_ROUNDS, 2 * DEFAULT_ROUNDS) for v in speeds.values()), speeds
-    recomputed = decide(speeds, ["eagle3"], ["ngram", "none"], default="eagle3")
+    recomputed = decide(speeds, ["eagle3"], ["none", "ngram", "suffix"], default="eagle3")
     shipped = next(c.method for c in choice.checkpoints if c.checkpoint == choice.checkpoint)
     assert (recomputed.verdict, recomputed.shipped) == (choice.verdict, shipped), choice
     eagle3 = figures["eagle3"]
@@ -212,9 +218,18 @@ def test_the_bake_off_ships_only_what_its_rounds_justify_and_the_table_shows_it(
     for c in [*choice.checkpoints, *choice.rivals]:
         if c.method != "none":  # the verifier alone is the ratios' denominator
             assert c.comparison is not None and c.comparison.low <= c.comparison.ratio <= c.comparison.high
+            # lossless: the first round's greedy answers are the verifier alone's, token for token
+            assert c.outputs_compared and c.outputs_matching_alone == c.outputs_compared, c
+    suffix = rivals["suffix"].acceptance_length  # vLLM ran suffix decoding: its counters moved
+    assert suffix is not None and suffix > 1.0, rivals["suffix"]
     assert result.outputs_matching_baseline == result.prompts  # lossless, whichever is measured in full
     # vLLM's engine took the n-gram config (its SpeculativeConfig's repr in the engine's config line)
-    assert "SpeculativeConfig(method='ngram'" in (evaluated / "vllm-bakeoff-ngram.log").read_text()
+    for rival in ("ngram", "suffix"):
+        log = (evaluated / f"vllm-bakeoff-{rival}.log").read_text()
+        assert f"SpeculativeConfig(method='{rival}'" in log, log[-3000:]
+    # `none` is evaluate's verifier alone, and the eagle3 draft measured in full is its bake-off server
+    logs = sorted(p.name for p in evaluated.glob("vllm-*.log"))
+    assert logs == [f"vllm-bakeoff-{m}.log" for m in ("eagle3", "ngram", "suffix")] + ["vllm-baseline.log"]
     # the demo's table: every contender with its speedup and interval
     table = " ".join(done.stderr.split())  # eagle3 run's tables: on stderr, with its progress lines
     assert "bake-off" in table and "ngram" in table and "none" in table, done.stderr[-3000:]

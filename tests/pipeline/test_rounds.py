@@ -44,18 +44,27 @@ def test_the_rounds_pause_only_where_they_move_to_another_server(
     order: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """vLLM's worker spins for a second after its last step: a pause before a round on another server than
-    the previous round's, none between rounds on the same one (two arms, three rounds: A B | B A | A B)."""
+    the previous round's, none between rounds on the same one (two arms, three rounds: A B | B A | A B), and
+    none after a server whose worker is no process of its own (V1 multiprocessing off)."""
     paused: list[int] = []
     monkeypatch.setattr(
         rounds.time, "sleep", lambda s: paused.append(len(order)) if s == rounds.SETTLE_S else None
     )
-    one, two = cast(VllmServer, object()), cast(VllmServer, object())
+
+    class Server:
+        def __init__(self, spins: bool) -> None:
+            self.worker_spins = spins
+
+    one, two = cast(VllmServer, Server(True)), cast(VllmServer, Server(True))
     interleave([Arm("a", one, False), Arm("b", two, False)], {1: [], 4: []}, 3, 8, warmed=True)
     assert paused == [2, 6, 10] and rounds.SETTLE_S > 1.0  # before b, a, b: the rounds' three moves
     paused.clear()
     order.clear()
     interleave([Arm("alone", one, False)], {1: [], 4: []}, 6, 8, warmed=True)  # servers in turn: one arm
     assert paused == [] and len(order) == 12
+    quiet = [Arm(n, cast(VllmServer, Server(False)), False) for n in "ab"]  # V1 multiprocessing off
+    interleave(quiet, {1: [], 4: []}, 3, 8, warmed=True)
+    assert paused == []  # nothing spins after its last step: no pause
 
 
 def test_undecided_rounds_are_doubled_once(order: list[tuple[str, int]]) -> None:

@@ -36,6 +36,7 @@ from tests import tiers
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-vllm-cpu.sh"
+SUFFIX_BUILD_SCRIPT = ROOT / "scripts" / "build-vllm-suffix.sh"
 
 
 def built_vllm() -> str | None:
@@ -57,6 +58,22 @@ def vllm_or_skip() -> str:
             "or set $EAGLE3_VLLM",
         )
     return path
+
+
+def suffix_vllm_or_skip() -> str:
+    """The `vllm` of the environment scripts/build-vllm-suffix.sh built (vLLM CPU with arctic-inference
+    beside it: vLLM's suffix decoding; asked with --check: nothing is built)."""
+    proc = subprocess.run(
+        ["bash", str(SUFFIX_BUILD_SCRIPT), "--check"], capture_output=True, text=True, check=False
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tiers.missing(
+            "vLLM CPU with suffix decoding",
+            "no vLLM environment with arctic-inference: run scripts/build-vllm-suffix.sh "
+            "(make test builds it)",
+        )
+    return lines[-1]
 
 
 # One vLLM 0.32 process reads every command line below: it builds `vllm serve`'s parser as vLLM's CLI does,
@@ -321,3 +338,16 @@ def test_a_server_that_never_answers_times_out_and_is_killed(
     while group_members(never.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert group_members(never.pid) == [], "no live process of the server's group is left"
+
+
+def test_a_servers_worker_spins_after_its_steps_only_in_a_process_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM CPU's default runs the model worker in a process of its own, which busy-polls for 1 s after each
+    step; with V1 multiprocessing off (the suite's setting) there is none (benchmarks/vllm_spin.py)."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    assert server(context(tmp_path)).worker_spins
+    assert not server(context(tmp_path), env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}).worker_spins
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    assert not server(context(tmp_path)).worker_spins
+    assert server(context(tmp_path), env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}).worker_spins

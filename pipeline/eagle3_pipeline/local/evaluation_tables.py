@@ -19,8 +19,8 @@ def evaluated(outcomes: list[StageOutcome]) -> Any:
 
 def bake_off_table(outcomes: list[StageOutcome]) -> Any:
     """draft.candidates' bake-off, when evaluate ran one: per contender its output tokens/s (median of its
-    rounds), acceptance length and speedup over the verifier alone with its interval, and the verdict; None
-    otherwise."""
+    rounds), acceptance length, speedup over the verifier alone with its interval and how many of its greedy
+    answers are the verifier alone's, and the verdict; None otherwise."""
     from rich.table import Table
     from rich.text import Text
 
@@ -29,7 +29,8 @@ def bake_off_table(outcomes: list[StageOutcome]) -> Any:
     if choice is None or choice.verdict is None:
         return None
     table = Table(title=Text("bake-off: output tokens/s, 8 requests in flight, paired rounds"))
-    for column in ("candidate", "output tokens/s", "acceptance length", "speedup [95 % interval]"):
+    columns = ("candidate", "output tokens/s", "acceptance length", "speedup [95 % interval]", "same answers")
+    for column in columns:
         table.add_column(column, justify="left" if column == "candidate" else "right")
     for c in [*choice.checkpoints, *choice.rivals]:
         shipped = c.method is not None and any(
@@ -44,7 +45,12 @@ def bake_off_table(outcomes: list[StageOutcome]) -> Any:
             if cmp
             else "-"
         )
-        table.add_row(Text(name), speed, length, interval)
+        same = (
+            f"{c.outputs_matching_alone}/{c.outputs_compared}"
+            if c.outputs_compared is not None and c.outputs_matching_alone is not None
+            else "-"
+        )
+        table.add_row(Text(name), speed, length, interval, same)
     table.caption = Text(choice.bake_off_text())
     return table
 

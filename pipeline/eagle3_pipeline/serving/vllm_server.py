@@ -235,6 +235,16 @@ class VllmServer:
         return f"http://{HOST}:{self.port}"
 
     @property
+    def worker_spins(self) -> bool:
+        """Whether vLLM's model worker is a process of its own, which busy-polls its shared-memory queue for
+        1 s after its last step (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition): vLLM
+        CPU's default. Not where V1 multiprocessing is off (VLLM_ENABLE_V1_MULTIPROCESSING=0: engine and
+        worker in the API server's process, no queue; measured by benchmarks/vllm_spin.py: 1.0 CPU-s in
+        the second after an answer with it, none without)."""
+        value = {**os.environ, **self.env}.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        return value.strip() not in ("0", "false", "False")
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 

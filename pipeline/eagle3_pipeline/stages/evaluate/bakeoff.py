@@ -6,7 +6,11 @@ method is trained), each training-free rival of draft.candidates (`ngram`, vLLM'
 vLLM's suffix decoding) and `none`, the verifier alone, which is always in the comparison. Their servers are
 up together (on an accelerator, where one server's weights and KV cache leave no room for another, each in
 turn: `eagle3_pipeline.stages.evaluate.rounds`) and answer the same kept held-out prompts, CONCURRENCY in
-flight, in evaluation.rounds rounds, the order rotating each round.
+flight, in evaluation.rounds rounds, the order rotating each round. The servers are evaluate's
+(`eagle3_pipeline.stages.evaluate.servers`): `none` is the server evaluate measured the verifier alone on,
+and the chosen candidate's stays up (where servers can be up together) for evaluate to measure in full.
+Each contender's first-round greedy answers are compared token for token with the verifier alone's
+(`outputsMatchingAlone` of `outputsCompared`): speculative decoding is lossless, up to numerics.
 
 `decide` (pure) reads the rounds' output tokens/s: a trained draft is eligible only if its paired
 comparison with every rival (`none` included) lies above 1 (eagle3_contract.api.comparison). No eligible
@@ -24,7 +28,7 @@ import math
 import shutil
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +48,10 @@ from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.requests import CONCURRENCY, Message
 from eagle3_pipeline.serving.spec_metrics import Acceptance
-from eagle3_pipeline.serving.vllm_server import VllmServer, accelerator_present, find_vllm, has_package
+from eagle3_pipeline.serving.vllm_server import VllmServer, find_vllm, has_package
 from eagle3_pipeline.stages.evaluate.checkpoints import Candidate
 from eagle3_pipeline.stages.evaluate.rounds import Arm, interleave, interleave_settled, long_enough, warm
+from eagle3_pipeline.stages.evaluate.servers import ALONE, ServerPool, draft_key, rival_key
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +153,7 @@ class Contender:
     """One server of the bake-off: a trained candidate (its slim serving copy), a rival, or `none`."""
 
     name: str
+    key: str  # its server's in evaluate's pool (eagle3_pipeline.stages.evaluate.servers)
     config: dict[str, Any] | None
     candidate: Candidate | None = None
 
@@ -155,36 +161,40 @@ class Contender:
 def contenders(ctx: Context, train: Path, trained: Sequence[Candidate]) -> list[Contender]:
     """The trained candidates (each's slim serving copy written), the rivals, and the verifier alone."""
     k = ctx.params.num_speculative_tokens
-    out = [Contender(NONE, None)]
+    out = [Contender(NONE, ALONE, None)]
     for c in trained:
         slim = write_serving_checkpoint(
             c.path(train), ctx.work / f"bakeoff-{c.method}", ctx.params.verifier.model
         )
         config = draft_speculative_config(str(slim.path), k, checkpoint_method(slim.path))
-        out.append(Contender(str(c.method), config, c))
-    out += [Contender(r.value, training_free_speculative_config(r.value, k)) for r in ctx.params.rivals or ()]
+        out.append(Contender(str(c.method), draft_key(c.path(train), k), config, c))
+    out += [
+        Contender(r.value, rival_key(r.value, k), training_free_speculative_config(r.value, k))
+        for r in ctx.params.rivals or ()
+    ]
     return out
 
 
 def measure(
     ctx: Context,
+    pool: ServerPool,
     kept: list[list[Message]],
     entrants: Sequence[Contender],
     judge: Callable[[list[Arm]], Decision],
 ) -> list[Arm]:
     """Every contender's rounds: servers up together, the rounds doubled once when `judge`'s decision is not
-    settled; on an accelerator, one server at a time."""
+    settled; on an accelerator, one server at a time. The verifier alone is evaluate's own server, warm."""
     prompts = {CONCURRENCY: kept[:ROUND_PROMPTS]}
     rounds, max_tokens, progress = ctx.params.rounds or DEFAULT_ROUNDS, ctx.params.max_tokens, ctx.progress
     arms: list[Arm] = []
     with ExitStack() as stack:
         for entrant in entrants:
-            server = stack.enter_context(serve(ctx, entrant))
+            server = stack.enter_context(serve(pool, entrant))
             arms.append(Arm(entrant.name, server, counted=entrant.config is not None))
-            if accelerator_present():
+            if not pool.together:
                 interleave(arms[-1:], prompts, rounds, max_tokens, progress)
                 stack.close()  # one server at a time
-        if not accelerator_present():
+        if pool.together:
             for arm in arms:
                 warm(arm.server, prompts)
             longer = long_enough(arms[0].server, prompts, max_tokens)
@@ -197,17 +207,24 @@ def measure(
     return arms
 
 
-def serve(ctx: Context, entrant: Contender) -> VllmServer:
-    engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
-    log = ctx.work / f"vllm-bakeoff-{entrant.name}.log"
-    return VllmServer(ctx, engine, seed=ctx.tuning.seed, speculative_config=entrant.config, log_path=log)
+def serve(pool: ServerPool, entrant: Contender) -> AbstractContextManager[VllmServer]:
+    """The contender's server; a rival's stops after the bake-off, the verifier alone and the trained
+    candidates stay up (evaluate measures the chosen one in full next)."""
+    log = f"vllm-bakeoff-{entrant.name}.log"
+    keep = entrant.name == NONE or entrant.candidate is not None
+    return pool.serve(entrant.key, entrant.config, log, keep=keep)
 
 
 def bake_off(
-    ctx: Context, kept: list[list[Message]], train: Path, trained: Sequence[Candidate], default: str
+    ctx: Context,
+    pool: ServerPool,
+    kept: list[list[Message]],
+    train: Path,
+    trained: Sequence[Candidate],
+    default: str,
 ) -> tuple[Candidate, dict[str, Any]]:
     """Measure the contenders, decide, and the result's `checkpointSelection`; the trained candidate to
-    measure in full (the one that ships, or the best when none may)."""
+    measure in full (the one that ships, or the best when none may), its server still up in `pool`."""
     refuse_unservable(ctx)
     entrants = contenders(ctx, train, trained)
     names = [str(c.method) for c in trained]
@@ -217,13 +234,16 @@ def bake_off(
         return decide({a.name: a.speeds[CONCURRENCY] for a in arms}, names, rivals, default)
 
     try:
-        arms = {a.name: a for a in measure(ctx, kept, entrants, judge)}
+        arms = {a.name: a for a in measure(ctx, pool, kept, entrants, judge)}
     finally:
         for entrant in entrants:
             if entrant.candidate is not None:
                 shutil.rmtree(ctx.work / f"bakeoff-{entrant.name}", ignore_errors=True)
     decision = judge(list(arms.values()))
     chosen = next(c for c in trained if str(c.method) == decision.shipped)
+    for entrant in entrants:
+        if entrant.candidate is not None and entrant.candidate is not chosen:
+            pool.release(entrant.key)
     document = choice_document(arms, trained, chosen, decision)
     logger.info("evaluate: bake-off: %s", _line(document))
     return chosen, document
@@ -233,8 +253,8 @@ def refuse_unservable(ctx: Context) -> None:
     """draft.candidates suffix where vLLM's environment lacks arctic-inference (vLLM's suffix decoding is
     its): a StageError that says so before any server starts. The CPU environment and image of this project
     do not carry it (it builds from source, and its vLLM plugin wants CUDA); vLLM 0.32 CPU serves `suffix`
-    with arctic-inference 0.3.0 built beside it (scripts/build-vllm-suffix.sh; tests/pipeline/test_suffix.py,
-    docs/benchmarks.md)."""
+    with arctic-inference 0.3.0 built beside it (scripts/build-vllm-suffix.sh; the bake-off test of
+    tests/pipeline/test_main_job.py, docs/benchmarks.md)."""
     if "suffix" in (r.value for r in ctx.params.rivals or ()) and not has_package("arctic_inference"):
         raise StageError(
             "draft.candidates suffix needs the arctic-inference package in vLLM's environment, and this vLLM "
@@ -260,12 +280,15 @@ def choice_document(
         )
         speed = arm.speed(CONCURRENCY)
         vs_alone = compare_rounds(alone, arm.speeds[CONCURRENCY]) if name != NONE else None
+        compared, matching = lossless(arms[NONE], arm) if name != NONE else (None, None)
         return {
             "acceptanceLength": round(acceptance.length, 6) if acceptance is not None else None,
             "acceptanceRate": round(acceptance.rate, 6) if acceptance is not None else None,
             "outputTokensPerSecond": round(speed, 3) if speed else None,
             "comparison": _dumped(vs_alone),
             "rounds": [round(v, 3) if v else None for v in arm.speeds[CONCURRENCY]],
+            "outputsCompared": compared,
+            "outputsMatchingAlone": matching,
         }
 
     return {
@@ -283,6 +306,17 @@ def choice_document(
         "decidedBy": decision.decided_by.document() if decision.decided_by is not None else None,
         "runnerUp": decision.runner_up.document() if decision.runner_up is not None else None,
     }
+
+
+def lossless(alone: Arm, arm: Arm) -> tuple[int, int]:
+    """Of `arm`'s first-round greedy answers, how many were compared with the verifier alone's (both
+    answered) and how many of those are identical token for token."""
+    pairs = [
+        (a, b)
+        for a, b in zip(alone.answers.get(CONCURRENCY, []), arm.answers.get(CONCURRENCY, []), strict=False)
+        if a is not None and b is not None
+    ]
+    return len(pairs), sum(1 for a, b in pairs if a == b)
 
 
 def _line(document: dict[str, Any]) -> str:

@@ -37,6 +37,9 @@ the slim draft is deleted after the run (export writes the one that ships).
 With `evaluation.sweep`, the result's `speculation` is the speculation-length table
 (`eagle3_pipeline.stages.evaluate.sweep`): after the draft server's runs (before the slim draft is deleted),
 the verifier alone and a server per k, two at a time, alternate in evaluation.rounds paired rounds.
+A configuration served again (the verifier alone for the sweep and the bake-off, the draft at evaluation's
+k for the sweep, the bake-off's chosen candidate for the full measurement) is the same warm server
+(`eagle3_pipeline.stages.evaluate.servers`).
 With training.checkpointSelection acceptance (the param `checkpointsToEvaluate`), the draft measured is not
 train's best by validation loss: after the verifier alone, a server per each of train's last epochs answers
 the kept prompts greedily, and the most accepted epoch (eagle3_pipeline.stages.evaluate.checkpoints) is the
@@ -102,8 +105,9 @@ from eagle3_pipeline.stages.evaluate.prompts import (
     held_out_prompts,
     write_answers,
 )
+from eagle3_pipeline.stages.evaluate.servers import ALONE, ServerPool, draft_key
 from eagle3_pipeline.stages.evaluate.summary import Evaluation, acceptance_of, summarize, with_sweep
-from eagle3_pipeline.stages.evaluate.sweep import SpeculationSweep, prompts_wanted, server_options
+from eagle3_pipeline.stages.evaluate.sweep import SpeculationSweep, prompts_wanted
 
 logger = logging.getLogger(__name__)
 
@@ -143,26 +147,16 @@ def run(ctx: Context) -> dict[str, Any]:
     cats = CategoryRuns.of(ctx, held, len(prompts)) if problem is None else None  # evaluation.categories
     swept += cats.total(range(len(prompts))) if cats is not None else 0
     ctx.progress.begin("prompts", len(prompts) * passes + swept)
-    if problem is None:
-        # the verifier alone first: its greedy answers screen the prompts
-        # (eagle3_pipeline.serving.degenerate), so the draft server's counters only see the prompts kept
-        baseline = measure(ctx, prompts, None, categories=cats)
-        screening = screening_of(baseline)
-        kept = screening.kept
-        if sweep is not None:
-            sweep.leave_out(screening.degenerate)  # its rounds measure the kept prompts only
-        swept = sweep.total_prompts if sweep is not None else 0  # without the prompts screened out
-        swept += cats.total(kept) if cats is not None else 0
-        each = len(kept) * len(choosing) if ctx.params.checkpoints_to_evaluate else 0  # a server per epoch
-        each += bake_off_prompts(ctx.params, len(kept), len(choosing))  # draft.candidates
-        ctx.progress.set_total(answered(len(prompts), len(kept), passes) + each + swept)
-        with_draft = measure_draft(ctx, prompts, kept, draft, sweep, (train, choosing), cats)
-    else:
-        # a broken mapping fails the gate whatever its speed: no need to serve the verifier alone; the draft
-        # server's greedy answers (the verifier's own, up to numerics) screen the prompts
-        baseline, with_draft = None, measure(ctx, prompts, draft.slim.path)
-        screening = screening_of(with_draft)
-        ctx.progress.set_total(answered(len(prompts), len(screening.kept), passes))
+    with ServerPool(ctx) as pool:  # a configuration served again is the same warm server
+        if problem is None:
+            baseline, with_draft = measured(ctx, pool, prompts, draft, sweep, (train, choosing), cats)
+            screening = screening_of(baseline)
+        else:
+            # a broken mapping fails the gate whatever its speed: no need to serve the verifier alone; the
+            # draft server's greedy answers (the verifier's own, up to numerics) screen the prompts
+            baseline, with_draft = None, measure(ctx, pool, prompts, draft.slim.path, source=draft.source)
+            screening = screening_of(with_draft)
+            ctx.progress.set_total(answered(len(prompts), len(screening.kept), passes))
     shutil.rmtree(draft.slim.path, ignore_errors=True)
     write_answers(ctx.work / ANSWERS_FILE, held, screening, baseline or with_draft)
     ev = Evaluation(
@@ -172,6 +166,33 @@ def run(ctx: Context) -> dict[str, Any]:
     result["checkpointSelection"] = draft.chosen  # None: train's best by validation loss was measured
     result["categories"] = cats.rows(screening.kept) if cats is not None else None
     return result | {"seconds": round(time.monotonic() - started, 3)}
+
+
+def measured(
+    ctx: Context,
+    pool: ServerPool,
+    prompts: list[list[Message]],
+    draft: Drafted,
+    sweep: SpeculationSweep | None,
+    choosing: tuple[Path, list[Candidate]],
+    cats: CategoryRuns | None,
+) -> tuple[Measurement, Measurement | None]:
+    """The verifier alone, then the draft server (and the sweep, the bake-off or the epochs): the
+    verifier alone's greedy answers screen the prompts (eagle3_pipeline.serving.degenerate), so the draft
+    server's counters only see the prompts kept."""
+    passes = 2 + (1 if ctx.params.sampling is not None else 0)
+    baseline = measure(ctx, pool, prompts, None, categories=cats)
+    screening = screening_of(baseline)
+    kept = screening.kept
+    if sweep is not None:
+        sweep.leave_out(screening.degenerate)  # its rounds measure the kept prompts only
+    swept = sweep.total_prompts if sweep is not None else 0  # without the prompts screened out
+    swept += cats.total(kept) if cats is not None else 0
+    epochs = len(choosing[1])
+    each = len(kept) * epochs if ctx.params.checkpoints_to_evaluate else 0  # a server per epoch
+    each += bake_off_prompts(ctx.params, len(kept), epochs)  # draft.candidates
+    ctx.progress.set_total(answered(len(prompts), len(kept), passes) + each + swept)
+    return baseline, measure_draft(ctx, pool, prompts, kept, draft, sweep, choosing, cats)
 
 
 @dataclass
@@ -186,6 +207,7 @@ class Drafted:
 
 def measure_draft(
     ctx: Context,
+    pool: ServerPool,
     prompts: list[list[Message]],
     kept: list[int],
     draft: Drafted,
@@ -202,19 +224,22 @@ def measure_draft(
     train, epochs = choosing
     chosen: Candidate | None = None
     if ctx.params.checkpoints_to_evaluate:  # training.checkpointSelection acceptance
-        best, draft.chosen = choose_checkpoint(ctx, prompts, kept, train, epochs)
+        best, draft.chosen = choose_checkpoint(ctx, pool, prompts, kept, train, epochs)
         chosen = best.candidate
         run = best.run if ctx.params.sampling is None and categories is None else None
     elif epochs or ctx.params.rivals:  # draft.candidates: the bake-off
         trained = epochs or [own_candidate(train, draft.source)]
         subset = [prompts[i] for i in kept]
-        chosen, draft.chosen = bake_off(ctx, subset, train, trained, checkpoint_method(draft.source).value)
+        method = checkpoint_method(draft.source).value
+        chosen, draft.chosen = bake_off(ctx, pool, subset, train, trained, method)
     if chosen is not None and chosen.path(train).resolve() != draft.source:  # the chosen draft is measured
         draft.source = chosen.path(train).resolve()
         draft.slim = write_serving_checkpoint(draft.source, draft.slim.path, ctx.params.verifier.model)
-    run = run or measure(ctx, prompts, draft.slim.path, kept, categories=categories)
+    run = run or measure(
+        ctx, pool, prompts, draft.slim.path, kept, categories=categories, source=draft.source
+    )
     if sweep is not None:
-        sweep.run(draft.slim.path)
+        sweep.run(draft.slim.path, draft.source, pool)
     return run
 
 
@@ -233,7 +258,12 @@ def own_candidate(train: Path, source: Path) -> Candidate:
 
 
 def choose_checkpoint(
-    ctx: Context, prompts: list[list[Message]], kept: list[int], train: Path, choosing: list[Candidate]
+    ctx: Context,
+    pool: ServerPool,
+    prompts: list[list[Message]],
+    kept: list[int],
+    train: Path,
+    choosing: list[Candidate],
 ) -> tuple[Measured, dict[str, Any]]:
     """Serve each epoch's draft on the kept prompts (greedy), and choose the most accepted
     (eagle3_pipeline.stages.evaluate.checkpoints); the result's `checkpointSelection` with it."""
@@ -243,7 +273,7 @@ def choose_checkpoint(
         name = f"{DRAFT_DIR}-{c.method}" if c.method is not None else f"{DRAFT_DIR}-epoch{c.epoch}"
         slim = write_serving_checkpoint(c.path(train), ctx.work / name, ctx.params.verifier.model)
         try:
-            run = measure(ctx, prompts, slim.path, kept, label=name, extras=False)
+            run = measure(ctx, pool, prompts, slim.path, kept, label=name, extras=False, source=c.path(train))
         finally:
             shutil.rmtree(slim.path, ignore_errors=True)
         _, acceptance = acceptance_of(run, k)
@@ -267,6 +297,7 @@ def choose_checkpoint(
 
 def measure(
     ctx: Context,
+    pool: ServerPool,
     prompts: list[list[Message]],
     draft: Path | None,
     kept: list[int] | None = None,
@@ -274,38 +305,37 @@ def measure(
     extras: bool = True,
     warm: bool = False,
     categories: CategoryRuns | None = None,
+    source: Path | None = None,
 ) -> Measurement:
     """Serve the verifier (with `draft` when given), answer the prompts greedily, and read the counters around
     it. Without `kept`, every prompt, and the answers are screened (`screened`); with it, those prompts only
     (when fewer than all, after answering them once unmeasured: the screening server measured them with
     their prefixes cached). With a draft and evaluation.sampling, the kept prompts are answered again with
     those settings on the same server; `extras` false: not (a candidate checkpoint's greedy run). `warm`:
-    the prompts answered once unmeasured first in any case (draft.candidates compares the servers' speeds)."""
+    the prompts answered once unmeasured first in any case (draft.candidates compares the servers' speeds).
+    The server is `pool`'s for the configuration (the draft named by train's checkpoint `source`, default
+    `draft`): one up already is reused; a candidate epoch's (`extras` false) stops after its run."""
     label = label or ("draft" if draft is not None else "baseline")
     # the serving Deployment's speculative config (eagle3_contract.vllm_command), with the slim draft
     k = ctx.params.num_speculative_tokens
     config = None if draft is None else draft_speculative_config(str(draft), k, checkpoint_method(draft))
-    engine = ctx.params.verifier.engine(ctx.tuning.tensor_parallel_size)
-    log = ctx.work / f"vllm-{label}.log"
+    key = ALONE if draft is None else draft_key(source or draft, k)
     sampling = ctx.params.sampling if draft is not None and extras else None
-    options = server_options(ctx.params)
-    with VllmServer(
-        ctx, engine, seed=ctx.tuning.seed, speculative_config=config, log_path=log, options=options
-    ) as server:
+    with pool.serve(key, config, f"vllm-{label}.log", keep=extras) as server:
         subset = prompts if kept is None else [prompts[i] for i in kept]
         if len(subset) < len(prompts) or warm:
             asyncio.run(answer_all(server, subset, 1))  # prefixes cached, as on the screening server
         result = counted_run(ctx, server, subset, None, counted=draft is not None)
         result.server_start_s = server.started_s
         server.check()
-        checked(ctx, result, label, len(subset))
+        checked(server, result, label, len(subset))
         if kept is None:
             result = screened(ctx, server, prompts, result, label, counted=draft is not None)
             subset = [prompts[i] for i in screening_of(result).kept]
         if sampling is not None and subset:
             result.sampled = counted_run(ctx, server, subset, sampling, counted=True)
             server.check()
-            checked(ctx, result.sampled, f"{label} (sampled)", len(subset))
+            checked(server, result.sampled, f"{label} (sampled)", len(subset))
         if categories is not None and extras:  # each category's kept prompts as a run of their own
             measured = kept if kept is not None else screening_of(result).kept
             categories.measure(server, prompts, measured, counted=draft is not None)
@@ -331,7 +361,7 @@ def screened(
     again = counted_run(ctx, server, [prompts[i] for i in kept], None, counted)
     again.server_start_s, again.screening, again.screened = first.server_start_s, screening, first
     server.check()
-    checked(ctx, again, f"{label} (kept prompts)", len(kept))
+    checked(server, again, f"{label} (kept prompts)", len(kept))
     return again
 
 
@@ -353,12 +383,11 @@ def counted_run(
     return result
 
 
-def checked(ctx: Context, result: Measurement, label: str, prompts: int) -> None:
+def checked(server: VllmServer, result: Measurement, label: str, prompts: int) -> None:
     """Log the run; a run where every request failed measured nothing: a StageError."""
     tokens, seconds = result.output_tokens, result.seconds
     logger.info("%s: %d prompts, %d output tokens in %.1f s", label, prompts, tokens, seconds)
     if len(result.failures) == prompts:
-        log = ctx.work / f"vllm-{label.split()[0]}.log"
         raise StageError(
-            f"every request to the {label} server failed, e.g. {result.failures[0]} (log: {log})"
+            f"every request to the {label} server failed, e.g. {result.failures[0]} (log: {server.log_path})"
         )

@@ -3,7 +3,8 @@
 An arm is one server (the verifier alone, or with a draft at some k, or with a training-free rival) and a
 round is one short run of the same prompts at one concurrency on it. `interleave` measures every arm in
 every round, the arms' order rotating from round to round (two arms alternate: AB, BA, AB, ...; an arm's
-concurrencies back to back, with a pause where the rounds move to another server), with each
+concurrencies back to back, with a pause where the rounds move on from a server whose worker still
+spins), with each
 server warm (its prompts answered once, one token each, not measured: their prefixes cached, as a serving
 server has them). A disturbance of the machine (another tenant, a build, a throttle) then lands on every
 arm of a round alike, and the per-round ratios (eagle3_contract.api.comparison) cancel it where one run per
@@ -46,7 +47,8 @@ MIN_ROUND_S = 1.0  # a round's least duration (long_enough)
 # queue for 1 s after its last step (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition's
 # busy_loop_s; measured on vLLM CPU 0.32: a full core for 1.0 s after an answer, then none), and on CPU
 # every server's worker is bound to the same cores (VLLM_CPU_OMP_THREADS_BIND=auto). The next server's round
-# would start on a core the previous one still spins on. Rounds on the same server need no pause.
+# would start on a core the previous one still spins on. Rounds on the same server need no pause, nor do
+# servers whose worker is no process of its own (`VllmServer.worker_spins`: V1 multiprocessing off).
 SETTLE_S = 1.2
 MAX_REPEATS = 16
 
@@ -62,6 +64,9 @@ class Arm:
     counters: dict[int, SpecDecodeCounters] = field(default_factory=dict)  # by concurrency, all rounds
     output_tokens: dict[int, int] = field(default_factory=dict)  # by concurrency, all rounds
     failures: list[str] = field(default_factory=list)
+    # by concurrency, the first round's answers (token ids, None where a request failed): greedy answers
+    # on every arm are the verifier's own where speculative decoding is lossless
+    answers: dict[int, list[list[int] | None]] = field(default_factory=dict)
 
     def speed(self, concurrency: int) -> float | None:
         """The median of the arm's rounds at `concurrency` (rounds that measured something)."""
@@ -115,7 +120,7 @@ def interleave(
         shift = index % len(arms)
         order = [*arms[shift:], *arms[:shift]]
         for arm in order:  # an arm's concurrencies back to back: one move between servers per arm
-            if previous is not None and previous is not arm.server:
+            if previous is not None and previous is not arm.server and previous.worker_spins:
                 time.sleep(SETTLE_S)
             previous = arm.server
             for concurrency, cell in prompts.items():
@@ -161,6 +166,7 @@ def one_round(
     arm.speeds.setdefault(concurrency, []).append(tps if tps else None)
     arm.output_tokens[concurrency] = arm.output_tokens.get(concurrency, 0) + run.output_tokens
     arm.failures += run.failures
+    arm.answers.setdefault(concurrency, run.token_ids)
     if arm.counted:
         after = settled_counters(server, before, run.output_tokens)
         difference = after - before if before is not None else after

@@ -12,12 +12,14 @@ baseline cell is the median of the verifier alone's rounds at c (beside every k)
 held-out ones, capped at what the validation split has; only when it has fewer than c are they reused
 cyclically (the result's message says so), so that c requests are in flight.
 
-Servers: the sweep's own. The verifier alone stays up while each k's server comes up beside it in turn
-(two servers at a time); where they cannot be up together (an accelerator), each server is measured alone
-in turn and rounds pair by index. Every server answers the rounds' prompts once with one token before its
-rounds (not measured): every round measures with the prompts' prefixes cached. vLLM's default max-num-seqs
-is at least MIN_DEFAULT_MAX_NUM_SEQS (its CPU default; 256 to 1024 on GPUs): a larger concurrency passes
---max-num-seqs to every server of the stage.
+Servers: evaluate's (`eagle3_pipeline.stages.evaluate.servers`): the verifier alone and the draft at
+evaluation's k are the ones evaluate measured with, still warm; every other k's server comes up for its
+rounds. The verifier alone stays up while each k's server is up beside it in turn (two servers at a time);
+where they cannot be up together (an accelerator), each server is measured alone in turn and rounds pair
+by index. Every server answers the rounds' prompts once with one token before its rounds (not measured):
+every round measures with the prompts' prefixes cached. vLLM's default max-num-seqs is at least
+MIN_DEFAULT_MAX_NUM_SEQS (its CPU default; 256 to 1024 on GPUs): a larger concurrency passes
+--max-num-seqs to every server of the stage (`servers.server_options`).
 
 The result's `speculation` is an `eagle3_contract.api.speculation.SpeculationTable`: the cells with their
 comparisons, the baselines, and `plan_schedule`'s best k per batch-size range (k 0 where no k's interval
@@ -30,6 +32,7 @@ from __future__ import annotations
 import itertools
 import logging
 import statistics
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +52,7 @@ from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.serving.requests import Message
 from eagle3_pipeline.serving.spec_metrics import Acceptance, SpecDecodeCounters, consistency_problems
-from eagle3_pipeline.serving.vllm_server import VllmServer, accelerator_present
+from eagle3_pipeline.serving.vllm_server import VllmServer
 from eagle3_pipeline.stages.evaluate.rounds import (
     Arm,
     interleave,
@@ -57,6 +60,7 @@ from eagle3_pipeline.stages.evaluate.rounds import (
     long_enough,
     warm,
 )
+from eagle3_pipeline.stages.evaluate.servers import ALONE, ServerPool, draft_key
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +68,6 @@ Context = StageContext[EvaluateParams, EvaluateTuning]
 
 MIN_PROMPTS_PER_CELL = 8
 PROMPTS_PER_REQUEST_IN_FLIGHT = 2
-MIN_DEFAULT_MAX_NUM_SEQS = 128  # vLLM 0.32's smallest default (its CPU backend's, for one API server)
 FAILED_EXAMPLES = 2
 
 
@@ -88,13 +91,6 @@ def cell_prompts(held_out: list[list[Message]], wanted: int, concurrency: int) -
     `concurrency` requests in flight."""
     count = max(min(wanted, len(held_out)), concurrency)
     return list(itertools.islice(itertools.cycle(held_out), count))
-
-
-def server_options(params: EvaluateParams) -> list[str]:
-    """--max-num-seqs where a concurrency exceeds vLLM's smallest default (none otherwise: the command
-    stays the serving Deployment's)."""
-    largest = max(params.concurrencies or (0,)) if params.sweep is not None else 0
-    return ["--max-num-seqs", str(largest)] if largest > MIN_DEFAULT_MAX_NUM_SEQS else []
 
 
 @dataclass
@@ -149,24 +145,26 @@ class SpeculationSweep:
 
     # --- the servers ------------------------------------------------------------------------------------
 
-    def run(self, draft: Path) -> None:
-        """Every k's rounds against the verifier alone's: paired on servers up together, or each server in
-        turn where they cannot be (an accelerator: `eagle3_pipeline.stages.evaluate.rounds`)."""
-        if accelerator_present():
-            self._in_turn(draft)
+    def run(self, draft: Path, source: Path, pool: ServerPool) -> None:
+        """Every k's rounds against the verifier alone's, the draft's slim copy at `draft` (of train's
+        checkpoint `source`): paired on servers up together, or each server in turn where they cannot be (an
+        accelerator: `eagle3_pipeline.stages.evaluate.rounds`). The servers come from `pool`: the verifier
+        alone and the draft at evaluation's k are the ones evaluate measured with, still warm."""
+        if pool.together:
+            self._paired(draft, source, pool)
         else:
-            self._paired(draft)
+            self._in_turn(draft, source, pool)
 
-    def _paired(self, draft: Path) -> None:
+    def _paired(self, draft: Path, source: Path, pool: ServerPool) -> None:
         """The verifier alone stays up; each k's server comes up beside it in turn, and the two alternate."""
         rounds, max_tokens = self.ctx.params.rounds or DEFAULT_ROUNDS, self.ctx.params.max_tokens
         progress = self.ctx.progress
-        with self.server(None) as base:
+        with pool.serve(ALONE, None, "vllm-sweep-baseline.log") as base:
             warm(base, self.prompts)
             prompts = long_enough(base, self.prompts, max_tokens)
             self.grow(prompts)
             for k in self.ks:
-                with self.server((draft, k)) as server:
+                with self.server(draft, source, k, pool) as server:
                     warm(server, self.prompts)
                     alone, drafted = Arm("verifier alone", base, False), Arm(f"k={k}", server, True)
                     arms = [alone, drafted]
@@ -183,18 +181,18 @@ class SpeculationSweep:
                 self.record(k, alone, drafted)
             base.check()
 
-    def _in_turn(self, draft: Path) -> None:
+    def _in_turn(self, draft: Path, source: Path, pool: ServerPool) -> None:
         """One server at a time: the verifier alone's rounds, then each k's; rounds pair by their index."""
         rounds, max_tokens = self.ctx.params.rounds or DEFAULT_ROUNDS, self.ctx.params.max_tokens
         progress = self.ctx.progress
-        with self.server(None) as base:
+        with pool.serve(ALONE, None, "vllm-sweep-baseline.log") as base:
             alone = Arm("verifier alone", base, False)
             warm(base, self.prompts)
             prompts = long_enough(base, self.prompts, max_tokens)
             self.grow(prompts)
             interleave([alone], prompts, rounds, max_tokens, progress, warmed=True)
         for k in self.ks:
-            with self.server((draft, k)) as server:
+            with self.server(draft, source, k, pool) as server:
                 drafted = Arm(f"k={k}", server, True)
                 interleave([drafted], prompts, rounds, max_tokens, progress)
             self.record(k, alone, drafted)
@@ -206,19 +204,13 @@ class SpeculationSweep:
         if more > 0:
             self.ctx.progress.grow_total(2 * len(self.ks) * rounds * more)
 
-    def server(self, draft: tuple[Path, int] | None) -> VllmServer:
-        """A server of the verifier alone (None) or with the draft at k, the stage's options."""
-        params, tuning = self.ctx.params, self.ctx.tuning
-        engine = params.verifier.engine(tuning.tensor_parallel_size)
-        config = None
-        if draft is not None:
-            path, k = draft
-            config = draft_speculative_config(str(path), k, checkpoint_method(path))
-        name = f"vllm-sweep-k{draft[1]}.log" if draft is not None else "vllm-sweep-baseline.log"
-        return VllmServer(
-            self.ctx, engine, seed=tuning.seed, speculative_config=config, log_path=self.ctx.work / name,
-            options=server_options(params),
-        )  # fmt: skip
+    def server(
+        self, draft: Path, source: Path, k: int, pool: ServerPool
+    ) -> AbstractContextManager[VllmServer]:
+        """The draft's server at k: evaluate's own at its k (kept up), another k's for its rounds only."""
+        config = draft_speculative_config(str(draft), k, checkpoint_method(draft))
+        keep = k == self.ctx.params.num_speculative_tokens
+        return pool.serve(draft_key(source, k), config, f"vllm-sweep-k{k}.log", keep=keep)
 
     def record(self, k: int, alone: Arm, drafted: Arm) -> None:
         """k's cells from its rounds and the verifier alone's beside them."""
