@@ -53,7 +53,7 @@ def test_the_sweep_plans_its_cells_and_says_when_it_reuses_prompts(tmp_path: Pat
     # default max(2 x concurrency, 8) prompts, capped at the 10 held out, but 16 to keep 16 in flight
     assert {c: len(p) for c, p in sweep.prompts.items()} == {1: 8, 4: 8, 16: 16}
     assert list(sweep.prompts) == [1, 4, 16]
-    assert sweep.total_prompts == 2 * 2 * 6 * 32  # two ks, each beside the verifier alone, 6 rounds
+    assert sweep.total_prompts == (1 + 2) * 6 * 32  # two ks and the verifier alone once a round, 6 rounds
     assert sweep.notes() == [
         "the sweep reuses the 10 held-out prompts cyclically to keep concurrency 16 in flight"
     ]
@@ -97,6 +97,7 @@ def measured(sweep: SpeculationSweep, k: int, rounds: dict[int, tuple[list[float
         drafted.counters[concurrency] = SpecDecodeCounters(
             drafts=10.0, draft_tokens=10.0 * k, accepted=5.0, accepted_per_position=(5.0,) + (0.0,) * (k - 1)
         )
+    sweep.record_alone(alone)
     sweep.record(k, alone, drafted)
 
 
@@ -210,6 +211,8 @@ def test_the_paired_rounds_answer_the_prompts_repeated_to_last_long_enough(
     answered: list[tuple[str, int, int]] = []
 
     class Server:
+        worker_spins = False
+
         def check(self) -> None:
             pass
 
@@ -233,3 +236,5 @@ def test_the_paired_rounds_answer_the_prompts_repeated_to_last_long_enough(
     planned._paired(Path("draft"), Path("checkpoint"), cast(Any, Pool()))
     assert answered and {n for _, _, n in answered} == {3 * len(planned.prompts[1])}, answered
     assert {name for name, _, _ in answered} == {"verifier alone", "k=1", "k=3"}
+    by_arm = {name: sum(1 for n, _, _ in answered if n == name) for name in ("verifier alone", "k=1", "k=3")}
+    assert len(set(by_arm.values())) == 1, by_arm  # the verifier alone once a round, not once per k

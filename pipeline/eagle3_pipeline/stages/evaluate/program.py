@@ -36,7 +36,7 @@ version of the verifier). The work directory keeps the vLLM logs and the screene
 the slim draft is deleted after the run (export writes the one that ships).
 With `evaluation.sweep`, the result's `speculation` is the speculation-length table
 (`eagle3_pipeline.stages.evaluate.sweep`): after the draft server's runs (before the slim draft is deleted),
-the verifier alone and a server per k, two at a time, alternate in evaluation.rounds paired rounds.
+the verifier alone and a server per k, up together, take turns in evaluation.rounds paired rounds.
 A configuration served again (the verifier alone for the sweep and the bake-off, the draft at evaluation's
 k for the sweep, the bake-off's chosen candidate for the full measurement) is the same warm server
 (`eagle3_pipeline.stages.evaluate.servers`).

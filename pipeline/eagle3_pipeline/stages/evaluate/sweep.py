@@ -4,20 +4,22 @@ and the mean acceptance length, against the verifier alone, and the batch-size s
 A cell is one k of sweep.numSpeculativeTokens at one concurrency c of evaluation.concurrencies, measured in
 evaluation.rounds rounds (`eagle3_pipeline.stages.evaluate.rounds`): each round sends the same held-out
 prompts (sweep.prompts, default max(2c, 8)), c requests in flight, greedy, at most evaluation.maxTokens new
-tokens each, to the verifier with the draft at k and to the verifier alone, in alternating order. The
+tokens each, to the verifier alone and to the verifier with the draft at every k, the order rotating. The
 cell's speedup is the median of its rounds' ratios with that median's 95 % interval
 (eagle3_contract.api.comparison), its output tokens/s the median of its rounds, its mean acceptance length
 the spec-decode counters' differences summed over its rounds (`eagle3_pipeline.serving.spec_metrics`). A
-baseline cell is the median of the verifier alone's rounds at c (beside every k). The prompts are the first
+baseline cell is the median of the verifier alone's rounds at c (once a round, every k pairing with it).
+The prompts are the first
 held-out ones, capped at what the validation split has; only when it has fewer than c are they reused
 cyclically (the result's message says so), so that c requests are in flight.
 
 Servers: evaluate's (`eagle3_pipeline.stages.evaluate.servers`): the verifier alone and the draft at
 evaluation's k are the ones evaluate measured with, still warm; every other k's server comes up for its
-rounds. The verifier alone stays up while each k's server is up beside it in turn (two servers at a time);
-where they cannot be up together (an accelerator), each server is measured alone in turn and rounds pair
-by index. Every server answers the rounds' prompts once with one token before its rounds (not measured):
-every round measures with the prompts' prefixes cached. vLLM's default max-num-seqs is at least
+rounds. The verifier alone and every k's server are up together, in one set of rounds (each round
+measures the verifier alone once, not once per k); where they cannot be up together (an accelerator),
+each server is measured alone in turn and rounds pair by index. Every server answers the rounds' prompts
+once with one token before its rounds (not measured): every round measures with the prompts' prefixes
+cached. vLLM's default max-num-seqs is at least
 MIN_DEFAULT_MAX_NUM_SEQS (its CPU default; 256 to 1024 on GPUs): a larger concurrency passes
 --max-num-seqs to every server of the stage (`servers.server_options`).
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 import itertools
 import logging
 import statistics
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,10 +140,10 @@ class SpeculationSweep:
 
     @property
     def total_prompts(self) -> int:
-        """The prompts the rounds answer: every k's and the verifier alone's beside it, at every
-        concurrency, in every round."""
+        """The prompts the rounds answer: every k's and the verifier alone's, at every concurrency, in
+        every round."""
         rounds = self.ctx.params.rounds or DEFAULT_ROUNDS
-        return 2 * len(self.ks) * rounds * sum(len(p) for p in self.prompts.values())
+        return (1 + len(self.ks)) * rounds * sum(len(p) for p in self.prompts.values())
 
     # --- the servers ------------------------------------------------------------------------------------
 
@@ -156,30 +158,38 @@ class SpeculationSweep:
             self._in_turn(draft, source, pool)
 
     def _paired(self, draft: Path, source: Path, pool: ServerPool) -> None:
-        """The verifier alone stays up; each k's server comes up beside it in turn, and the two alternate."""
+        """The verifier alone and every k's server up together, all in the same rounds: each round measures
+        the verifier alone once, and every k's ratio pairs with it."""
         rounds, max_tokens = self.ctx.params.rounds or DEFAULT_ROUNDS, self.ctx.params.max_tokens
         progress = self.ctx.progress
-        with pool.serve(ALONE, None, "vllm-sweep-baseline.log") as base:
-            warm(base, self.prompts)
+        with ExitStack() as stack:
+            base = stack.enter_context(pool.serve(ALONE, None, "vllm-sweep-baseline.log"))
+            alone = Arm("verifier alone", base, False)
+            drafted = {
+                k: Arm(f"k={k}", stack.enter_context(self.server(draft, source, k, pool)), True)
+                for k in self.ks
+            }
+            for arm in (alone, *drafted.values()):
+                warm(arm.server, self.prompts)
             prompts = long_enough(base, self.prompts, max_tokens)
             self.grow(prompts)
-            for k in self.ks:
-                with self.server(draft, source, k, pool) as server:
-                    warm(server, self.prompts)
-                    alone, drafted = Arm("verifier alone", base, False), Arm(f"k={k}", server, True)
-                    arms = [alone, drafted]
 
-                    def settled(alone: Arm = alone, drafted: Arm = drafted) -> bool:
-                        return all(
-                            decided(alone.speeds.get(c, []), drafted.speeds.get(c, [])) for c in self.prompts
-                        )
+            def settled() -> bool:
+                return all(
+                    decided(alone.speeds.get(c, []), arm.speeds.get(c, []))
+                    for arm in drafted.values()
+                    for c in self.prompts
+                )
 
-                    # the rounds' prompts repeated to last long enough (`prompts`), not the cells' own
-                    if interleave_settled(arms, prompts, rounds, max_tokens, progress, settled, warmed=True):
-                        self.extended.append(k)
-                    server.check()
-                self.record(k, alone, drafted)
-            base.check()
+            # the rounds' prompts repeated to last long enough (`prompts`), not the cells' own
+            arms = [alone, *drafted.values()]
+            if interleave_settled(arms, prompts, rounds, max_tokens, progress, settled, warmed=True):
+                self.extended += self.ks
+            for arm in arms:
+                arm.server.check()
+        self.record_alone(alone)
+        for k, arm in drafted.items():
+            self.record(k, alone, arm)
 
     def _in_turn(self, draft: Path, source: Path, pool: ServerPool) -> None:
         """One server at a time: the verifier alone's rounds, then each k's; rounds pair by their index."""
@@ -196,13 +206,14 @@ class SpeculationSweep:
                 drafted = Arm(f"k={k}", server, True)
                 interleave([drafted], prompts, rounds, max_tokens, progress)
             self.record(k, alone, drafted)
+        self.record_alone(alone)
 
     def grow(self, prompts: dict[int, list[list[Message]]]) -> None:
         """The progress total, once the rounds' prompts are repeated to last long enough."""
         rounds = self.ctx.params.rounds or DEFAULT_ROUNDS
         more = sum(len(p) for p in prompts.values()) - sum(len(p) for p in self.prompts.values())
         if more > 0:
-            self.ctx.progress.grow_total(2 * len(self.ks) * rounds * more)
+            self.ctx.progress.grow_total((1 + len(self.ks)) * rounds * more)
 
     def server(
         self, draft: Path, source: Path, k: int, pool: ServerPool
@@ -212,10 +223,14 @@ class SpeculationSweep:
         keep = k == self.ctx.params.num_speculative_tokens
         return pool.serve(draft_key(source, k), config, f"vllm-sweep-k{k}.log", keep=keep)
 
+    def record_alone(self, alone: Arm) -> None:
+        """The verifier alone's rounds: the baselines (once, whatever the number of k's beside them)."""
+        self.failures += alone.failures
+        self.baseline_rounds += [(c, s) for c, speeds in alone.speeds.items() for s in speeds if s]
+
     def record(self, k: int, alone: Arm, drafted: Arm) -> None:
         """k's cells from its rounds and the verifier alone's beside them."""
-        self.failures += alone.failures + drafted.failures
-        self.baseline_rounds += [(c, s) for c, speeds in alone.speeds.items() for s in speeds if s]
+        self.failures += drafted.failures
         for concurrency in self.prompts:
             comparison = compare_rounds(
                 alone.speeds.get(concurrency, []), drafted.speeds.get(concurrency, [])
