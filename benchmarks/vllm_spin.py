@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ from pathlib import Path
 import httpx
 
 from eagle3_pipeline.runtime.context import models_root
+from eagle3_pipeline.runtime.process_group import group_members
+from eagle3_pipeline.serving.vllm_server import free_port
 
 CLOCK = os.sysconf("SC_CLK_TCK")
 
@@ -35,22 +36,13 @@ CLOCK = os.sysconf("SC_CLK_TCK")
 def group_cpu_s(pgid: int) -> float:
     """User and system CPU seconds of every live process in the process group."""
     total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in group_members(pgid):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
             continue
-        if int(fields[2]) == pgid:  # fields after the command: state ppid pgrp ...
-            total += int(fields[11]) + int(fields[12])  # utime, stime
+        total += int(fields[11]) + int(fields[12])  # utime, stime (after "pid (comm) ": state is field 0)
     return total / CLOCK
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(vllm: str, model: Path, multiprocessing: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
