@@ -116,14 +116,17 @@ if [[ $BUILDER == auto ]]; then
     if command -v docker >/dev/null && docker info >/dev/null 2>&1; then BUILDER=docker; else BUILDER=buildah; fi
 fi
 [[ $BUILDER == docker || $BUILDER == buildah ]] || die "EAGLE3_IMAGES_BUILDER is '$BUILDER', not docker or buildah"
-if [[ $BUILDER == buildah && -z $PRINT_KEY ]] && ! command -v buildah >/dev/null; then
+# buildah runs a Dockerfile's RUN steps with an OCI runtime, which Debian's package only recommends (crun or
+# runc): without one every RUN fails with "exec: no command". runc is the one the real node's containerd uses.
+if [[ $BUILDER == buildah && -z $PRINT_KEY ]] \
+    && { ! command -v buildah >/dev/null || ! { command -v runc >/dev/null || command -v crun >/dev/null; }; }; then
     if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
-        die "no Docker daemon answers and buildah is not installed: install buildah (Debian: apt-get install" \
-            "buildah, as root) or start Docker"
+        die "no Docker daemon answers and buildah or an OCI runtime is not installed: install buildah and runc" \
+            "(Debian: apt-get install buildah runc, as root) or start Docker"
     fi
-    log "no Docker daemon answers: installing Debian's buildah with apt-get"
+    log "no Docker daemon answers: installing Debian's buildah and runc with apt-get"
     DEBIAN_FRONTEND=noninteractive apt-get -qq update
-    DEBIAN_FRONTEND=noninteractive apt-get -qq -y install --no-install-recommends buildah >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get -qq -y install --no-install-recommends buildah runc >/dev/null
 fi
 
 # image_id REF: the ID of REF in the builder's local storage; fails when it is not there.
