@@ -67,7 +67,9 @@ class Kubelet:
         await self.cluster.patch("v1", "pods", pod["metadata"]["name"], {"status": status}, "status")
 
     async def _end(self, job: dict[str, Any], reason: str, exit_code: int, message: str) -> None:
-        pod = await self._live_pod(job)
+        await self._end_pod(await self._live_pod(job), reason, exit_code, message)
+
+    async def _end_pod(self, pod: dict[str, Any], reason: str, exit_code: int, message: str) -> None:
         ended = {
             "reason": reason,
             "exitCode": exit_code,
@@ -118,11 +120,12 @@ class Kubelet:
         """Fail each pod the Job controller starts until it gives up (the server decides the reason; a
         podFailurePolicy FailJob rule gives up after the first)."""
         limit = int(job["spec"].get("backoffLimit", 6))
-        for attempt in range(limit + 1):
-            if attempt and not await self._next_pod_or_ended(job):
+        for _ in range(limit + 1):
+            pod = await self._next_pod_or_ended(job)
+            if pod is None:
                 break  # the operator stopped or deleted it before the controller's next pod
             try:
-                await self._end(job, reason, exit_code, message)
+                await self._end_pod(pod, reason, exit_code, message)
             except AssertionError as err:
                 # the pod went between its read and its patch: the controller deletes a stopped Job's pods
                 body = await self._job(job)
@@ -133,19 +136,22 @@ class Kubelet:
                 break
         await self._job_condition(job, "Failed")
 
-    async def _next_pod_or_ended(self, job: dict[str, Any]) -> bool:
-        """Wait for the controller's next pod (True) or for the Job to end without one (False): on a server
-        without podFailurePolicy the operator stops the Job itself, and it may do so after the controller
-        counted the failure but before the controller's back-off starts the next pod."""
+    async def _next_pod_or_ended(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """Wait for the controller's next pod (returned) or for the Job to end without one (None): on a
+        server without podFailurePolicy the operator stops the Job itself, and it may do so after the
+        controller counted the failure, even after the controller started the next pod, which it then
+        deletes. So the pod ended is the one found here, never one looked for again: a replacement the stop
+        deleted meanwhile is a 404 to the patch, not a wait for a pod that never comes."""
 
-        async def check() -> tuple[bool] | None:
+        async def check() -> tuple[dict[str, Any] | None] | None:
             pods = await self.cluster.list_objects("v1", "pods", **{"job-name": job["metadata"]["name"]})
-            if any((p.get("status") or {}).get("phase") in (None, "Pending", "Running") for p in pods):
-                return (True,)
+            live = [p for p in pods if (p.get("status") or {}).get("phase") in (None, "Pending", "Running")]
+            if live:
+                return (live[0],)
             body = await self._job(job)
-            return (False,) if body is None or _stopped(body) or _failing(body) else None
+            return (None,) if body is None or _stopped(body) or _failing(body) else None
 
-        result: tuple[bool] = await eventually(
+        result: tuple[dict[str, Any] | None] = await eventually(
             check, POD_TIMEOUT, f"the next pod of Job {job['metadata']['name']}"
         )
         return result[0]
