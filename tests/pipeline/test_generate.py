@@ -377,10 +377,10 @@ def killed_then_resumed(
 ) -> Iterator[Row]:
     """Attempt 1 is SIGKILLed while its server runs, after a few rows; attempt 2 resumes and finishes.
 
-    Two vLLM starts in all. One request at a time, so the kill lands mid-run. The verifier is the tiny one's
-    bfloat16 copy, as real checkpoints ship (issue 30): vLLM 0.32 on an x86 CPU serves the float32 tiny
-    verifier in bfloat16 anyway (its "auto" dtype downcasts float32), so the answers are the same
-    computation, and a bfloat16 checkpoint's regression fails here.
+    Two vLLM starts in all. One request at a time, so the kill lands mid-run; the rerun at 8. The verifier
+    is the tiny one's bfloat16 copy, as real checkpoints ship (issue 30): vLLM 0.32 on an x86 CPU serves the
+    float32 tiny verifier in bfloat16 anyway (its "auto" dtype downcasts float32), so the answers are the
+    same computation, and a bfloat16 checkpoint's regression fails here.
     """
     tmp = tmp_path_factory.mktemp("real")
     rows = real_rows(tiny_models / "datasets")
@@ -404,6 +404,12 @@ def killed_then_resumed(
     assert len(done_at_kill) < len(rows), "the first attempt finished before the kill: nothing to resume"
     gone_after = wait_for(lambda: not marked_processes(marker), 90, "the killed stage's vLLM to exit")
 
+    # the rerun at 8 conversations in flight: concurrency is tuning, not part of the stage's hash, and the
+    # resume keys rows by id (one at a time was only for the kill to land mid-run; the rest goes faster)
+    rerun = tmp / "rerun"
+    rerun.mkdir()
+    spec["regeneration"]["concurrency"] = 8
+    argv[argv.index("--spec") + 1] = write_spec(rerun, spec)
     started = time.monotonic()
     second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert second.returncode == 0, second.stderr[-4000:]
