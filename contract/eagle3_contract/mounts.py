@@ -9,6 +9,8 @@ ARTIFACTS_MOUNT = "/artifacts"
 # The model cache volume (Hugging Face cache and local model directories).
 MODEL_CACHE_MOUNT = "/models"
 HF_HOME = f"{MODEL_CACHE_MOUNT}/hf"
+# serving.capture: the directory on the artifacts volume that the vLLM pods record live requests to.
+CAPTURE_DIR = "capture"
 # The draft's weights file in an exported (or pinned) draft directory: what the sha256 covers.
 DRAFT_WEIGHTS = "model.safetensors"
 

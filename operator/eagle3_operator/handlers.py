@@ -329,7 +329,7 @@ async def owned_services(namespace: str | None, body: kopf.Body, **_: Any) -> di
     return _owned("Service", namespace, body)
 
 
-@kopf.index("v1", "configmaps", labels=MANAGED | {names.LABEL_STAGE: "spec"})
+@kopf.index("v1", "configmaps", labels=MANAGED)  # the spec's, and serving.capture's (stage serve)
 async def owned_configmaps(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Key, Owned]:
     return _owned("ConfigMap", namespace, body)
 

@@ -21,9 +21,10 @@ RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": [*READ, "create", "patch", "delete"]},
     {
         "apiGroups": [""],
-        "resources": ["configmaps", "persistentvolumeclaims"],
-        "verbs": [*READ, "create", "delete"],
+        "resources": ["configmaps"],  # patched: serving.capture's package, when an upgrade changes it
+        "verbs": [*READ, "create", "patch", "delete"],
     },
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": [*READ, "create", "delete"]},
     {
         "apiGroups": [""],
         "resources": ["services"],  # patched when the builder changes (an operator upgrade)

@@ -139,6 +139,7 @@ UNSET = {
     "prompts": 16,  # evaluation.sweep.prompts
     "categories": ["add", "count"],  # evaluation.categories
     "canary": {"replicas": 2, "duration": "5m"},  # serving.canary (the operator's only)
+    "capture": {"sampleRate": 0.5},  # serving.capture (the operator's only)
     "resources": {"requests": {"cpu": "8"}},
     "serviceAccountName": "runner",
     "priorityClassName": "high",
@@ -266,6 +267,7 @@ NO_STAGE = {
         "resources",
         "disruptionBudget",
         "canary",
+        "capture",
         "speculationLength",
     },
 }

@@ -176,11 +176,11 @@ def test_a_failure_before_the_first_scrape_fires_the_failure_alert(tier: Tier) -
     ), firing
 
 
-# The fitted draft's acceptance length on the tier's traffic (its waves force answers to a fixed length, past
-# their end of turn, where the draft predicts worse than on the verifier's own answers): above 1.3 where it was
-# first measured, 1.27 on a freshly built tiny verifier (2026-12-07; its pretraining is seeded, not
-# bit-identical across CPUs). What the tier needs is a draft the verifier accepts, which a muted one (1.0)
-# never is.
+# The fitted draft's acceptance length on the tier's traffic (its waves force answers to a fixed length,
+# past their end of turn, where the draft predicts worse than on the verifier's own answers): above 1.3
+# where it was first measured, 1.27 on a freshly built tiny verifier (2026-12-07; its pretraining is seeded,
+# not bit-identical across CPUs). What the tier needs is a draft the verifier accepts, which a muted one
+# (1.0) never is.
 GOOD_LEAST_ACCEPTANCE = 1.1
 
 

@@ -540,6 +540,25 @@ class Canary(ApiModel):
     )
 
 
+class Capture(ApiModel):
+    """Record a sample of live chat completions from the serving pods, for the draft's next generation."""
+
+    sample_rate: float = Field(
+        0.1,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of chat completions recorded (chosen at random before anything is buffered).",
+    )
+    max_bytes: PositiveQuantity = Field(
+        "10Gi",
+        description="Bytes of records kept on the artifacts volume (capture/), all pods together: the "
+        "oldest segments are deleted first.",
+    )
+    retention: Duration = Field(
+        "168h", description="Records older than this are deleted, e.g. '168h' (a week)."
+    )
+
+
 class Serving(ApiModel):
     """The vLLM speculative-decoding Deployment rolled out with the draft."""
 
@@ -579,6 +598,12 @@ class Serving(ApiModel):
         None,
         description="Serve a new draft as a canary first, next to the serving one behind the same "
         "Service, and promote or roll it back on its live acceptance and speed. Default: replace at once.",
+    )
+    capture: Capture | None = Field(
+        None,
+        description="Record a sample of live requests (the messages, the verifier's answer, vLLM's "
+        "acceptance for the request, when it was served) on the artifacts volume under capture/, bounded "
+        "by size and age. User data: whoever can read the artifacts claim can read them. Off by default.",
     )
     speculation_length: SpeculationLength = Field(
         SpeculationLength.FIXED,

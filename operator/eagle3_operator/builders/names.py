@@ -95,6 +95,11 @@ def spec_configmap_name(run: str, spec_hash: str) -> str:
     return child_name(run, "spec", spec_hash)
 
 
+def capture_configmap_name(run: str) -> str:
+    """serving.capture's ConfigMap (the capture package vLLM loads)."""
+    return child_name(run, "capture")
+
+
 def artifacts_claim_name(run: str) -> str:
     return child_name(run, "artifacts")
 

@@ -12,6 +12,13 @@ from eagle3_contract.mounts import DRAFT_WEIGHTS, draft_path
 from eagle3_contract.stages import on_cpu
 from eagle3_contract.vllm_command import Endpoint, VllmEngine, draft_speculative_config, vllm_serve_args
 from eagle3_operator.builders import names
+from eagle3_operator.builders.capture import (
+    ANNOTATION_CAPTURE,
+    capture_container,
+    capture_dir_container,
+    capture_hash,
+    capture_volumes,
+)
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.pod import (
     PodShape,
@@ -173,7 +180,15 @@ def deployment_spec(
         names.ANNOTATION_DRAFT: draft_dir,
     }
     init = [draft_check_container(spec, draft_dir, sha256, shape)] if sha256 is not None else []
-    pod = pod_spec(run, spec, shape, vllm_container(run, spec, draft_dir, shape, schedule), init)
+    container = vllm_container(run, spec, draft_dir, shape, schedule)
+    capture = spec.serving.capture
+    if capture is not None:  # serving.capture: the middleware, its package and the claim's capture/
+        container = capture_container(container, capture)
+        init.append(capture_dir_container(vllm_image(spec)))
+        annotations[ANNOTATION_CAPTURE] = capture_hash()
+    pod = pod_spec(run, spec, shape, container, init)
+    if capture is not None:
+        pod["volumes"] = capture_volumes(pod["volumes"], run)
     template = pod_template(spec, names.labels(run.name, names.SERVE_STAGE), pod, annotations)
     return {
         "replicas": spec.serving.replicas,

@@ -132,8 +132,10 @@ def _storage_actions(
 
 
 def _stale_configmaps(ref: RunRef, observed: Observed, current: str) -> list[Action]:
-    """Spec ConfigMaps of older generations that no remaining Job (or producer Deployment) mounts."""
-    in_use = {current} | {j.spec_configmap for j in observed.jobs if j.spec_configmap}
+    """Spec ConfigMaps of older generations that no remaining Job (or producer Deployment) mounts (serving's
+    capture ConfigMap is serving's to keep or delete)."""
+    in_use = {current, names.capture_configmap_name(ref.name)}
+    in_use |= {j.spec_configmap for j in observed.jobs if j.spec_configmap}
     in_use |= {w.spec_configmap for w in observed.workloads.values() if w.spec_configmap}
     return [
         Action(

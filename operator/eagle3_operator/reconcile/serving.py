@@ -13,6 +13,7 @@ from eagle3_contract.api.speculation import SpeculationRange, SpeculationTable
 from eagle3_contract.api.status import Checkpoint, ServingStatus, StageStatus
 from eagle3_contract.stages import Stage
 from eagle3_operator.builders import names
+from eagle3_operator.builders.capture import build_capture_configmap
 from eagle3_operator.builders.disruption import PDB_API, PDB_KIND, build_pod_disruption_budget
 from eagle3_operator.builders.names import RunRef
 from eagle3_operator.builders.serving import build_deployment, build_pod_monitor, build_service, serving_url
@@ -104,6 +105,9 @@ def _teardown(ref: RunRef, observed: Observed) -> list[Action]:
         actions.append(Action("delete", object_ref(POD_MONITOR_API, "PodMonitor", name, ref)))
     if (PDB_KIND, name) in observed.objects:
         actions.append(Action("delete", object_ref(PDB_API, PDB_KIND, name, ref)))
+    capture = names.capture_configmap_name(ref.name)
+    if ("ConfigMap", capture) in observed.objects:
+        actions.append(Action("delete", object_ref("v1", "ConfigMap", capture, ref)))
     return actions
 
 
@@ -117,6 +121,17 @@ def plan_disruption_budget(ref: RunRef, spec: Eagle3RunSpec, observed: Observed)
     name = names.serving_name(ref.name)
     if (PDB_KIND, name) in observed.objects:
         return [Action("delete", object_ref(PDB_API, PDB_KIND, name, ref))]
+    return []
+
+
+def plan_capture(ref: RunRef, spec: Eagle3RunSpec, observed: Observed) -> list[Action]:
+    """serving.capture's ConfigMap (the package vLLM loads): converged while capture is on, deleted once
+    it is off."""
+    if spec.serving.capture is not None:
+        return converge(observed, build_capture_configmap(ref))
+    name = names.capture_configmap_name(ref.name)
+    if ("ConfigMap", name) in observed.objects:
+        return [Action("delete", object_ref("v1", "ConfigMap", name, ref))]
     return []
 
 
@@ -151,12 +166,16 @@ def plan_serving(
     current = observed.deployment
     actions: list[Action] = []
     if draft is not None:
+        # the capture ConfigMap before the Deployment that mounts it; deleted after the one that stops
+        capture = plan_capture(ref, spec, observed)
+        actions += [a for a in capture if a.verb != "delete"]
         desired = build_deployment(ref, spec, draft, sha256, schedule)
         wanted = desired["metadata"]["annotations"][names.ANNOTATION_SPEC_HASH]
         if current is None:
             actions.append(Action("create", desired))
         elif current.spec_hash != wanted:
             actions.append(Action("patch", _merge_patch(desired)))
+        actions += [a for a in capture if a.verb == "delete"]
         actions += converge(observed, build_service(ref))
         if observed.pod_monitors_served:
             actions += converge(observed, build_pod_monitor(ref, spec))

@@ -18,6 +18,7 @@ from eagle3_operator.builders import (
     build_service,
     build_spec_configmap,
 )
+from eagle3_operator.builders.capture import build_capture_configmap
 from eagle3_operator.builders.mooncake import build_mooncake_master, build_mooncake_service
 from eagle3_operator.builders.names import RunRef, spec_configmap_name
 from eagle3_operator.builders.producers import build_producers, build_producers_service
@@ -155,6 +156,7 @@ def all_objects(run: RunRef, spec: Eagle3RunSpec) -> list[dict[str, Any]]:
         build_artifacts_claim(run, spec),
         *(job for _, job in stage_jobs(run, spec)),
         build_deployment(run, spec, draft_dir(spec)),
+        *([build_capture_configmap(run)] if spec.serving.capture is not None else []),
         build_service(run),
         build_pod_monitor(run, spec),
     ]
@@ -191,6 +193,8 @@ def specs(draw: st.DrawFn) -> Eagle3RunSpec:
         doc["hfTokenSecret"] = {"name": "hf"}
     if draw(st.booleans()):
         doc["queueName"] = "q"
+    if draw(st.booleans()):
+        doc["serving"] = {**doc.get("serving", {}), "capture": {"sampleRate": 0.5}}
     stage = draw(st.sampled_from(STAGES))
     doc["stages"] = {stage: {"resources": {"requests": {"cpu": "2"}, "limits": {"memory": "8Gi"}}}}
     return parse_spec(doc)

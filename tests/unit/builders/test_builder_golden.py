@@ -70,6 +70,10 @@ def canary_tuned_spec() -> Any:
     return parse_spec(TINY_SPEC | {"serving": {"speculationLength": "tuned", "canary": canary}})
 
 
+def captured_spec() -> Any:
+    return parse_spec(TINY_SPEC | {"serving": {"capture": {"sampleRate": 0.1}}})
+
+
 CASES: dict[str, Callable[[], dict[str, Any]]] = {
     "job_extract_tiny": lambda: _job(tiny_spec, TINY_RUN, Stage.EXTRACT),
     "job_prepare_tiny": lambda: _job(tiny_spec, TINY_RUN, Stage.PREPARE),
@@ -90,6 +94,10 @@ CASES: dict[str, Callable[[], dict[str, Any]]] = {
     ),
     "deployment_pinned_checked": lambda: build_deployment(
         TINY_RUN, pinned_spec(), "export/3f0c2a9d41be", PINNED_SHA256
+    ),
+    # serving.capture: the middleware's package from its ConfigMap, capture/ on the claim writable
+    "deployment_captured": lambda: build_deployment(
+        TINY_RUN, captured_spec(), "export/3f0c2a9d41be", PINNED_SHA256
     ),
     # a private registry: pull secret, service account, pod labels and annotations, priority class
     "job_train_customised": lambda: _job(customised_spec, KIMI_RUN, Stage.TRAIN),
