@@ -155,7 +155,14 @@ def tier_run(name: str, **changes: Any) -> dict[str, Any]:
     spec["evaluation"] = {"prompts": 8, "numSpeculativeTokens": 3, "minAcceptanceLength": 1.2}
     # a CPU server's default requests (4 CPUs) would never schedule on the tier's 2-CPU node
     resources = {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
-    spec["serving"] = {**spec["serving"], "speculationLength": "fixed", "resources": resources}
+    # serving.capture on, every request: the tier's chat completion must reach the claim as a record
+    capture = {"sampleRate": 1.0}
+    spec["serving"] = {
+        **spec["serving"],
+        "speculationLength": "fixed",
+        "resources": resources,
+        "capture": capture,
+    }
     _merge(spec, changes)
     return dict(run)
 

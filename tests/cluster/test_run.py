@@ -29,6 +29,8 @@ from typing import Any
 import httpx
 import pytest
 
+from eagle3_contract.capture.segments import read_records
+from eagle3_contract.mounts import CAPTURE_DIR
 from tests.chart.helm import helm_or_skip
 from tests.cluster import node, stack
 from tests.cluster.conftest import Node
@@ -219,19 +221,26 @@ def test_a_chat_completion_through_the_service_is_answered_with_speculative_deco
     base = f"http://{_service_ip(serving['service'])}:8000"
     before = _accepted(httpx.get(f"{base}/metrics", timeout=10).text)
     model = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
+    messages = [{"role": "user", "content": "Count from one to ten."}]
     answer = httpx.post(
         f"{base}/v1/chat/completions",
-        json={
-            "model": model,
-            "messages": [{"role": "user", "content": "Count from one to ten."}],
-            "max_tokens": 48,
-            "temperature": 0,
-        },
+        json={"model": model, "messages": messages, "max_tokens": 48, "temperature": 0},
         timeout=120,
     ).json()
     assert answer["choices"][0]["message"]["content"] and answer["usage"]["completion_tokens"] > 0
     after = _accepted(httpx.get(f"{base}/metrics", timeout=10).text)
     assert after > before, (before, after)
+    # serving.capture (every request): the pod's middleware writes the exchange to the claim's capture/, as
+    # the pod's user, in a segment of at most 30 s, with vLLM's acceptance for this very request
+    captured = stack.artifacts_dir(NS) / CAPTURE_DIR
+
+    def recorded() -> dict[str, Any] | None:
+        return next((r for r in read_records(captured) if r["messages"] == messages), None)
+
+    record = node.wait_for(recorded, 120, "the chat completion's record in capture/")
+    assert record["response"]["content"] == answer["choices"][0]["message"]["content"]
+    spec = answer["metrics"]["speculative_decoding"]
+    assert record["acceptanceLength"] == spec["mean_acceptance_length"] and record["draftTokens"] > 0
 
 
 def test_prometheus_scrapes_the_serving_pods_found_by_the_clusters_service_discovery(
@@ -336,8 +345,10 @@ def test_a_stage_killed_at_its_memory_limit_halves_its_budget_then_names_the_rea
     ]
     # (the Job controller may have started another pod before the stop: ended by it, SIGTERM answered with
     # 143 or SIGKILL past the grace period, 137, wherever in the stage the stop landed)
-    assert any(t["reason"] == "OOMKilled" and t["exitCode"] == 137 for t in killed), killed
-    assert all(t["exitCode"] in (137, 143) for t in killed), killed
+    # (the reasons and codes alone in the message: a whole record's repr is cut before the odd one shows)
+    ends = [(t.get("reason"), t["exitCode"], (t.get("message") or "")[-200:]) for t in killed]
+    assert any(t["reason"] == "OOMKilled" and t["exitCode"] == 137 for t in killed), ends
+    assert all(t["exitCode"] in (137, 143) for t in killed), ends
     # nothing earlier was lost: prepare's output is complete on the volume
     assert status["stages"]["prepare"]["phase"] == "Succeeded"
 
