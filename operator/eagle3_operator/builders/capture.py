@@ -10,6 +10,7 @@ claim, the drafts included, read-only as before.
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from typing import Any
 
@@ -33,7 +34,14 @@ ANNOTATION_CAPTURE = (
 
 
 def capture_sources() -> dict[str, str]:
-    """The capture package's modules, by file name (the ConfigMap's keys)."""
+    """The capture package's modules, by file name (the ConfigMap's keys): a copy of what was read once."""
+    return dict(_read_sources())
+
+
+@functools.cache
+def _read_sources() -> dict[str, str]:
+    """Read on the first build only: the installed package cannot change while the operator runs, and a
+    capturing run's Deployment and ConfigMap are built on every reconcile."""
     package = resources.files("eagle3_contract.capture")
     return {
         entry.name: entry.read_text(encoding="utf-8")
@@ -42,8 +50,9 @@ def capture_sources() -> dict[str, str]:
     }
 
 
+@functools.cache
 def capture_hash() -> str:
-    return content_hash(capture_sources())
+    return content_hash(_read_sources())
 
 
 def build_capture_configmap(run: RunRef) -> dict[str, Any]:
