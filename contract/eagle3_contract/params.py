@@ -312,6 +312,9 @@ class TrainParams(StageParams):
         data["training"].pop("checkpointsToEvaluate", None)
         if self.online is None:
             data.pop("online", None)
+        if self.training.warm_start is None:
+            data["training"].pop("warm_start", None)
+            data["training"].pop("warmStart", None)
         return data
 
 

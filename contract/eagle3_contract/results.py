@@ -150,6 +150,8 @@ class PrepareResult(PreparedResult):
 
     format: str | None = None
     conversations: int | None = None
+    # captured records read and left out, by reason: duplicate, repetition (eagle3_pipeline.stages.prepare)
+    screened: dict[str, int] | None = None
     # local dataset files' paths, sizes and mtimes, hashed: `eagle3 run` warns when a cached output's differs
     dataset_fingerprint: str | None = None
     # the verifier's shape from its config, for status.plan.estimates (eagle3_contract.estimates)
@@ -280,6 +282,8 @@ class TrainResult(StageResult):
     ttt_steps: int | None = None
     # draft.candidates: every method trained (the figures above are draft.method's); None without
     candidates: list[TrainCandidate] | None = None
+    # training.warmStart: {"from": path, "start": "warm" | "cold", "reason": why cold}; None without
+    warm_start: dict[str, str] | None = None
 
     @property
     def tokens_processed(self) -> int | None:

@@ -138,6 +138,17 @@ def test_a_stream_is_reassembled_and_its_final_chunk_gives_the_acceptance() -> N
     )
 
 
+def test_the_requests_tools_are_kept_for_the_chat_template_to_render() -> None:
+    tools = [{"type": "function", "function": {"name": "spell", "parameters": {"type": "object"}}}]
+    request = json.dumps({"messages": MESSAGES, "tools": tools}).encode()
+    record = record_of(Exchange(0.0, request, json.dumps(answer()).encode(), 200, False))
+    assert record is not None and record["tools"] == tools
+    plain = record_of(
+        Exchange(0.0, json.dumps({"messages": MESSAGES}).encode(), json.dumps(answer()).encode(), 200, False)
+    )
+    assert plain is not None and "tools" not in plain
+
+
 def test_errors_and_several_choices_are_not_records() -> None:
     request = json.dumps({"messages": MESSAGES}).encode()
     assert record_of(Exchange(0.0, request, b'{"error": "x"}', 400, False)) is None

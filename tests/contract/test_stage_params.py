@@ -127,6 +127,7 @@ UNSET = {
     "minAcceptanceLength": 2.0,
     "image": "vllm/vllm-openai:nightly",
     "pinnedCheckpoint": {"path": "export/ffffffffffff"},
+    "warmStart": {"path": "export/eeeeeeeeeeee"},
     "claimName": "other-claim",
     "storageClassName": "fast",
     "pipeline": "registry.example/pipeline:1",

@@ -70,8 +70,8 @@ SPECULATION = SpeculationTable(
 
 FAKE_RESULTS: dict[Stage, StageResult] = {
     Stage.PREPARE: PrepareResult(
-        format="chat", conversations=243, dataset_fingerprint="0123456789abcdef", hidden_size=128,
-        num_hidden_layers=4, samples=240, train=216,
+        format="chat", conversations=243, screened={"duplicate": 2}, dataset_fingerprint="0123456789abcdef",
+        hidden_size=128, num_hidden_layers=4, samples=240, train=216,
         validation=24, train_ratio=0.9,
         skipped={"too_long": 3}, skipped_total=3, skipped_examples={"too_long": ["row 7: 300 tokens > 256"]},
         kept={"chat": 230, "tool_calls": 10}, tokens=TOKENS, assistant_tokens=20_000,
@@ -103,6 +103,7 @@ FAKE_RESULTS: dict[Stage, StageResult] = {
         checkpoint="checkpoints/checkpoint_best", metrics="metrics.jsonl", parameters=1_200_000, device="cpu",
         world_size=1, resumed_from_epoch=None, train_seconds=80.0, seconds=95.0, draft_vocab_size=256,
         aux_layers=[1, 2], ttt_steps=3, candidates=None,
+        warm_start={"from": "export/0123456789ab", "start": "warm"},
     ),
     Stage.EVALUATE: EvaluateResult(
         prompts=8, prompts_requested=8, held_out_prompts=24, failed_prompts=0, num_speculative_tokens=3,

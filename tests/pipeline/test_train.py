@@ -1,4 +1,5 @@
-"""The train stage: speculators' EAGLE-3 trainer on the CPU, epoch metrics, the best checkpoint, resume."""
+"""The train stage: speculators' EAGLE-3 trainer on the CPU, epoch metrics, the best checkpoint, resume, a
+warm start."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from eagle3_pipeline.data.draft_checkpoint import (
     best_checkpoint,
     checkpoint_method,
     read_config,
+    sha256_of,
     write_serving_checkpoint,
 )
 from eagle3_pipeline.runtime.context import work_dir_of
@@ -628,3 +630,74 @@ def test_online_mooncake_without_a_master_is_refused(upstream: Path, tmp_path: P
     )
     with pytest.raises(StageError, match="EAGLE3_MOONCAKE_MASTER"):
         train_config(train_params(run.spec), sources, tmp_path / "ckpt", cpu=True)
+
+
+# --- training.warmStart: fine-tuning an exported draft ---------------------------------------------------
+
+EXPORT = "export/warm"
+
+
+@pytest.fixture(scope="module")
+def exported(upstream: Path, trained: dict[str, Any]) -> Path:
+    """The trained draft (3 epochs) as export writes it: slim, without the verifier's embeddings."""
+    art = upstream / "art"
+    write_serving_checkpoint(
+        art / "train" / "t" / trained["checkpoint"], art / EXPORT, str(upstream / "verifier")
+    )
+    return art / EXPORT
+
+
+def train_run(
+    upstream: Path, name: str, inputs: list[str] = UPSTREAM, **training: Any
+) -> tuple[int, dict[str, Any]]:
+    art = upstream / "art"
+    code = run_stage("train", manifest(upstream, name, **training), str(art), f"train/{name}", inputs)
+    result = art / "train" / name / "result.json"
+    return code, json.loads(result.read_text()) if result.is_file() else {}
+
+
+@pytest.mark.timeout(300)
+def test_a_warm_start_begins_where_the_exported_draft_ended(
+    upstream: Path,
+    trained: dict[str, Any],
+    exported: Path,
+) -> None:
+    digest = sha256_of(exported / "model.safetensors")
+    code, result = train_run(upstream, "warm", epochs=1, warmStart={"path": EXPORT, "sha256": digest})
+    assert code == 0
+    assert result["warmStart"] == {"from": EXPORT, "start": "warm"}
+    [first] = result["epochs"]
+    cold_first = trained["epochs"][0]["valLoss"]
+    # the exported draft trained 3 epochs: one more epoch from there is below a fresh draft's first
+    assert first["valLoss"] < cold_first, (first["valLoss"], cold_first)
+
+
+@pytest.mark.timeout(300)
+def test_another_vocabulary_mapping_starts_cold_and_says_so(upstream: Path, exported: Path) -> None:
+    art = upstream / "art"
+    shutil.copytree(art / "vocab" / "v", art / "vocab" / "other", dirs_exist_ok=True)
+    vocab = json.loads((art / "vocab" / "other" / "result.json").read_text())
+    d2t = art / "vocab" / "other" / vocab["d2t"]
+    offsets = np.load(d2t)
+    # draft tokens 1 and 2 swap their target tokens (target = index + offset): a valid mapping, another one
+    targets = offsets[[1, 2]] + np.array([1, 2])
+    offsets[[1, 2]] = targets[::-1] - np.array([1, 2])
+    np.save(d2t, offsets)
+    inputs = [i if not i.startswith("vocab=") else "vocab=vocab/other" for i in UPSTREAM]
+    code, result = train_run(upstream, "cold", inputs, epochs=1, warmStart={"path": EXPORT})
+    assert code == 0
+    assert result["warmStart"]["start"] == "cold"
+    assert "vocabulary mapping (d2t) differs" in result["warmStart"]["reason"]
+
+
+def test_files_that_are_not_the_digests_fail_before_training(
+    upstream: Path,
+    exported: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, result = train_run(upstream, "mismatch", epochs=1, warmStart={"path": EXPORT, "sha256": "0" * 64})
+    assert code != 0 and not result
+    assert "ChecksumMismatch" in capsys.readouterr().err
+    code, _ = train_run(upstream, "missing", epochs=1, warmStart={"path": "export/nothing"})
+    assert code != 0
+    assert "no config.json, model.safetensors" in capsys.readouterr().err

@@ -42,6 +42,7 @@ class DatasetFormat(StrEnum):
     SHAREGPT = "sharegpt"
     MESSAGES = "messages"
     PROMPTS = "prompts"
+    CAPTURED = "captured"
 
 
 class ReasoningMode(StrEnum):
@@ -146,8 +147,10 @@ class DatasetRows(ApiModel):
         description=(
             "Row layout: 'messages' (OpenAI role/content, tool_calls and tool turns), "
             "'sharegpt' (conversations with from/value, function_call and observation turns), "
-            "'prompts' (a 'prompt' string per row, answered by regeneration), or 'auto' to detect it. "
-            "A row's 'tools' are rendered with it."
+            "'prompts' (a 'prompt' string per row, answered by regeneration), 'captured' (the records "
+            "serving.capture writes: the request's messages and the verifier's response; source is capture/ "
+            "on the artifacts volume, or files copied from it; exact duplicates and degenerate answers are "
+            "screened out), or 'auto' to detect it. A row's 'tools' are rendered with it."
         ),
     )
     split: str = Field("train", min_length=1, description="Dataset split to read.")
@@ -335,6 +338,23 @@ class Draft(ApiModel):
     )
 
 
+class WarmStart(ApiModel):
+    """An exported draft whose weights the training starts from, instead of fresh ones."""
+
+    path: str = Field(
+        min_length=1,
+        description="Directory of an exported draft on the artifacts volume (export/<hash>, or a pinned "
+        "checkpoint's path).",
+    )
+    sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Expected sha256 of its model.safetensors: train refuses other files at the path "
+        "(ChecksumMismatch). Set it for a path that is not content-addressed: the stage's hash covers the "
+        "path, not the files.",
+    )
+
+
 class Training(ApiModel):
     """Training of the draft with speculators."""
 
@@ -373,6 +393,13 @@ class Training(ApiModel):
             "With checkpointSelection acceptance: the last epochs whose checkpoints evaluate measures "
             "(at most training.epochs)."
         ),
+    )
+    warm_start: WarmStart | None = Field(
+        None,
+        description="Fine-tune this exported draft rather than train a fresh one (fewer epochs do). It "
+        "starts warm only when it fits: the same draft method, layers, verifier layers and vocabulary "
+        "mapping as this run's vocab stage made; otherwise training starts cold, and train's result says "
+        "why (warmStart).",
     )
 
 

@@ -69,6 +69,7 @@ def record_of(exchange: Exchange) -> dict[str, Any] | None:
         "servedAt": served.replace("+00:00", "Z"),
         "model": model,
         "messages": request["messages"],
+        **({"tools": request["tools"]} if isinstance(request.get("tools"), list) else {}),
         "response": message,
         "finishReason": finish,
         **_acceptance(metrics),

@@ -1,4 +1,5 @@
-"""Chat datasets in, normalized conversations out: OpenAI messages, ShareGPT or prompt-only rows.
+"""Chat datasets in, normalized conversations out: OpenAI messages, ShareGPT, prompt-only rows or captured
+records (eagle3_pipeline.data.captured).
 
 Every row becomes `{"id", "messages": [...], "tools"?: [...], "category"?: ...}`. A message is `{"role",
 "content"}` with roles system, user, assistant and tool; an assistant turn may add `reasoning_content` and
@@ -20,6 +21,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from eagle3_contract.api.categories import CATEGORY_MAX_LENGTH
+from eagle3_pipeline.data import captured
 from eagle3_pipeline.data.dataset_files import COMPRESSIONS, DATA_SUFFIXES, read_rows
 from eagle3_pipeline.data.json_rows import RowError as RowError
 from eagle3_pipeline.data.json_rows import value_error
@@ -80,6 +82,8 @@ class Skips:
 def detect_format(row: Any) -> str | None:
     if not isinstance(row, dict):
         return None
+    if captured.is_record(row):
+        return captured.CAPTURED
     if isinstance(row.get("messages"), list):
         return "messages"
     if isinstance(row.get("conversations"), list):
@@ -248,6 +252,9 @@ def normalize(row: Any, fmt: str) -> list[Message]:
         if not isinstance(turns, list):
             raise RowError("malformed", "no 'conversations' list (is dataset.format right?)")
         messages = [_message(t, i, SHAREGPT_ROLES, "from", "value") for i, t in enumerate(turns)]
+    elif fmt == captured.CAPTURED:
+        turns = captured.turns_of(row)
+        messages = [_message(t, i, MESSAGE_ROLES, "role", "content") for i, t in enumerate(turns)]
     else:
         turns = row.get("messages")
         if not isinstance(turns, list):
@@ -330,7 +337,7 @@ def conversations_of(
             tools = tools_of(_decodable(row))
             if tools is not None:
                 conv["tools"] = tools
-            category = category_of(position, row)
+            category = category_of(position, row, row_format)
             if category is not None:
                 conv["category"] = category
             _check_encodable(conv)
@@ -340,13 +347,16 @@ def conversations_of(
         yield conv, row_format
 
 
-def category_of(position: str, row: Any) -> str | None:
+def category_of(position: str, row: Any, row_format: str | None = None) -> str | None:
     """The row's category (evaluate reports acceptance per category: eagle3_contract.api.categories): its
-    own `category` (a non-blank string), else the file it came from when it was read from a directory
-    (`position` is then `<file>:<row>`), without the data suffixes; None otherwise."""
+    own `category` (a non-blank string), else `captured` for a captured record (its file is a pod's segment,
+    no category), else the file it came from when it was read from a directory (`position` is then
+    `<file>:<row>`), without the data suffixes; None otherwise."""
     value = row.get("category") if isinstance(row, dict) else None
     if isinstance(value, str) and value.strip():
         return value.strip()[:CATEGORY_MAX_LENGTH].strip()
+    if row_format == captured.CAPTURED:
+        return captured.CAPTURED
     file, separator, _ = position.rpartition(":")
     if not separator or not file:
         return None

@@ -222,7 +222,13 @@ def test_conversion_cases() -> None:
     }
     lr = spec["training"]["properties"]["learningRate"]
     assert (lr["minimum"], lr["exclusiveMinimum"], lr["maximum"]) == (0.0, True, 1.0)
-    assert spec["dataset"]["properties"]["format"]["enum"] == ["auto", "sharegpt", "messages", "prompts"]
+    assert spec["dataset"]["properties"]["format"]["enum"] == [
+        "auto",
+        "sharegpt",
+        "messages",
+        "prompts",
+        "captured",
+    ]
     pool = spec["nodePool"]["properties"]
     assert pool["nodeSelector"]["additionalProperties"]["pattern"] == LABEL_VALUE
     # an embedded Kubernetes type: its schema, refs inlined, no free-form object (issue 28 item 9)

@@ -362,7 +362,7 @@ def test_missing_required_fields() -> None:
         ),
         (
             {"dataset": {"source": "d", "format": "csv"}},
-            "spec.dataset.format: Input should be 'auto', 'sharegpt', 'messages' or 'prompts'",
+            "spec.dataset.format: Input should be 'auto', 'sharegpt', 'messages', 'prompts' or 'captured'",
         ),
         ({"queueName": "Team A"}, "spec.queueName: String should match pattern"),
         (

@@ -6,11 +6,14 @@ Progress: rows tokenized of the rows read, their tokens, and the skipped rows as
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from eagle3_contract.params import PrepareParams, PrepareTuning
+from eagle3_pipeline.data import captured
 from eagle3_pipeline.data.conversations import Skips, conversations_of, format_label
 from eagle3_pipeline.data.dataset_files import local_fingerprint, read_rows
 from eagle3_pipeline.data.prepared import CONVERSATIONS_FILE, Tokenizing, write_conversations, write_prepared
@@ -18,10 +21,12 @@ from eagle3_pipeline.data.spool import ConversationSpool
 from eagle3_pipeline.data.verifier import estimated_shape
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.stages.prepare.screening import CapturedScreen
 
 logger = logging.getLogger(__name__)
 
 SPOOL_FILE = "normalized.spool"  # in the work directory, removed before the output is committed
+SNAPSHOT_DIR = "captured.snapshot"  # a live capture directory's segments, linked; removed likewise
 
 
 def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
@@ -34,8 +39,11 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
     files = local_fingerprint(source)  # recorded so `eagle3 run` can tell files edited in place
     fingerprint = {"datasetFingerprint": files} if files else {}
     spool = ConversationSpool(ctx.work / SPOOL_FILE, ds.seed)
+    snapshot = ctx.work / SNAPSHOT_DIR
     try:
-        skips, fmt = spool_conversations(spool, source, ds.split, ds.format.value, ds.max_samples)
+        if ds.format.value == captured.CAPTURED and Path(source).is_dir():
+            source = str(captured.snapshot(Path(source), snapshot))
+        skips, screen, fmt = spool_conversations(spool, source, ds.split, ds.format.value, ds.max_samples)
         rows = len(spool) + skips.total()  # read: usable or skipped
         check_rows(ds.source, ds.format.value, len(spool), skips, ctx.tuning.max_skipped_fraction)
         if fmt == "prompts" and not ctx.tuning.regeneration_enabled:
@@ -44,7 +52,7 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
                 "set regeneration.enabled to true so the verifier answers them"
             )
         shape = shape_of(ctx)
-        summary = {"format": fmt, "conversations": len(spool), **fingerprint, **shape}
+        summary = {"format": fmt, "conversations": len(spool), **fingerprint, **shape, **screened(screen)}
         ordered = spool.ordered(ds.validation_fraction)
         if ctx.tuning.regeneration_enabled and not spool.answered:
             # generate answers the prompts and re-tokenizes; prompt-only rows are expected here, not skipped
@@ -55,6 +63,7 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
         stats = write_prepared(ctx.work, ordered, ctx, tokenizing, skips, ctx.progress, total=len(spool))
     finally:
         spool.remove()
+        shutil.rmtree(snapshot, ignore_errors=True)
     check_skipped(rows, skips, ctx.tuning.max_skipped_fraction)  # with the rows tokenizing skipped
     seconds = _since(started)
     logger.info("prepared %d samples (%d tokens) in %.1f s", stats["samples"], stats["tokens"], seconds)
@@ -63,16 +72,30 @@ def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
 
 def spool_conversations(
     spool: ConversationSpool, source: str, split: str, fmt: str, max_samples: int | None
-) -> tuple[Skips, str]:
-    """Every usable row into `spool`; the skipped ones counted; the format(s) used."""
+) -> tuple[Skips, CapturedScreen, str]:
+    """Every usable row into `spool`; the skipped ones counted, the captured records screened
+    (stages.prepare.screening); the format(s) used."""
     skips = Skips()
+    screen = CapturedScreen()
     formats: Counter[str] = Counter()
     for conv, row_format in conversations_of(read_rows(source, split), fmt, skips):
+        if row_format == captured.CAPTURED and not screen.keeps(conv):
+            continue
         spool.add(conv)
         formats[row_format] += 1
         if max_samples is not None and len(spool) >= max_samples:
             break
-    return skips, format_label(formats, fmt)
+    return skips, screen, format_label(formats, fmt)
+
+
+def screened(screen: CapturedScreen) -> dict[str, Any]:
+    """The result's `screened` rows by reason (and a line in the log); nothing when none were."""
+    counts = screen.screened.counts
+    if not counts:
+        return {}
+    examples = "; ".join(e for shown in screen.screened.examples.values() for e in shown[:1])
+    logger.info("screened out %d captured records (%s), e.g. %s", counts.total(), dict(counts), examples)
+    return {"screened": dict(sorted(counts.items()))}
 
 
 def check_rows(source: str, fmt: str, usable: int, skips: Skips, allowed: float) -> None:

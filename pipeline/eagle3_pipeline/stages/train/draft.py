@@ -103,8 +103,11 @@ def scheduler_settings(kind: Scheduler) -> dict[str, Any]:
     return {"scheduler_type": kind.value}
 
 
-def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu: bool) -> Any:
-    """speculators' TrainConfig for this run (a StageError names what speculators refused)."""
+def train_config(
+    params: TrainParams, src: DraftSources, save_path: Path, *, cpu: bool, warm: Path | None = None
+) -> Any:
+    """speculators' TrainConfig for this run (a StageError names what speculators refused); `warm`: a whole
+    draft checkpoint to start from (stages.train.warm_start), whose own config shapes the draft."""
     from pydantic import ValidationError
     from speculators.train.config import TrainConfig
 
@@ -114,7 +117,8 @@ def train_config(params: TrainParams, src: DraftSources, save_path: Path, *, cpu
         "seed": params.seed,
         "verifier_name_or_path": src.verifier,
         "trust_remote_code": src.trust_remote_code,
-        "num_layers": params.draft.layers,
+        # --from-pretrained takes the decoder's shape from the checkpoint, and refuses shaping flags beside it
+        **({"from_pretrained": str(warm)} if warm is not None else {"num_layers": params.draft.layers}),
         "target_layer_ids": list(src.aux_layers),
         "draft_vocab_size": src.vocab_size,
         "d2t_path": str(src.d2t),

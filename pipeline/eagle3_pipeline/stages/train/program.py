@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_contract.api.spec import Device, DraftMethod, trained_methods
+from eagle3_contract.mounts import draft_path
 from eagle3_contract.params import TrainParams, TrainTuning
 from eagle3_contract.stages import Stage
 from eagle3_pipeline.adapters.speculators_cpu import has_accelerator
@@ -71,6 +72,7 @@ from eagle3_pipeline.stages.train.metrics import (
 from eagle3_pipeline.stages.train.nodes import TORCHRUN_ENV, Nodes, nodes_of, wait_for_rendezvous
 from eagle3_pipeline.stages.train.online import finish_online, online_environment, online_inputs
 from eagle3_pipeline.stages.train.resume import BEST, keep_complete_epochs, repair_best
+from eagle3_pipeline.stages.train.warm_start import starting_point
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +133,12 @@ def train_draft(ctx: Context, params: TrainParams, work: Path, src: DraftSources
             epoch["estimatedAcceptanceLength"],
         )
     on_cpu = not has_accelerator()
-    cfg = train_config(params, src, save_path, cpu=on_cpu)
+    warm = params.training.warm_start
+    if warm is not None:  # the exported draft's directory as the pods see it (/artifacts/<path>), mapped here
+        start = starting_point(warm, Path(ctx.local_path(draft_path(warm.path))), params, src, work)
+    else:
+        start = None
+    cfg = train_config(params, src, save_path, cpu=on_cpu, warm=start.checkpoint if start else None)
     save_path.mkdir(parents=True, exist_ok=True)
     (save_path / RUN_CONFIG_FILE).write_text(cfg.dump_yaml())
     if complete < epochs:
@@ -161,6 +168,7 @@ def train_draft(ctx: Context, params: TrainParams, work: Path, src: DraftSources
         "draftVocabSize": src.vocab_size,
         "auxLayers": src.aux_layers,
         "tttSteps": params.training.ttt_steps,
+        **({"warmStart": start.note} if start else {}),
     }
 
 
