@@ -124,3 +124,14 @@ def test_a_record_without_its_response_is_a_skip_that_says_why(tmp_path: Path, v
     result = json.loads((out / "result.json").read_text())
     assert result["skipped"] == {"malformed": 1}
     assert "no 'response' object" in json.dumps(result["skippedExamples"])
+
+
+def test_a_capture_directory_without_a_complete_segment_says_what_it_waits_for(
+    tmp_path: Path, verifier: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capture = tmp_path / "capture"
+    (capture / "vllm-a").mkdir(parents=True)
+    (capture / "vllm-a" / "20270101T000000.000000Z-1-000001.jsonl.partial").write_text("{")
+    code, out = prepare(tmp_path, verifier, capture, format="captured")
+    assert code != 0 and not out.exists()
+    assert "no complete capture segments yet" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from typing import Any
 
 from eagle3_pipeline.data.dataset_files import list_dataset
 from eagle3_pipeline.data.json_rows import RowError
+from eagle3_pipeline.runtime.errors import StageError
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,12 @@ def snapshot(source: Path, into: Path) -> Path:
     paths; returns `into`. A file pruned between the listing and its link is left out (it is gone for every
     reader), and said in one line."""
     listing = list_dataset(source)
+    if not listing.files:
+        raise StageError(
+            f"dataset.source {source}: no complete capture segments yet (a pod writes one every 30 s or "
+            "1 MiB of records, as `<pod>/<time>-<pid>-<n>.jsonl`); check serving.capture is set and traffic "
+            "is served, or point dataset.source at records copied out"
+        )
     if into.exists():
         shutil.rmtree(into)  # an earlier attempt's: the directory may have changed since
     gone = 0
