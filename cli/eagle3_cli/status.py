@@ -168,6 +168,8 @@ def result_text(stage: str, result: StageResult | None, progress: StageProgress 
             words.append(_speedup_text(result))
         if result.checkpoint_selection is not None:  # training.checkpointSelection acceptance
             words.append(result.checkpoint_selection.line())
+        if result.incumbent is not None:  # evaluation.incumbent: the serving draft on the same prompts
+            words.append(result.incumbent.line())
         return ", ".join(words)
     figures = list(result.summary().items())[:SUMMARY_FIGURES]
     return ", ".join(f"{k}={_figure(v)}" for k, v in figures)

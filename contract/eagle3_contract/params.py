@@ -33,6 +33,7 @@ from eagle3_contract.api.spec import (
     ExtractionBackend,
     ExtractionMode,
     HiddenStatesTransfer,
+    Incumbent,
     PinnedCheckpoint,
     ReasoningMode,
     Sampling,
@@ -381,6 +382,7 @@ class EvaluateParams(StageParams):
     rivals: tuple[CandidateMethod, ...] | None = None  # draft.candidates' training-free ones (None: none)
     rounds: int | None = None  # evaluation.rounds where a speed decides something (sweep, candidates)
     categories: tuple[str, ...] | None = None  # evaluation.categories (None: the categories found)
+    incumbent: Incumbent | None = None  # evaluation.incumbent: measured beside the draft (None: not)
 
     @model_serializer(mode="wrap")
     def _unset_fields_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -396,6 +398,7 @@ class EvaluateParams(StageParams):
             ("rounds", self.rounds),
             ("rivals", self.rivals),
             ("categories", self.categories),
+            ("incumbent", self.incumbent),
         ):
             if value is None:
                 data.pop(key, None)
@@ -426,6 +429,7 @@ def evaluate_params(spec: Eagle3RunSpec) -> EvaluateParams:
         rivals=tuple(training_free(spec.draft.candidates)) or None,
         rounds=e.rounds if e.sweep is not None or spec.draft.candidates is not None else None,
         categories=tuple(e.categories) if e.categories is not None else None,
+        incumbent=e.incumbent,
     )
 
 

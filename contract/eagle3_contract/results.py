@@ -369,6 +369,28 @@ def _differing(c: CheckpointFigures | RivalFigures) -> str:
     return f", {compared - matching} of {compared} answers not the verifier alone's"
 
 
+class IncumbentFigures(ResultModel):
+    """evaluation.incumbent: the draft serving now, measured on the same kept held-out prompts as the new one
+    (greedy, at evaluation.numSpeculativeTokens), overall and per category."""
+
+    path: str
+    method: str
+    drafts: int | None = None
+    accepted_tokens: int | None = None
+    acceptance_length: float | None = None
+    acceptance_rate: float | None = None
+    # the new draft's acceptance length over the incumbent's (>1: the new one is accepted more); None when
+    # either has none
+    acceptance_ratio: float | None = None
+    categories: list[CategoryFigures] | None = None
+
+    def line(self) -> str:
+        """`against the incumbent export/abc (eagle3): 2.41 over 2.02, 1.19x`: one line for a person."""
+        ours = "n/a" if self.acceptance_ratio is None else f"{self.acceptance_ratio:.2f}x"
+        theirs = "n/a" if self.acceptance_length is None else f"{self.acceptance_length:.2f}"
+        return f"against the incumbent {self.path} ({self.method}, acceptance length {theirs}): {ours}"
+
+
 class CheckpointChoice(ResultModel):
     """Which draft evaluate measured in full and export ships, and why: `by` acceptance
     (training.checkpointSelection: of the last epochs, the most accepted; ties to the lower validation loss,
@@ -516,6 +538,8 @@ class EvaluateResult(StageResult):
     # acceptance and speedup per category of the held-out prompts (eagle3_contract.api.categories); None
     # when they have one category only
     categories: list[CategoryFigures] | None = None
+    # evaluation.incumbent: the serving draft's figures on the same prompts, and the new one's ratio over them
+    incumbent: IncumbentFigures | None = None
 
     @property
     def tokens_processed(self) -> int | None:

@@ -128,6 +128,7 @@ UNSET = {
     "image": "vllm/vllm-openai:nightly",
     "pinnedCheckpoint": {"path": "export/ffffffffffff"},
     "warmStart": {"path": "export/eeeeeeeeeeee"},
+    "incumbent": {"path": "export/dddddddddddd"},
     "claimName": "other-claim",
     "storageClassName": "fast",
     "pipeline": "registry.example/pipeline:1",

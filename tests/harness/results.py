@@ -121,7 +121,7 @@ FAKE_RESULTS: dict[Stage, StageResult] = {
             acceptance_by_position=[0.25, 0.1, 0.05],
         ),
         degenerate_prompts=0, degenerate={"repetition": 0, "empty": 0}, degenerate_examples=[],
-        speculation=SPECULATION, checkpoint_selection=None, categories=None,
+        speculation=SPECULATION, checkpoint_selection=None, categories=None, incumbent=None,
     ),
     Stage.EXPORT: ExportResult(
         sha256=EXPORT_SHA256, bytes=CHECKPOINT_BYTES, expected_bytes=120_000, ratio=1.0288,

@@ -429,6 +429,9 @@ SERVING_SAMPLING = {"temperature": 1.0, "topP": 0.9, "seed": 3}
 # (evaluation.sweep's paired rounds are the demo's: tests/pipeline/test_main_job.py)
 
 
+INCUMBENT = "export/incumbent"
+
+
 @dataclass(frozen=True)
 class Run:
     code: int
@@ -466,11 +469,18 @@ def vllm_env(tiny_models: Path) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def good_run(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    from eagle3_pipeline.data.draft_checkpoint import write_serving_checkpoint
+    from tests.pipeline.draft_support import VERIFIER
+
     draft = shared_draft(vllm_env, tmp_path_factory.getbasetemp())
+    root = tmp_path_factory.mktemp("good")
+    # the incumbent: an unfitted draft of the same shape, exported as the one serving
+    unfitted = shared_draft(vllm_env, tmp_path_factory.getbasetemp(), fitted=False)
+    write_serving_checkpoint(unfitted, root / "art" / INCUMBENT, f"/models/{VERIFIER}")
     gate = {"minAcceptanceLength": 1.3}
     return evaluate_in(
-        tmp_path_factory.mktemp("good"), vllm_env, draft, prompts=PROMPTS, maxTokens=MAX_TOKENS,
-        sampling=SERVING_SAMPLING, **gate,
+        root, vllm_env, draft, prompts=PROMPTS, maxTokens=MAX_TOKENS, sampling=SERVING_SAMPLING,
+        incumbent={"path": INCUMBENT}, **gate,
     )  # fmt: skip
 
 
@@ -623,3 +633,32 @@ def test_acceptance_per_category_is_measured_for_the_tiny_task_kinds(good_run: R
     )
     log = (good_run.output / "vllm-draft.log").read_text()
     assert log.count("Starting vLLM server on") == 1  # the same draft server
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_the_incumbent_is_measured_on_the_same_prompts_and_the_fitted_draft_beats_it(good_run: Run) -> None:
+    """evaluation.incumbent: the serving draft (here an unfitted one) answers the same kept prompts on a
+    server of its own, overall and per category; the fitted draft is accepted more, and the ratio is the
+    two acceptance lengths' (each from its own counters)."""
+    r, incumbent = good_run.result, good_run.result["incumbent"]
+    assert incumbent["path"] == INCUMBENT and incumbent["method"] == "eagle3"
+    assert incumbent["acceptanceLength"] == pytest.approx(
+        1 + incumbent["acceptedTokens"] / incumbent["drafts"]
+    )
+    assert incumbent["acceptanceRatio"] == pytest.approx(
+        r["acceptanceLength"] / incumbent["acceptanceLength"], rel=1e-3
+    )
+    assert incumbent["acceptanceRatio"] > 1, "a draft fitted to the verifier beats an unfitted one"
+    assert [c["category"] for c in incumbent["categories"]] == [c["category"] for c in r["categories"]]
+    assert [c["prompts"] for c in incumbent["categories"]] == [c["prompts"] for c in r["categories"]]
+    log = (good_run.output / "vllm-incumbent.log").read_text()
+    assert log.count("Starting vLLM server on") == 1 and INCUMBENT in log
+
+
+def test_a_wrong_incumbent_path_fails_before_any_server_starts(
+    tmp_path: Path, vllm_env: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    draft = shared_draft(vllm_env, tmp_path_factory.getbasetemp())
+    run = evaluate_in(tmp_path, vllm_env, draft, prompts=4, incumbent={"path": "export/nothing"})
+    assert run.code != 0 and not list(run.output.parent.glob("**/vllm-*.log"))

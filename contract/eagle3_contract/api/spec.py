@@ -338,8 +338,9 @@ class Draft(ApiModel):
     )
 
 
-class WarmStart(ApiModel):
-    """An exported draft whose weights the training starts from, instead of fresh ones."""
+class ExportedDraft(ApiModel):
+    """An exported draft on the artifacts volume, by its directory and, where that is not content-addressed,
+    its digest."""
 
     path: str = Field(
         min_length=1,
@@ -349,10 +350,18 @@ class WarmStart(ApiModel):
     sha256: str | None = Field(
         None,
         pattern=r"^[0-9a-f]{64}$",
-        description="Expected sha256 of its model.safetensors: train refuses other files at the path "
+        description="Expected sha256 of its model.safetensors: the stage refuses other files at the path "
         "(ChecksumMismatch). Set it for a path that is not content-addressed: the stage's hash covers the "
         "path, not the files.",
     )
+
+
+class WarmStart(ExportedDraft):
+    """An exported draft whose weights the training starts from, instead of fresh ones."""
+
+
+class Incumbent(ExportedDraft):
+    """An exported draft (the one serving) measured beside the new one on the same held-out prompts."""
 
 
 class Training(ApiModel):
@@ -494,6 +503,12 @@ class Evaluation(ApiModel):
     )
     target_acceptance_length: float | None = Field(
         None, ge=1.0, le=17.0, description="Your own target acceptance length, predicted too."
+    )
+    incumbent: Incumbent | None = Field(
+        None,
+        description="Also measure this exported draft (the one serving now) on the same kept held-out "
+        "prompts, greedily, overall and per category, so the result's `incumbent` says whether the new "
+        "draft is accepted more: both acceptance lengths and their ratio. One vLLM server more.",
     )
     categories: (
         list[Annotated[str, Field(min_length=1, max_length=CATEGORY_MAX_LENGTH, pattern=CATEGORY_NAME)]]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eagle3_contract.api.spec import DraftMethod
+from eagle3_contract.api.spec import DraftMethod, ExportedDraft
 from eagle3_contract.draft_methods import METHODS, method_of_checkpoint
 from eagle3_pipeline.runtime.context import read_result
 from eagle3_pipeline.runtime.errors import StageError
@@ -269,6 +269,23 @@ def write_serving_checkpoint(source: Path, target: Path, verifier: str) -> SlimC
     left_out = sorted(p.name for p in source.iterdir() if p.name not in copied)
     logger.info("serving checkpoint %s: dropped tensors %s and files %s", target, weights.dropped, left_out)
     return SlimCheckpoint(target, weights, left_out)
+
+
+def check_exported(directory: Path, field: str, draft: ExportedDraft, remedy: str) -> None:
+    """An exported draft a spec names (`field`: e.g. training.warmStart) is at `directory` (its path mapped
+    onto this machine) and, with a sha256, holds the weights of that digest; else a StageError naming the
+    field, the path and what to do (`remedy`)."""
+    missing = missing_files(directory)
+    if missing:
+        raise StageError(f"{field}.path {draft.path}: no {', '.join(missing)} at {directory}: {remedy}")
+    if draft.sha256 is not None:
+        found = sha256_of(directory / WEIGHTS_FILE)
+        if found != draft.sha256:
+            raise StageError(
+                f"ChecksumMismatch: {field}.path {draft.path}: {WEIGHTS_FILE} has sha256 {found}, "
+                f"{field}.sha256 says {draft.sha256}; the files at the path changed, or the digest is of "
+                "another draft"
+            )
 
 
 def sha256_of(path: Path) -> str:

@@ -22,7 +22,6 @@ main run's. With one category among the kept prompts there are no such runs and 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -33,10 +32,11 @@ from eagle3_contract.api.categories import MAX_CATEGORIES, OTHER_CATEGORY
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
-from eagle3_pipeline.serving.requests import Measurement, Message, answer_all, read_counters, settled_counters
+from eagle3_pipeline.serving.requests import Measurement, Message
 from eagle3_pipeline.serving.spec_metrics import Acceptance, consistency_problems
 from eagle3_pipeline.serving.vllm_server import VllmServer
 from eagle3_pipeline.stages.evaluate.prompts import HeldOut
+from eagle3_pipeline.stages.evaluate.runs import counted_run
 
 logger = logging.getLogger(__name__)
 
@@ -103,12 +103,8 @@ class CategoryRuns:
         draft server): with the spec-decode counters' difference over each run."""
         runs = self.draft if counted else self.baseline
         for name, indices in self.groups(kept).items():
-            before = read_counters(server) if counted else None
             ask = [prompts[i] for i in indices]
-            run = asyncio.run(answer_all(server, ask, self.ctx.params.max_tokens, self.ctx.progress))
-            if counted:
-                after = settled_counters(server, before, run.output_tokens)
-                run.counters = after - before if before is not None else after
+            run = counted_run(self.ctx, server, ask, None, counted)
             server.check()
             runs[name] = run
             logger.info(

@@ -63,7 +63,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_contract.api.spec import Sampling
 from eagle3_contract.params import EvaluateParams, EvaluateTuning
 from eagle3_contract.results import CheckpointChoice
 from eagle3_contract.stages import Stage
@@ -86,8 +85,6 @@ from eagle3_pipeline.serving.requests import (
     Measurement,
     Message,
     answer_all,
-    read_counters,
-    settled_counters,
 )
 from eagle3_pipeline.serving.vllm_server import VllmServer
 from eagle3_pipeline.stages.evaluate.bakeoff import bake_off, bake_off_prompts
@@ -100,11 +97,13 @@ from eagle3_pipeline.stages.evaluate.checkpoints import (
     choose,
     trained_candidates,
 )
+from eagle3_pipeline.stages.evaluate.incumbent import incumbent_dir, measure_incumbent
 from eagle3_pipeline.stages.evaluate.prompts import (
     answered,
     held_out_prompts,
     write_answers,
 )
+from eagle3_pipeline.stages.evaluate.runs import counted_run
 from eagle3_pipeline.stages.evaluate.servers import ALONE, ServerPool, draft_key
 from eagle3_pipeline.stages.evaluate.summary import Evaluation, acceptance_of, summarize, with_sweep
 from eagle3_pipeline.stages.evaluate.sweep import SpeculationSweep, prompts_wanted
@@ -127,6 +126,8 @@ def run(ctx: Context) -> dict[str, Any]:
     prompts = available[: ctx.params.prompts]
     train = ctx.input(Stage.TRAIN)
     source = best_checkpoint(train)
+    if ctx.params.incumbent is not None:  # a wrong path fails before any server starts
+        incumbent_dir(ctx, ctx.params.incumbent)
     # training.checkpointSelection acceptance: the last epochs; draft.candidates: each method's best
     choosing = candidates(train, ctx.params.checkpoints_to_evaluate or 0) or trained_candidates(train)
     vocab = target_vocab_size(read_config(source))
@@ -148,9 +149,13 @@ def run(ctx: Context) -> dict[str, Any]:
     swept += cats.total(range(len(prompts))) if cats is not None else 0
     ctx.progress.begin("prompts", len(prompts) * passes + swept)
     with ServerPool(ctx) as pool:  # a configuration served again is the same warm server
+        incumbent = None
         if problem is None:
             baseline, with_draft = measured(ctx, pool, prompts, draft, sweep, (train, choosing), cats)
             screening = screening_of(baseline)
+            if ctx.params.incumbent is not None and with_draft is not None:
+                length = acceptance_of(with_draft, ctx.params.num_speculative_tokens)[1].length
+                incumbent = measure_incumbent(ctx, pool, prompts, screening.kept, cats, length)
         else:
             # a broken mapping fails the gate whatever its speed: no need to serve the verifier alone; the
             # draft server's greedy answers (the verifier's own, up to numerics) screen the prompts
@@ -165,6 +170,7 @@ def run(ctx: Context) -> dict[str, Any]:
     result = with_sweep(summarize(ctx, ev), sweep if with_draft is not None else None)
     result["checkpointSelection"] = draft.chosen  # None: train's best by validation loss was measured
     result["categories"] = cats.rows(screening.kept) if cats is not None else None
+    result["incumbent"] = incumbent  # evaluation.incumbent (None: not asked, or nothing was measured)
     return result | {"seconds": round(time.monotonic() - started, 3)}
 
 
@@ -368,19 +374,6 @@ def screened(
 def screening_of(run: Measurement) -> Screening:
     assert run.screening is not None  # measure() screens the prompts when it is not given the kept ones
     return run.screening
-
-
-def counted_run(
-    ctx: Context, server: VllmServer, prompts: list[list[Message]], sampling: Sampling | None, counted: bool
-) -> Measurement:
-    """Every prompt answered once (greedy when `sampling` is None); `counted`: with the spec-decode counters'
-    difference over the run."""
-    before = read_counters(server) if counted else None
-    result = asyncio.run(answer_all(server, prompts, ctx.params.max_tokens, ctx.progress, sampling))
-    if counted:
-        after = settled_counters(server, before, result.output_tokens)
-        result.counters = after - before if before is not None else after
-    return result
 
 
 def checked(server: VllmServer, result: Measurement, label: str, prompts: int) -> None:

@@ -24,13 +24,12 @@ from eagle3_contract.api.spec import WarmStart
 from eagle3_contract.params import TrainParams
 from eagle3_pipeline.data.draft_checkpoint import (
     WEIGHTS_FILE,
+    check_exported,
     checkpoint_method,
     load_serving_draft,
     missing_files,
     read_config,
-    sha256_of,
 )
-from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.stages.train.draft import DraftSources
 
 logger = logging.getLogger(__name__)
@@ -54,20 +53,8 @@ def starting_point(
 ) -> StartingPoint:
     """The exported draft at `draft_dir` (training.warmStart.path, mapped onto this machine), checked and
     copied whole into `work`, or a cold start saying why it does not fit."""
-    missing = missing_files(draft_dir)
-    if missing:
-        raise StageError(
-            f"training.warmStart.path {warm.path}: no {', '.join(missing)} at {draft_dir}: point it at an "
-            "exported draft (export/<hash>), or remove training.warmStart to train from fresh weights"
-        )
-    if warm.sha256 is not None:
-        found = sha256_of(draft_dir / WEIGHTS_FILE)
-        if found != warm.sha256:
-            raise StageError(
-                f"ChecksumMismatch: training.warmStart.path {warm.path}: {WEIGHTS_FILE} has sha256 {found}, "
-                f"training.warmStart.sha256 says {warm.sha256}; the files at the path changed, or the digest "
-                "is of another draft"
-            )
+    remedy = "point it at an exported draft (export/<hash>), or remove training.warmStart to train fresh"
+    check_exported(draft_dir, "training.warmStart", warm, remedy)
     reason = misfit(draft_dir, params, src)
     if reason is not None:
         logger.warning("train: training.warmStart %s does not fit, starting cold: %s", warm.path, reason)
