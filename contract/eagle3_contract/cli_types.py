@@ -20,6 +20,17 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def ratio(text: str) -> float:
+    """A finite number of at least 0 (`--original-ratio`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of at least 0")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A whole number above 0 (`--token-budget`)."""
     try:

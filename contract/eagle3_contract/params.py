@@ -111,11 +111,27 @@ def vllm_verifier(spec: Eagle3RunSpec) -> VllmVerifier:
 # --- prepare ------------------------------------------------------------------------------------------------
 
 
+class GenerationData(ApiModel):
+    """A later generation's dataset (eagle3_contract.generation): the captured records served in (after,
+    until], screened and split by dataset.validationFraction, mixed with the first generation's prepared
+    conversations (its data stage's output, the input `base`) at `originalRatio` of them per captured row, in
+    each split."""
+
+    capture: str = Field(description="The capture directory as the pods see it, or a file of records.")
+    after: str | None = Field(None, description="Records served after this instant (RFC 3339), if set.")
+    until: str | None = Field(
+        None, description="Records served up to this instant (RFC 3339): the trigger's time; unset: all."
+    )
+    original_ratio: float = Field(ge=0.0, description="Original conversations per captured one, per split.")
+
+
 class PrepareParams(StageParams):
-    """The dataset, tokenized with the verifier's chat template."""
+    """The dataset, tokenized with the verifier's chat template; with `generation`, a later generation's
+    mix of captured records and the first generation's conversations."""
 
     verifier: VerifierRef
     dataset: DatasetRows
+    generation: GenerationData | None = None
 
     @model_serializer(mode="wrap")
     def _unset_revision_unhashed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -124,6 +140,8 @@ class PrepareParams(StageParams):
         data: dict[str, Any] = handler(self)
         if self.dataset.revision is None:
             data["dataset"].pop("revision", None)
+        if self.generation is None:
+            data.pop("generation", None)
         return data
 
 

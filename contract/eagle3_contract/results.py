@@ -152,6 +152,9 @@ class PrepareResult(PreparedResult):
     conversations: int | None = None
     # captured records read and left out, by reason: duplicate, repetition (eagle3_pipeline.stages.prepare)
     screened: dict[str, int] | None = None
+    # a later generation's mix: captured {records, outsideWindow, train, validation, screened} and original
+    # {train, validation} (eagle3_pipeline.stages.prepare.generation)
+    generation: dict[str, dict[str, Any]] | None = None
     # local dataset files' paths, sizes and mtimes, hashed: `eagle3 run` warns when a cached output's differs
     dataset_fingerprint: str | None = None
     # the verifier's shape from its config, for status.plan.estimates (eagle3_contract.estimates)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -70,7 +70,7 @@ class Stage(StrEnum):
 ORDER: tuple[Stage, ...] = tuple(Stage)
 
 
-def _data_stage(spec: Eagle3RunSpec) -> Stage:
+def data_stage(spec: Eagle3RunSpec) -> Stage:
     return Stage.GENERATE if spec.regeneration.enabled else Stage.PREPARE
 
 
@@ -96,8 +96,8 @@ def _extracts(spec: Eagle3RunSpec) -> str | None:
 def _train_upstream(spec: Eagle3RunSpec) -> tuple[Stage, ...]:
     # the data stage too: the trainer reads its dataset (loss masks, the train/validation split)
     if _online(spec):
-        return (_data_stage(spec), Stage.VOCAB)
-    return (_data_stage(spec), Stage.EXTRACT, Stage.VOCAB)
+        return (data_stage(spec), Stage.VOCAB)
+    return (data_stage(spec), Stage.EXTRACT, Stage.VOCAB)
 
 
 def _predicts(spec: Eagle3RunSpec) -> str | None:
@@ -196,7 +196,7 @@ DEFINITIONS: dict[Stage, StageDef] = {
         Stage.EXTRACT,
         gpus=_tp,
         uses_vllm=lambda s: s.extraction.backend == "vllm",
-        upstream=lambda s: (_data_stage(s),),
+        upstream=lambda s: (data_stage(s),),
         params=extract_params,
         tuning=extract_tuning,
         token_budget=lambda s: extract_tuning(s).token_budget,
@@ -206,7 +206,7 @@ DEFINITIONS: dict[Stage, StageDef] = {
         Stage.VOCAB,
         gpus=_none,
         uses_vllm=lambda s: False,
-        upstream=lambda s: (_data_stage(s),),
+        upstream=lambda s: (data_stage(s),),
         params=vocab_params,
         tuning=lambda s: VocabTuning(),
     ),
@@ -222,7 +222,7 @@ DEFINITIONS: dict[Stage, StageDef] = {
         Stage.EVALUATE,
         gpus=_tp,
         uses_vllm=lambda s: True,
-        upstream=lambda s: (_data_stage(s), Stage.TRAIN),
+        upstream=lambda s: (data_stage(s), Stage.TRAIN),
         params=evaluate_params,
         tuning=evaluate_tuning,
     ),
@@ -271,10 +271,15 @@ def content_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
 
 
-def plan_stages(spec: Eagle3RunSpec) -> list[StagePlan]:
-    """Every stage in order, with its hash, directories and needs; disabled stages carry `skipped`."""
+def plan_stages(spec: Eagle3RunSpec, fixed: Mapping[Stage, StagePlan] | None = None) -> list[StagePlan]:
+    """Every stage in order, with its hash, directories and needs; disabled stages carry `skipped`. A stage
+    in `fixed` is that plan as given (a later generation's own data stage, the first one's vocabulary:
+    eagle3_contract.generation), and the stages after it hash its hash."""
     plans: dict[Stage, StagePlan] = {}
     for stage in ORDER:
+        if fixed is not None and stage in fixed:
+            plans[stage] = fixed[stage]
+            continue
         d = DEFINITIONS[stage]
         upstream = {up: plans[up] for up in d.upstream(spec)}
         digest = content_hash(

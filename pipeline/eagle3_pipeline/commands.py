@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 from eagle3_contract.api.status import Eagle3RunStatus
-from eagle3_contract.cli_types import MAX_HIDDEN_SIZE, MAX_LAYERS, bounded_int, positive_int
+from eagle3_contract.cli_types import MAX_HIDDEN_SIZE, MAX_LAYERS, bounded_int, positive_int, ratio
+from eagle3_contract.generation import DEFAULT_EPOCHS, DEFAULT_ORIGINAL_RATIO
 from eagle3_contract.stages import ORDER
 
 
@@ -36,9 +38,19 @@ def _run(args: argparse.Namespace) -> int:
         args.parser.error(
             "--hidden-size and --layers size a --dry-run; a run reads the verifier's own config"
         )
-    from eagle3_pipeline.local.run import main as run_main
+    from eagle3_pipeline.local.run_main import main as run_main
 
-    return run_main(args.file, args.artifacts, args.models, args.vllm, args.until)
+    retrain = None
+    if args.retrain is not None:
+        if args.until is not None:
+            args.parser.error("--retrain trains after the run's last stage: leave out --until")
+        from eagle3_pipeline.local.retrain import Retrain
+
+        ratio_ = DEFAULT_ORIGINAL_RATIO if args.original_ratio is None else args.original_ratio
+        retrain = Retrain(Path(args.retrain), ratio_, args.epochs or DEFAULT_EPOCHS)
+    elif args.original_ratio is not None or args.epochs is not None:
+        args.parser.error("--original-ratio and --epochs shape a --retrain generation: give --retrain too")
+    return run_main(args.file, args.artifacts, args.models, args.vllm, args.until, retrain)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -122,6 +134,26 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     run.add_argument("--vllm", help="the `vllm` executable for stages that start a vLLM server")
     run.add_argument("--until", choices=[stage.value for stage in ORDER], help="stop after this stage")
+    run.add_argument(
+        "--retrain",
+        metavar="RECORDS",
+        help="then train the draft's next generation on these captured records (serving.capture's files, or "
+        "a directory of them), mixed with the run's data, warm-started from its exported draft, and "
+        "evaluated beside it",
+    )
+    run.add_argument(
+        "--original-ratio",
+        type=ratio,
+        default=None,
+        help="with --retrain: the run's own conversations per captured one "
+        f"(default {DEFAULT_ORIGINAL_RATIO})",
+    )
+    run.add_argument(
+        "--epochs",
+        type=positive_int,
+        default=None,
+        help=f"with --retrain: the generation's training epochs (default {DEFAULT_EPOCHS})",
+    )
     run.add_argument(
         "--dry-run",
         action="store_true",

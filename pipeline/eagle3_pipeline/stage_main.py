@@ -28,6 +28,7 @@ from typing import Any
 
 from eagle3_contract.api.manifest import ManifestError, load_manifest
 from eagle3_contract.exit_codes import ENV_TERMINATION_LOG, STAGE_ERROR_EXIT_CODE, TERMINATION_LOG
+from eagle3_contract.generation import generation_of
 from eagle3_contract.params import StageParams, StageTuning
 from eagle3_contract.results import StageResult, check_result
 from eagle3_contract.stages import DEFINITIONS, Stage
@@ -123,6 +124,7 @@ def build_context(
         under_root(root, output, f"--output {output!r}"),
         parsed,
         token_budget,
+        generation_of(manifest.document),
     )
 
 

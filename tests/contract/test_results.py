@@ -37,7 +37,7 @@ from tests.harness.results import FAKE_RESULTS, fake_model, fake_result
 PROGRAM_RESULTS: dict[Stage, dict[str, Any]] = {stage: r.document() for stage, r in FAKE_RESULTS.items()}
 # The modules whose source writes each stage's keys (prepare and generate return write_prepared's stats).
 PROGRAMS: dict[Stage, list[str]] = {
-    Stage.PREPARE: ["stages.prepare.program", "data.prepared"],
+    Stage.PREPARE: ["stages.prepare.program", "stages.prepare.generation", "data.prepared"],
     Stage.GENERATE: ["stages.generate.program", "data.prepared"],
     Stage.EXTRACT: ["stages.extract.program"],
     Stage.VOCAB: ["stages.vocab.program"],

@@ -70,7 +70,8 @@ SPECULATION = SpeculationTable(
 
 FAKE_RESULTS: dict[Stage, StageResult] = {
     Stage.PREPARE: PrepareResult(
-        format="chat", conversations=243, screened={"duplicate": 2}, dataset_fingerprint="0123456789abcdef",
+        format="chat", conversations=243, screened={"duplicate": 2}, generation=None,
+        dataset_fingerprint="0123456789abcdef",
         hidden_size=128, num_hidden_layers=4, samples=240, train=216,
         validation=24, train_ratio=0.9,
         skipped={"too_long": 3}, skipped_total=3, skipped_examples={"too_long": ["row 7: 300 tokens > 256"]},

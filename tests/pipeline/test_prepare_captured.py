@@ -135,3 +135,64 @@ def test_a_capture_directory_without_a_complete_segment_says_what_it_waits_for(
     code, out = prepare(tmp_path, verifier, capture, format="captured")
     assert code != 0 and not out.exists()
     assert "no complete capture segments yet" in capsys.readouterr().err
+
+
+# --- a later generation's prepare: the window's records mixed with the first generation's data ----------
+
+
+def test_a_generation_mixes_the_windows_records_with_the_first_generations_rows(
+    tmp_path: Path, verifier: Path
+) -> None:
+    from datetime import UTC, datetime
+
+    from eagle3_contract.api.manifest import load_manifest
+    from eagle3_contract.api.spec import ExportedDraft
+    from eagle3_contract.generation import Generation, generation_manifest, plan_generation
+    from eagle3_contract.stages import Stage, plan_stages
+
+    art = tmp_path / "art"
+    source = write_jsonl(tmp_path / "data.jsonl", [chat(i) for i in range(40)])
+    run_path = write_manifest(tmp_path / "run.yaml", base_spec(verifier, source, validationFraction=0.25))
+    manifest = load_manifest(run_path)
+    first = {p.stage: p for p in plan_stages(manifest.spec)}
+    assert run_stage("prepare", str(run_path), str(art), first[Stage.PREPARE].output_dir, []) == 0
+    # records served at three times: the generation's window is (t1, t3]; one repeated, one a loop
+    t = [1.8e9, 1.8e9 + 60, 1.8e9 + 120]
+    capture = art / "capture"
+    write_capture(capture, "vllm-a", [exchange(f"old {i}", f"o {i}", at=t[0]) for i in range(3)])
+    write_capture(capture, "vllm-b", [exchange(f"new {i}", f"a {i} b", at=t[1]) for i in range(20)])
+    write_capture(capture, "vllm-c", [exchange("new 0", "a 0 b", at=t[2]), exchange("loop", LOOP, at=t[2])])
+    write_capture(capture, "vllm-d", [exchange(f"late {i}", f"l {i}", at=t[2] + 60) for i in range(2)])
+    at = [datetime.fromtimestamp(x, UTC) for x in t]
+    serving = ExportedDraft(path="export/0123456789ab")
+    gen = Generation(2, "/artifacts/capture", serving, after=at[0], until=at[2], original_ratio=0.5)
+    gen_path = tmp_path / "generation.yaml"
+    gen_path.write_text(json.dumps(generation_manifest(manifest.document, manifest.spec, gen)))
+    plans = {p.stage: p for p in plan_generation(manifest.spec, gen)}
+    prepare = plans[Stage.PREPARE]
+    inputs = [f"{name}={path}" for name, path in prepare.inputs.items()]
+    assert run_stage("prepare", str(gen_path), str(art), prepare.output_dir, inputs) == 0
+
+    out = art / prepare.output_dir
+    result = json.loads((out / "result.json").read_text())
+    mix = result["generation"]
+    assert mix["captured"]["records"] == 3 + 20 + 2 + 2 and mix["captured"]["outsideWindow"] == 5
+    assert mix["captured"]["screened"] == {"duplicate": 1, "repetition": 1}
+    assert mix["captured"]["train"] + mix["captured"]["validation"] == 20
+    assert mix["original"] == {
+        "train": round(0.5 * mix["captured"]["train"]),
+        "validation": round(0.5 * mix["captured"]["validation"]),
+    }
+    rows = conversations(out)
+    captured_rows = [r for r in rows if r.get("category") == "captured"]
+    assert sorted(r["messages"][0]["content"] for r in captured_rows) == sorted(f"new {i}" for i in range(20))
+    original = [r for r in rows if r.get("category") != "captured"]
+    first_rows = {r["id"]: r for r in conversations(art / first[Stage.PREPARE].output_dir)}
+    assert all(first_rows[r["id"]]["split"] == r["split"] for r in original), "each keeps its own split"
+    splits = [r["split"] for r in rows]
+    assert splits == sorted(splits, key=lambda s: s != "train"), "train rows first"
+    val_sources = {r.get("category") == "captured" for r in rows if r["split"] == "val"}
+    assert val_sources == {True, False}, "the held-out rows are of both: evaluate measures both"
+    # planned again, the same window is the same stage; the run's own prepare output is untouched
+    assert {p.stage: p for p in plan_generation(manifest.spec, gen)}[Stage.PREPARE] == prepare
+    assert json.loads((art / first[Stage.PREPARE].output_dir / "result.json").read_text())["samples"] == 40

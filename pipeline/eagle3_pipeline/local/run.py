@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_contract.api.manifest import Manifest, ManifestError, load_manifest
+from eagle3_contract.api.manifest import Manifest, ManifestError
 from eagle3_contract.api.rules import verifier_config_problems
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.exit_codes import ENV_TERMINATION_LOG
@@ -43,18 +43,14 @@ from eagle3_contract.stages import Stage, StagePlan, plan_stages, stage_argv
 from eagle3_pipeline.data.dataset_files import local_fingerprint
 from eagle3_pipeline.data.verifier import ConfigUnreadable, local_config
 from eagle3_pipeline.local.display import (
-    LogDisplay,
     MetricsPoller,
     Observers,
     PlainDisplay,
     RunObserver,
     completed,
-    display_for,
     metrics_url,
-    summary_table,
 )
 from eagle3_pipeline.local.display import StageOutcome as StageOutcome  # re-exported: tests use it
-from eagle3_pipeline.local.evaluation_tables import bake_off_table, sweep_table
 from eagle3_pipeline.local.stage_process import StageProcess
 from eagle3_pipeline.local.status import StatusRecorder, snapshot_name, status_file
 from eagle3_pipeline.local.storage_check import storage_problem
@@ -289,7 +285,7 @@ def run_local(
     observers = Observers([observer or PlainDisplay(), recorder])
     error: str | None = None
     try:
-        return _run_plans(manifest, options, plans, spec_file, observers)
+        return run_plans(manifest, options, plans, spec_file, observers)
     except LocalRunError as exc:
         error = str(exc.args[0])
         raise
@@ -297,7 +293,7 @@ def run_local(
         observers.close(error)
 
 
-def _run_plans(
+def run_plans(
     manifest: Manifest, options: LocalOptions, plans: list[StagePlan], spec_file: Path, observer: RunObserver
 ) -> list[StageOutcome]:
     env = stage_env(options)
@@ -362,43 +358,3 @@ def gate_failure(plan: StagePlan, result: StageResult | None, required: float | 
         f"(evaluate says: {notes or 'nothing more'}; its whole result is in "
         f"{plan.output_dir}/result.json)"
     )
-
-
-def main(path: str, artifacts: str | None, models: str | None, vllm: str | None, until: str | None) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-
-    console = Console(stderr=True)
-    try:
-        manifest = load_manifest(path)
-        check_verifier_config(manifest, Path(models) if models else None)
-    except ValueError as exc:
-        # escaped: error text quotes the user's keys and patterns, whose brackets are no markup
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2
-    options = LocalOptions(
-        artifacts=Path(artifacts) if artifacts else default_artifacts(manifest),
-        models=Path(models) if models else None,
-        vllm=vllm,
-        until=until,
-    )
-    shown = display_for(console)
-    table = not isinstance(shown, LogDisplay)  # in JSON, each stage's record carries its figures
-    try:
-        outcomes = run_local(manifest, options, shown)
-    except LocalRunError as exc:
-        done = exc.args[1] if len(exc.args) > 1 else []
-        if done and table:
-            console.print(summary_table(done))
-            if (bake_off := bake_off_table(done)) is not None:  # why nothing ships, when that is why
-                console.print(bake_off)
-        console.print(f"[red]error:[/red] {escape(str(exc.args[0]))}", highlight=False, soft_wrap=True)
-        return 1
-    if table:
-        console.print(summary_table(outcomes))
-        if (bake_off := bake_off_table(outcomes)) is not None:
-            console.print(bake_off)
-        if (sweep := sweep_table(outcomes)) is not None:
-            console.print(sweep)
-    console.print(f"artifacts: {options.artifacts.resolve()}", highlight=False, markup=False)
-    return 0

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from eagle3_contract.api.spec import Eagle3RunSpec
+from eagle3_contract.generation import generation_prepare_params
 from eagle3_contract.mounts import ARTIFACTS_MOUNT, MODEL_CACHE_MOUNT
-from eagle3_contract.params import StageParams, StageTuning
+from eagle3_contract.params import GenerationData, StageParams, StageTuning
 from eagle3_contract.stages import DEFINITIONS, Stage
 from eagle3_pipeline.runtime.errors import StageError
 from eagle3_pipeline.runtime.reporter import StageReporter
@@ -164,13 +165,17 @@ class StageContext(Generic[P, T]):
         output: Path,
         inputs: dict[Stage, Path] | None = None,
         token_budget: int | None = None,
+        generation: GenerationData | None = None,
     ) -> StageContext[StageParams, StageTuning]:
-        """The context of `stage` for `spec`: its params and tuning by the functions that made its hash."""
+        """The context of `stage` for `spec`: its params and tuning by the functions that made its hash (a
+        later generation's prepare: with the `generation` its manifest carries: eagle3_contract.generation).
+        """
         d = DEFINITIONS[stage]
+        later = generation if stage is Stage.PREPARE else None
         return StageContext(
             stage,
             run_name,
-            d.params(spec),
+            generation_prepare_params(spec, later) if later is not None else d.params(spec),
             d.tuning(spec),
             artifacts,
             output,

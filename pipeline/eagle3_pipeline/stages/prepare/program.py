@@ -21,17 +21,19 @@ from eagle3_pipeline.data.spool import ConversationSpool
 from eagle3_pipeline.data.verifier import estimated_shape
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.runtime.errors import StageError
+from eagle3_pipeline.stages.prepare.generation import SNAPSHOT_DIR, run_generation
 from eagle3_pipeline.stages.prepare.screening import CapturedScreen
 
 logger = logging.getLogger(__name__)
 
 SPOOL_FILE = "normalized.spool"  # in the work directory, removed before the output is committed
-SNAPSHOT_DIR = "captured.snapshot"  # a live capture directory's segments, linked; removed likewise
 
 
 def run(ctx: StageContext[PrepareParams, PrepareTuning]) -> dict[str, Any]:
     """Two streaming passes, so memory does not grow with the dataset: the rows read and normalized into a
     spool file (eagle3_pipeline.data.spool), then read back in split order, tokenized and written."""
+    if ctx.params.generation is not None:  # a later generation: captured records and the first one's data
+        return run_generation(ctx, ctx.params.generation)
     started = time.monotonic()
     ctx.progress.begin("rows")  # how many: once they are read
     ds = ctx.params.dataset
