@@ -12,9 +12,9 @@ the first draft learned; the captured ones add what the traffic asks now.
 The records go through a spool file (eagle3_pipeline.data.spool), so memory holds their keys, not their
 text (a capture may be gigabytes); the original conversations are the first generation's prepared dataset,
 read whole as generate reads it. Both are tokenized as prepare tokenizes (eagle3_pipeline.data.prepared),
-the validation rows in key order, so evaluate's first prompts mix both sources; a row keeps its category (captured rows: `captured`), and
-evaluate reports the two apart. The result says how many of each, and how many records were outside the
-window or screened out.
+the validation rows in key order, so evaluate's first prompts mix both sources; a row keeps its category
+(captured rows: `captured`), and evaluate reports the two apart. The result says how many of each, and how
+many records were outside the window or screened out.
 """
 
 from __future__ import annotations
