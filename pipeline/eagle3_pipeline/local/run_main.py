@@ -64,8 +64,8 @@ def main(
             console.print(bake_off)
         if (sweep := sweep_table(outcomes)) is not None:
             console.print(sweep)
-    if retrain is not None:  # --retrain: the next generation, from the draft just exported
-        return main_generation(console, manifest, options, retrain, shown)
+    if retrain is not None:  # --retrain: the next generation, from the draft just exported (a display anew)
+        return main_generation(console, manifest, options, retrain, display_for(console))
     console.print(f"artifacts: {options.artifacts.resolve()}", highlight=False, markup=False)
     return 0
 
@@ -79,15 +79,17 @@ def main_generation(
     def with_options(gen: Manifest, plans: list[StagePlan], spec_file: Path, observer: RunObserver) -> Any:
         return run_plans(gen, options, plans, spec_file, observer)
 
+    table = not isinstance(shown, LogDisplay)  # in JSON, each stage's record carries its figures
     try:
         outcomes = run_generation(manifest, options.artifacts, retrain, with_options, shown)
     except (LocalRunError, RetrainError) as exc:
         done = exc.args[1] if isinstance(exc, LocalRunError) and len(exc.args) > 1 else []
-        if done:
+        if done and table:
             console.print(summary_table(done))
         console.print(f"[red]error:[/red] {escape(str(exc.args[0]))}", highlight=False, soft_wrap=True)
         return 1
-    console.print(summary_table(outcomes))
+    if table:
+        console.print(summary_table(outcomes))
     line = verdict(outcomes)
     if line is not None:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
