@@ -133,6 +133,11 @@ def vllm_targets(servers: dict[str, Served]) -> list[Target]:
     ]
 
 
+def first_scrapes(tier: Tier) -> bool:
+    """Whether Prometheus has scraped every run's vLLM server once (its `up` series is there)."""
+    return all(tier.prometheus.query(f'up{{job="vllm-{run}"}} == 1') for run in tier.servers)
+
+
 def evaluate(tier: Tier, models: Path) -> dict[str, Any]:
     """Held-out prompts to `good`, measured as the evaluate stage measures: counters after minus before."""
     good = tier.servers["good"]
@@ -363,6 +368,9 @@ def tier_stack(
         prometheus.add_targets(
             [*vllm_targets(servers), *canary_targets(servers, NAMESPACE), stages.hung.target]
         )
+        # every rate() the panels take starts from a sample before the first request: traffic waits for the
+        # servers' first scrape (a request before it would leave its tokens out of every rate's window)
+        wait_for(lambda: first_scrapes(tier), SCRAPE_WAIT_S, "the vLLM servers' first scrape")
         tier.serving_since = time.time()
         evaluation = evaluate(tier, models)
         operator.call(operator.to_serving({"good": evaluation, "bad": evaluation}, exports(servers)))

@@ -28,10 +28,12 @@ import torch
 from eagle3_contract.api.spec import Eagle3RunSpec
 from eagle3_contract.stages import Stage
 from eagle3_contract.vllm_command import VllmEngine, draft_speculative_config
+from eagle3_operator.builders.capture import capture_args
 from eagle3_pipeline.data.draft_checkpoint import write_serving_checkpoint
 from eagle3_pipeline.runtime.context import StageContext
 from eagle3_pipeline.serving.spec_metrics import SpecDecodeCounters, parse_counters
 from eagle3_pipeline.serving.vllm_server import VllmServer
+from tests.pipeline.capture_support import mount
 from tests.pipeline.draft_support import DATASET, conversations, evaluate_spec, shared_draft
 
 MODEL = evaluate_spec()["verifier"]["model"]  # /models/tiny-llama, what the operator's `model` label says
@@ -50,6 +52,7 @@ SETTLE_S = 30.0
 # acceptance length (1.32x) says.
 SERVER_ENV = {"OMP_NUM_THREADS": "1"}
 BOS = 0  # the tiny verifier's <|begin_of_text|>
+CAPTURING = "good"  # the run whose server records its requests (serving.capture, sampleRate 1)
 
 
 @dataclass
@@ -112,19 +115,30 @@ def spec() -> Eagle3RunSpec:
 
 
 def server_for(run: str, draft: Path, work: Path) -> VllmServer:
+    """`run`'s server; `good`'s captures every request, as a pod with serving.capture does (the dashboard's
+    capture row reads its counters)."""
     served = spec()
     ctx = StageContext.of_spec(Stage.EVALUATE, run, served, work / "artifacts", work / run / "out")
+    env, extra = dict(SERVER_ENV), ["--max-num-seqs", str(MAX_NUM_SEQS)]
+    if run == CAPTURING:
+        env |= {
+            "PYTHONPATH": str(mount(work / "python")),
+            "EAGLE3_CAPTURE_DIR": str(work / "capture"),
+            "EAGLE3_CAPTURE_SOURCE": run,
+            "EAGLE3_CAPTURE_SAMPLE_RATE": "1",
+        }
+        extra += capture_args()
     return VllmServer(
         ctx,
         VllmEngine.of(served.verifier),
         seed=served.dataset.seed,
         speculative_config=draft_speculative_config(str(draft), NUM_SPECULATIVE_TOKENS),
-        extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)],
+        extra_args=extra,
         served_model_name=MODEL,
         startup_timeout_s=600.0,
         stop_grace_s=10.0,
         log_path=work / f"vllm-{run}.log",
-        env=SERVER_ENV,
+        env=env,
     )
 
 

@@ -19,6 +19,7 @@ from grafana_foundation_sdk.builders import table
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard
 
+from eagle3_operator.observability import capture_panels as cp
 from eagle3_operator.observability import panels as p
 from eagle3_operator.observability import queries as q
 from eagle3_operator.observability import speculation_panels as sp
@@ -36,6 +37,7 @@ ROWS: tuple[tuple[str, tuple[Callable[[], Sequence[AnyPanel]], ...]], ...] = (
         (sp.canary_live, sp.canary_decision, sp.canary_intervals),
     ),
     ("Speedup and speculation length (evaluate's sweep)", (sp.sweep_panels,)),
+    ("Live capture for the next generation (serving.capture)", (cp.capture_panels,)),
     ("Training pipeline (operator)", (p.stage_panels, p.result_panels)),
     ("Training (train stage, live)", (pp.training_stats, pp.training_graphs)),
     ("Stage throughput (stage pods, live)", (pp.throughput_panels,)),

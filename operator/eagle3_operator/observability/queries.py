@@ -50,6 +50,8 @@ VALIDATION_LOSS = "eagle3_run_validation_loss"
 HIDDEN_STATE_BYTES = "eagle3_run_hidden_state_bytes"
 TOKENS_PROCESSED = "eagle3_run_tokens_processed"
 SERVING_DRAFT_INFO = "eagle3_serving_draft_info"
+CAPTURE_RECORDS = "eagle3_capture_records_total"  # serving.capture, on vLLM's /metrics: label outcome
+CAPTURE_BYTES = "eagle3_capture_bytes_total"
 ROLLOUT_TIMESTAMP = "eagle3_serving_draft_rollout_timestamp_seconds"
 
 
@@ -152,6 +154,15 @@ def requests_waiting(s: Scope = DASHBOARD) -> str:
 def kv_cache_usage(s: Scope = DASHBOARD) -> str:
     """The fullest KV cache among a run's replicas (a fraction, 1 = full)."""
     return f"max by ({LIVE_BY}) ({selector(KV_CACHE_USAGE, s.vllm)})"
+
+
+# --- serving.capture (the capture package, on vLLM's /metrics: the run's labels, no model_name). -----------
+def captured_records_per_second(s: Scope = DASHBOARD) -> str:
+    return f"sum by ({LIVE_BY}, outcome) (rate({selector(CAPTURE_RECORDS, s.run)}[{s.window}]))"
+
+
+def captured_bytes_per_second(s: Scope = DASHBOARD) -> str:
+    return f"sum by ({LIVE_BY}) (rate({selector(CAPTURE_BYTES, s.run)}[{s.window}]))"
 
 
 # --- The evaluated acceptance (operator) beside the live one. -----------------------------------------------
