@@ -102,7 +102,13 @@ STAGE_LABELS: dict[str, frozenset[str]] = {
         "up": frozenset(),
     }.items()
 }
-SERIES_LABELS = OPERATOR_LABELS | STAGE_LABELS  # every non-vLLM series, and its labels
+# serving.capture's counters on the vLLM pods' /metrics (eagle3_contract.capture): the pods' PodMonitor labels,
+# no model_name (the package is not vLLM's)
+CAPTURE_LABELS: dict[str, frozenset[str]] = {
+    "eagle3_capture_records_total": frozenset({"namespace", "run", "track", "outcome"}),
+    "eagle3_capture_bytes_total": frozenset({"namespace", "run", "track"}),
+}
+SERIES_LABELS = OPERATOR_LABELS | STAGE_LABELS | CAPTURE_LABELS  # every non-vLLM series, and its labels
 CONTRACT_METRICS = VLLM_METRICS | frozenset(SERIES_LABELS)
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"

@@ -139,6 +139,7 @@ def test_rows_and_layout() -> None:
         "Serving latency and load (vLLM)",
         "Canary: incumbent vs canary (vLLM live, operator's decision)",
         "Speedup and speculation length (evaluate's sweep)",
+        "Live capture for the next generation (serving.capture)",
         "Training pipeline (operator)",
         "Training (train stage, live)",
         "Stage throughput (stage pods, live)",
