@@ -22,7 +22,7 @@ leaves the serving draft and the first generation's outputs untouched.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -89,6 +89,11 @@ def generation_spec(spec: Eagle3RunSpec, generation: Generation) -> Eagle3RunSpe
 def plan_generation(spec: Eagle3RunSpec, generation: Generation) -> list[StagePlan]:
     """Every stage of the generation in order (the first generation's vocab among them, complete already;
     the stages a generation does not run carry `skipped`)."""
+    return plan_stages(generation_spec(spec, generation), fixed_plans(spec, generation))
+
+
+def fixed_plans(spec: Eagle3RunSpec, generation: Generation) -> dict[Stage, StagePlan]:
+    """The generation's own prepare, and the first generation's vocab: the plans its stages start from."""
     first = {plan.stage: plan for plan in plan_stages(spec)}
     base = first[data_stage(spec)]
     if base.skipped is not None:
@@ -111,9 +116,7 @@ def plan_generation(spec: Eagle3RunSpec, generation: Generation) -> list[StagePl
         output_dir=f"{Stage.PREPARE.value}/{digest}",
         inputs={base.stage.value: base.output_dir},
     )
-    return plan_stages(
-        generation_spec(spec, generation), {Stage.PREPARE: prepare, Stage.VOCAB: first[Stage.VOCAB]}
-    )
+    return {Stage.PREPARE: prepare, Stage.VOCAB: first[Stage.VOCAB]}
 
 
 def generation_prepare_params(spec: Eagle3RunSpec, generation: GenerationData) -> PrepareParams:
@@ -132,12 +135,18 @@ def generation_manifest(
     document: dict[str, Any], spec: Eagle3RunSpec, generation: Generation
 ) -> dict[str, Any]:
     """The manifest a generation's stage programs read: the run's document with the generation's spec
-    (`generation_spec`) and, as an annotation, its number and data (prepare's params); every other stage's
-    params follow from that spec by the definitions that made their hashes."""
+    (`generation_spec`) and, as an annotation, its number, its data (prepare's params) and the plans it
+    starts from (`fixed_plans`, so a reader plans its stages from this document alone: `manifest_plans`);
+    every other stage's params follow from that spec by the definitions that made their hashes."""
     metadata = dict(document.get("metadata") or {})
     annotations = dict(metadata.get("annotations") or {})
-    note = {"number": generation.number, **generation.data().model_dump(mode="json", by_alias=True)}
-    annotations[GENERATION_ANNOTATION] = json.dumps(note, sort_keys=True)
+    fixed = {stage.value: asdict(plan) for stage, plan in fixed_plans(spec, generation).items()}
+    note = {
+        "number": generation.number,
+        "data": generation.data().model_dump(mode="json", by_alias=True),
+        "fixed": fixed,
+    }
+    annotations[GENERATION_ANNOTATION] = json.dumps(note, sort_keys=True, default=str)
     return {
         **document,
         "metadata": {**metadata, "annotations": annotations},
@@ -145,12 +154,47 @@ def generation_manifest(
     }
 
 
-def generation_of(document: dict[str, Any]) -> GenerationData | None:
-    """The generation data of a manifest `generation_manifest` wrote; None for a run's own manifest."""
+def _note(document: dict[str, Any]) -> dict[str, Any] | None:
+    """The annotation's content; ValueError for one this version did not write."""
     annotations = (document.get("metadata") or {}).get("annotations") or {}
     note = annotations.get(GENERATION_ANNOTATION)
     if note is None:
         return None
-    data = json.loads(note)
-    data.pop("number", None)
-    return GenerationData.model_validate(data)
+    try:
+        content = json.loads(note)
+        if not isinstance(content, dict) or not {"number", "data", "fixed"} <= set(content):
+            raise ValueError(
+                f"keys {sorted(content) if isinstance(content, dict) else type(content).__name__}"
+            )
+    except ValueError as exc:
+        raise ValueError(
+            f"metadata.annotations[{GENERATION_ANNOTATION}] is not a generation this version wrote ({exc}): "
+            "plan the generation again (eagle3 run --retrain)"
+        ) from None
+    return content
+
+
+def generation_of(document: dict[str, Any]) -> GenerationData | None:
+    """The generation data of a manifest `generation_manifest` wrote; None for a run's own manifest."""
+    note = _note(document)
+    return GenerationData.model_validate(note["data"]) if note is not None else None
+
+
+def generation_number(document: dict[str, Any]) -> int | None:
+    """The generation's number (2 and on) of a manifest `generation_manifest` wrote; None for a run's own."""
+    note = _note(document)
+    return int(note["number"]) if note is not None else None
+
+
+def manifest_plans(document: dict[str, Any], spec: Eagle3RunSpec) -> list[StagePlan]:
+    """The stages of a manifest: a run's own (`plan_stages`), or a generation's from the plans its
+    annotation names (the same as `plan_generation` made)."""
+    note = _note(document)
+    if note is None:
+        return plan_stages(spec)
+    fixed = {Stage(name): _plan(fields) for name, fields in note["fixed"].items()}
+    return plan_stages(spec, fixed)
+
+
+def _plan(fields: dict[str, Any]) -> StagePlan:
+    return StagePlan(**{**fields, "stage": Stage(fields["stage"])})

@@ -16,8 +16,10 @@ from eagle3_contract.api.spec import Eagle3RunSpec, ExportedDraft
 from eagle3_contract.generation import (
     Generation,
     generation_manifest,
+    generation_number,
     generation_of,
     generation_prepare_params,
+    manifest_plans,
     plan_generation,
 )
 from eagle3_contract.stages import Stage, StagePlan, plan_stages
@@ -103,12 +105,11 @@ def test_what_the_generations_programs_read_is_what_its_plan_hashed(tmp_path: Pa
         manifest.spec.evaluation.incumbent is not None
         and manifest.spec.evaluation.incumbent.path == SERVING.path
     )
-    planned = by_stage(plan_generation(spec(), run))
-    # the generation's own spec plans the same train, evaluate and export as the generation does
-    own = by_stage(
-        plan_stages(manifest.spec, {Stage.PREPARE: planned[Stage.PREPARE], Stage.VOCAB: planned[Stage.VOCAB]})
-    )
-    assert {s: own[s].hash for s in own} == {s: planned[s].hash for s in planned}
+    planned = plan_generation(spec(), run)
+    # the manifest alone plans the same stages: `eagle3 status` and the operator read it as the run did
+    assert manifest_plans(manifest.document, manifest.spec) == planned
+    assert manifest_plans(example(), spec()) == plan_stages(spec())
+    assert generation_number(manifest.document) == 2 and generation_number(example()) is None
     ctx = StageContext.of_spec(
         Stage.PREPARE, "tiny", manifest.spec, tmp_path, tmp_path / "out", generation=data
     )
@@ -122,3 +123,10 @@ def test_a_run_that_prepares_nothing_has_no_data_to_mix() -> None:
     pinned = Eagle3RunSpec.model_validate(pinned.model_dump())
     with pytest.raises(ValueError, match="prepares none"):
         plan_generation(pinned, generation())
+
+
+def test_an_annotation_this_version_did_not_write_is_named() -> None:
+    document = example()
+    document["metadata"]["annotations"] = {"eagle3.dev/generation": '{"number": 2}'}
+    with pytest.raises(ValueError, match="not a generation this version wrote"):
+        generation_of(document)

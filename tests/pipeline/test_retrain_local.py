@@ -8,10 +8,12 @@ import pytest
 
 from eagle3_cli.main import main as eagle3_main
 from eagle3_contract.api.manifest import load_manifest
+from eagle3_contract.generation import plan_generation
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.local.display import StageOutcome
 from eagle3_pipeline.local.retrain import Retrain, RetrainError, plan, verdict
+from eagle3_pipeline.local.status import local_status, record_name
 from tests.harness.results import FAKE_RESULTS
 from tests.tiny_spec import EXAMPLE
 
@@ -51,6 +53,13 @@ def test_a_generation_needs_the_runs_exported_draft_and_the_records(tmp_path: Pa
     assert generation.serving.path == export.output_dir and generation.original_ratio == 0.5
     written = load_manifest(path)
     assert written.spec.training.epochs == 2 and written.name == manifest.name
+    # `eagle3 status` on the generation's manifest: its own stages (the run's vocab among them), its record
+    status = local_status(written, art)
+    planned = {p.stage.value: p for p in plan_generation(manifest.spec, generation)}
+    assert {name: s.output_dir for name, s in status.stages.items() if s.output_dir} == {
+        name: p.output_dir for name, p in planned.items() if not p.skipped
+    }
+    assert record_name(written) == "tiny-generation-2" and record_name(manifest) == "tiny"
 
 
 def test_the_last_line_says_whether_the_new_draft_is_accepted_more() -> None:

@@ -30,7 +30,7 @@ from eagle3_contract.generation import (
 from eagle3_contract.results import EvaluateResult
 from eagle3_contract.stages import Stage, plan_stages
 from eagle3_pipeline.local.display import Observers, RunObserver, StageOutcome
-from eagle3_pipeline.local.status import StatusRecorder, snapshot_name, status_file
+from eagle3_pipeline.local.status import StatusRecorder, generation_record, snapshot_name, status_file
 from eagle3_pipeline.runtime.context import is_complete
 
 logger = logging.getLogger(__name__)
@@ -47,10 +47,6 @@ class Retrain:
 
 class RetrainError(ValueError):
     """What stops the generation before its stages (the message says what to do)."""
-
-
-def generation_name(run: str) -> str:
-    return f"{run}-generation-{NUMBER}"
 
 
 def plan(manifest: Manifest, artifacts: Path, retrain: Retrain) -> tuple[Generation, Path]:
@@ -71,7 +67,7 @@ def plan(manifest: Manifest, artifacts: Path, retrain: Retrain) -> tuple[Generat
         epochs=retrain.epochs,
     )
     document = generation_manifest(manifest.document, manifest.spec, generation)
-    path = artifacts / ".runs" / snapshot_name(generation_name(manifest.name), ".yaml")
+    path = artifacts / ".runs" / snapshot_name(generation_record(manifest.name, NUMBER), ".yaml")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return generation, path
@@ -83,7 +79,7 @@ def run_generation(
     """The generation's stages, by `run_plans` (eagle3_pipeline.local.run's), shown and recorded."""
     generation, path = plan(manifest, artifacts, retrain)
     plans = plan_generation(manifest.spec, generation)
-    name = generation_name(manifest.name)
+    name = generation_record(manifest.name, NUMBER)
     recorder = StatusRecorder(status_file(artifacts, name), name)
     observers = Observers([display, recorder])
     error: str | None = None

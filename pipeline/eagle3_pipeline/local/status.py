@@ -22,8 +22,9 @@ from typing import Any
 
 from eagle3_contract.api.manifest import Manifest
 from eagle3_contract.api.status import Eagle3RunStatus, StageProgress
+from eagle3_contract.generation import generation_number, manifest_plans
 from eagle3_contract.stage_metrics import eta_text, summary
-from eagle3_contract.stages import StagePlan, plan_stages
+from eagle3_contract.stages import StagePlan
 from eagle3_pipeline.local.display import RunObserver, StageOutcome
 from eagle3_pipeline.runtime.context import RESULT_FILE, is_complete, read_result
 
@@ -41,6 +42,17 @@ def snapshot_name(name: str, suffix: str) -> str:
         return name + suffix
     digest = hashlib.sha256(name.encode()).hexdigest()[:12]
     return f"{name[: FILE_NAME_MAX - len(suffix) - len(digest) - 1]}-{digest}{suffix}"
+
+
+def generation_record(run: str, number: int) -> str:
+    """The name a later generation of `run` is recorded under (`eagle3 run --retrain`)."""
+    return f"{run}-generation-{number}"
+
+
+def record_name(manifest: Manifest) -> str:
+    """The name the manifest's stages are recorded under: the run's, or its generation's."""
+    number = generation_number(manifest.document)
+    return manifest.name if number is None else generation_record(manifest.name, number)
 
 
 def status_file(artifacts: Path, run: str) -> Path:
@@ -218,13 +230,13 @@ def stage_status(plan: StagePlan, artifacts: Path, recorded: dict[str, Any], run
 def local_status(manifest: Manifest, artifacts: Path) -> Eagle3RunStatus:
     """The run's status from its artifacts directory, as an Eagle3Run's (ValueError: a record this version
     cannot read)."""
-    recorded = read_recorded(status_file(artifacts, manifest.name))
+    recorded = read_recorded(status_file(artifacts, record_name(manifest)))
     running = alive(recorded.get("pid"), recorded.get("pidStart"))
     stages = {
         plan.stage.value: stage_status(
             plan, artifacts, recorded.get("stages", {}).get(plan.stage.value, {}), running
         )
-        for plan in plan_stages(manifest.spec)
+        for plan in manifest_plans(manifest.document, manifest.spec)
     }
     error = recorded.get("error") if not running else None
     return Eagle3RunStatus.model_validate(
