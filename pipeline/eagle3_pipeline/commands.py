@@ -81,12 +81,12 @@ def local_status_reader(path: str, artifacts: str | None) -> Callable[[], tuple[
 
     from eagle3_contract.api.manifest import load_manifest
     from eagle3_pipeline.local.run import default_artifacts
-    from eagle3_pipeline.local.status import local_status
+    from eagle3_pipeline.local.status import local_status, record_name
 
     def read() -> tuple[str, Eagle3RunStatus]:
         manifest = load_manifest(path)  # every time: an edited spec is another plan
         root = Path(artifacts) if artifacts else default_artifacts(manifest)
-        return f"local run {manifest.name} ({root})", local_status(manifest, root)
+        return f"local run {record_name(manifest)} ({root})", local_status(manifest, root)
 
     return read
 
