@@ -102,8 +102,8 @@ STAGE_LABELS: dict[str, frozenset[str]] = {
         "up": frozenset(),
     }.items()
 }
-# serving.capture's counters on the vLLM pods' /metrics (eagle3_contract.capture): the pods' PodMonitor labels,
-# no model_name (the package is not vLLM's)
+# serving.capture's counters on the vLLM pods' /metrics (eagle3_contract.capture): the pods' PodMonitor
+# labels, no model_name (the package is not vLLM's)
 CAPTURE_LABELS: dict[str, frozenset[str]] = {
     "eagle3_capture_records_total": frozenset({"namespace", "run", "track", "outcome"}),
     "eagle3_capture_bytes_total": frozenset({"namespace", "run", "track"}),
