@@ -70,7 +70,13 @@ SPECULATION = SpeculationTable(
 
 FAKE_RESULTS: dict[Stage, StageResult] = {
     Stage.PREPARE: PrepareResult(
-        format="chat", conversations=243, screened={"duplicate": 2}, generation=None,
+        format="chat", conversations=243, screened={"duplicate": 2},
+        generation={  # a later generation's mix (stages.prepare.generation); a first prepare writes none
+            "captured": {
+                "records": 12, "outsideWindow": 1, "train": 9, "validation": 1, "screened": {"duplicate": 1}
+            },
+            "original": {"train": 9, "validation": 1},
+        },
         dataset_fingerprint="0123456789abcdef",
         hidden_size=128, num_hidden_layers=4, samples=240, train=216,
         validation=24, train_ratio=0.9,
