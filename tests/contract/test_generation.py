@@ -23,9 +23,8 @@ from eagle3_contract.generation import (
     plan_generation,
 )
 from eagle3_contract.stages import Stage, StagePlan, plan_stages
+from tests.tiny_spec import EXAMPLE
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "tiny" / "eagle3run.yaml"
 SERVING = ExportedDraft(path="export/0123456789ab")
 UNTIL = datetime(2027, 1, 2, 3, 4, 5, tzinfo=UTC)
 
